@@ -1,0 +1,44 @@
+"""kernelgraft: GPU kernels (Triton, CUDA C++, CuTe DSL, cuTile) as real PyTorch operators.
+
+Describe a kernel once (its launch function and configs) next to a plain PyTorch reference, and get
+a ``torch.ops`` operator with schema, fake kernel, input checks, per-shape candidate selection and
+a test harness.
+"""
+
+from ._candidates import Candidate
+from ._errors import (
+    BundleError,
+    CompileError,
+    FallbackWarning,
+    InputError,
+    KernelgraftError,
+    KernelgraftWarning,
+    LaunchError,
+    RegistrationError,
+    SpecError,
+    UnsupportedError,
+)
+from ._op import KernelOp, op
+from ._spec import Config, ImplSpec, triton
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "op",
+    "triton",
+    "KernelOp",
+    "ImplSpec",
+    "Config",
+    "Candidate",
+    "KernelgraftError",
+    "SpecError",
+    "RegistrationError",
+    "InputError",
+    "UnsupportedError",
+    "CompileError",
+    "LaunchError",
+    "BundleError",
+    "KernelgraftWarning",
+    "FallbackWarning",
+    "__version__",
+]

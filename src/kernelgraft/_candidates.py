@@ -1,0 +1,119 @@
+"""Candidates: every (impl, config) of an op, and why each can or cannot run given inputs."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from . import backends
+from ._spec import Config, ImplSpec
+
+__all__ = ["Candidate", "LAYOUT", "evaluate", "capability"]
+
+LAYOUT = "layout"  # the reason category that turns into an InputError instead of a fallback
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One way to run an op: an impl with one of its configs, and whether it accepts the inputs."""
+
+    index: int  # position of the impl in the op's impls
+    impl: ImplSpec
+    config: Config
+    reason: str | None = None  # None: supported
+    category: str | None = None
+
+    @property
+    def supported(self) -> bool:
+        return self.reason is None
+
+    @property
+    def label(self) -> str:
+        return f"{self.impl.backend}:{self.impl.display_name}[{self.config.label()}]"
+
+    def __str__(self) -> str:
+        return self.label if self.supported else f"{self.label} (unsupported: {self.reason})"
+
+
+@functools.cache
+def capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def _device_of(tensors: Sequence[tuple[str, torch.Tensor]]) -> torch.device:
+    return tensors[0][1].device if tensors else torch.device("cpu")
+
+
+def evaluate(
+    impls: Sequence[ImplSpec],
+    tensors: Sequence[tuple[str, torch.Tensor]],
+    args: Sequence[Any],
+) -> list[Candidate]:
+    """Every candidate with the first reason it cannot run, checked from cheap to expensive."""
+    device = _device_of(tensors)
+    out = []
+    for index, impl in enumerate(impls):
+        reason, category = _impl_reason(impl, device, tensors)
+        for config in impl.configs:
+            r, c = reason, category
+            if r is None and impl.supports is not None:
+                r, c = _predicate(impl, config, args), "predicate"
+            out.append(Candidate(index, impl, config, r, c if r else None))
+    return out
+
+
+def _impl_reason(impl: ImplSpec, device: torch.device, tensors) -> tuple[str | None, str | None]:
+    backend = backends.get(impl.backend)
+    reason = backend.available()
+    if reason:
+        return reason, "backend"
+    reason = backend.device_reason(device)
+    if reason:
+        return reason, "device"
+    if device.type == "cuda" and impl.min_capability is not None:
+        have = capability(device.index if device.index is not None else torch.cuda.current_device())
+        if have < impl.min_capability:
+            need = "sm_{}{}".format(*impl.min_capability)
+            return f"needs {need} or newer, device is sm_{have[0]}{have[1]}", "capability"
+    if impl.contiguous:
+        names = None if impl.contiguous is True else set(impl.contiguous)
+        for name, t in tensors:
+            if (names is None or name.split("[")[0] in names) and not t.is_contiguous():
+                return (
+                    f"needs {name} contiguous, got strides {tuple(t.stride())} for shape "
+                    f"{tuple(t.shape)}",
+                    LAYOUT,
+                )
+    return None, None
+
+
+def _predicate(impl: ImplSpec, config: Config, args: Sequence[Any]) -> str | None:
+    try:
+        verdict = impl.supports(*args, **config.as_dict())  # type: ignore[misc]
+    except Exception as exc:  # a predicate that raises rejects, with its message as the reason
+        return f"supports() raised {type(exc).__name__}: {exc}"
+    if verdict is True:
+        return None
+    if isinstance(verdict, str):
+        return verdict or "supports() returned an empty reason"
+    if verdict:
+        return None
+    return "supports() returned False"
+
+
+def evaluate_one(
+    index: int,
+    impl: ImplSpec,
+    config: Config,
+    tensors: Sequence[tuple[str, torch.Tensor]],
+    args: Sequence[Any],
+) -> Candidate:
+    """One candidate, possibly with a config outside the impl's list (``op.run(config=...)``)."""
+    reason, category = _impl_reason(impl, _device_of(tensors), tensors)
+    if reason is None and impl.supports is not None:
+        reason, category = _predicate(impl, config, args), "predicate"
+    return Candidate(index, impl, config, reason, category if reason else None)

@@ -1,0 +1,77 @@
+"""Every error and warning kernelgraft raises, in one place.
+
+Messages follow one shape: what happened, in which op and argument, the value that came, what is
+allowed, and how to fix it. The same check always uses the same words (see ``describe``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = [
+    "KernelgraftError",
+    "SpecError",
+    "RegistrationError",
+    "InputError",
+    "UnsupportedError",
+    "CompileError",
+    "LaunchError",
+    "BundleError",
+    "KernelgraftWarning",
+    "FallbackWarning",
+    "describe",
+]
+
+
+class KernelgraftError(Exception):
+    """Base class of every kernelgraft error."""
+
+
+class SpecError(KernelgraftError, ValueError):
+    """A kernel spec (impl, configs, predicate) is malformed; raised when it is created."""
+
+
+class RegistrationError(KernelgraftError):
+    """An op name is malformed or already taken by a different op."""
+
+
+class InputError(KernelgraftError, ValueError):
+    """An op was called with arguments it does not accept (device, dtype, rank, layout, type)."""
+
+
+class UnsupportedError(KernelgraftError):
+    """No candidate can run these inputs and no fallback is allowed, or a forced candidate refuses."""
+
+
+class CompileError(KernelgraftError):
+    """A kernel failed to compile; the message carries the compiler log."""
+
+
+class LaunchError(KernelgraftError):
+    """A kernel launch failed."""
+
+
+class BundleError(KernelgraftError):
+    """An AOT bundle is malformed, tampered with, or built for another machine."""
+
+
+class KernelgraftWarning(UserWarning):
+    """Base class of kernelgraft warnings."""
+
+
+class FallbackWarning(KernelgraftWarning):
+    """The PyTorch reference ran because no candidate supports the inputs."""
+
+
+def describe(value: Any) -> str:
+    """A short, stable description of an argument value for error messages."""
+    if isinstance(value, torch.Tensor):
+        layout = "contiguous" if value.is_contiguous() else f"strides {tuple(value.stride())}"
+        return (
+            f"Tensor(shape={tuple(value.shape)}, dtype={value.dtype}, device={value.device}, {layout})"
+        )
+    if isinstance(value, (list, tuple)):
+        return f"{type(value).__name__}[{', '.join(describe(v) for v in value)}]"
+    return f"{type(value).__name__} {value!r}"

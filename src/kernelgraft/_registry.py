@@ -1,0 +1,119 @@
+"""Process-global op registry: deterministic names, one registration per name, thread safe.
+
+Registering the same op twice (same reference, schema and impl fingerprints) is a no-op that returns
+the first op, so re-imports and pytest-xdist workers are safe; a different op under a taken name is
+an error. Double-checked locking keeps the common path lock-free.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+from typing import TYPE_CHECKING
+
+import torch
+
+from ._errors import RegistrationError
+
+if TYPE_CHECKING:
+    from ._op import KernelOp
+
+__all__ = ["default_name", "split_name", "register", "unregister", "lookup", "all_ops"]
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_OPS: dict[str, "KernelOp"] = {}
+_LIBS: dict[str, torch.library.Library] = {}
+_LOCK = threading.RLock()
+
+
+def default_name(fn, fingerprint: str) -> str:
+    """``kernelgraft::<module>_<qualname>_<hash>``: the same in every process for the same op."""
+    stem = f"{fn.__module__}.{fn.__qualname__}".replace("<locals>", "locals")
+    stem = re.sub(r"[^A-Za-z0-9_]", "_", stem).strip("_")
+    return f"kernelgraft::{stem}_{fingerprint[:12]}"
+
+
+def split_name(qualname: str) -> tuple[str, str]:
+    ns, sep, name = qualname.partition("::")
+    if not sep or not _NAME.match(ns) or not _NAME.match(name) or "." in name:
+        raise RegistrationError(
+            f"op name {qualname!r} is not of the form 'namespace::name' with identifier parts, "
+            "e.g. 'mylib::add_relu'"
+        )
+    if ns in ("aten", "prim", "prims", "torch"):
+        raise RegistrationError(f"op name {qualname!r}: namespace {ns!r} belongs to PyTorch")
+    return ns, name
+
+
+def lookup(qualname: str) -> "KernelOp | None":
+    return _OPS.get(qualname)
+
+
+def all_ops() -> list["KernelOp"]:
+    return list(_OPS.values())
+
+
+def register(op: "KernelOp") -> "KernelOp":
+    existing = _OPS.get(op.name)
+    if existing is None:
+        with _LOCK:
+            existing = _OPS.get(op.name)
+            if existing is None:
+                _define(op)
+                _OPS[op.name] = op
+                return op
+    if existing.fingerprint != op.fingerprint:
+        raise RegistrationError(
+            f"op name {op.name!r} is already registered by {existing.reference.__module__}."
+            f"{existing.reference.__qualname__} with different code or impls; pick another name "
+            "or leave the name out to get a unique one"
+        )
+    return existing
+
+
+def _define(op: "KernelOp") -> None:
+    ns, name = split_name(op.name)
+    if _exists_in_torch(ns, name):
+        raise RegistrationError(
+            f"op name {op.name!r} is already defined in torch.ops by code outside kernelgraft"
+        )
+    lib = _LIBS.get(ns)
+    if lib is None:
+        lib = _LIBS[ns] = torch.library.Library(ns, "FRAGMENT")
+    lib.define(f"{name}{op.signature.schema}")
+    for key in ("CPU", "CUDA"):
+        lib.impl(name, op._dispatcher_kernel, key)
+    torch.library.register_fake(op.name, op._fake, lib=lib)
+    op._bind_overload(getattr(getattr(torch.ops, ns), name).default, lib)
+
+
+def _exists_in_torch(ns: str, name: str) -> bool:
+    return _has_schema(f"{ns}::{name}")
+
+
+def _has_schema(qualname: str) -> bool:
+    try:
+        torch._C._dispatch_find_schema_or_throw(qualname, "")
+        return True
+    except RuntimeError:
+        return False
+
+
+def unregister(qualname: str) -> None:
+    """Forget an op and remove it from torch.ops (tests use this to keep the registry clean)."""
+    with _LOCK:
+        op = _OPS.pop(qualname, None)
+        if op is None:
+            return
+        ns, name = split_name(qualname)
+        # torch.library offers no per-op removal; rebuild the namespace fragment without it.
+        lib = _LIBS.pop(ns, None)
+        if lib is not None:
+            lib._destroy()
+        remaining = [o for o in _OPS.values() if split_name(o.name)[0] == ns]
+        for other in remaining:
+            del _OPS[other.name]
+        for other in remaining:
+            _define(other)
+            _OPS[other.name] = other

@@ -1,0 +1,6 @@
+"""Backends behind one protocol (see ``_base.Backend``); importing this registers the built-in ones."""
+
+from ._base import Backend, get, names, register
+from . import _triton  # noqa: F401  (registers itself)
+
+__all__ = ["Backend", "get", "names", "register"]
