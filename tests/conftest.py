@@ -1,0 +1,44 @@
+"""Shared test set-up: Triton's interpreter on machines without a GPU, hardware markers that skip
+by themselves, and a clean op registry after each test."""
+
+from __future__ import annotations
+
+import os
+
+# Triton decides at decoration time whether a kernel is interpreted, so this must come before any
+# test module defines a kernel.
+try:
+    import torch
+
+    _HAS_CUDA = torch.cuda.is_available()
+except ImportError:  # pragma: no cover
+    _HAS_CUDA = False
+if not _HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+
+
+def pytest_collection_modifyitems(config, items):
+    if _HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (runs on the GPU machine: pytest -m gpu)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _clean_registry():
+    """Ops created inside a test are removed from torch.ops when it ends."""
+    from kernelgraft import _registry
+
+    before = set(_registry._OPS)
+    yield
+    for name in set(_registry._OPS) - before:
+        _registry.unregister(name)
+
+
+@pytest.fixture
+def device() -> str:
+    return "cuda" if _HAS_CUDA else "cpu"
