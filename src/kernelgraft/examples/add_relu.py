@@ -1,0 +1,70 @@
+"""relu(x + y): the smallest useful elementwise op.
+
+>>> import torch
+>>> from kernelgraft.examples.add_relu import add_relu
+>>> x, y = torch.tensor([1.0, -2.0]), torch.tensor([0.5, 1.0])
+>>> add_relu(x, y).tolist()
+[1.5, 0.0]
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+import kernelgraft as kg
+
+
+@triton.jit
+def _add_relu_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offsets = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    x = tl.load(x_ptr + offsets, mask=mask)
+    y = tl.load(y_ptr + offsets, mask=mask)
+    tl.store(out_ptr + offsets, tl.maximum(x + y, 0.0).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def launch_add_relu(x, y, out, *, BLOCK, num_warps):
+    n = x.numel()
+    _add_relu_kernel[(triton.cdiv(n, BLOCK),)](x, y, out, n, BLOCK=BLOCK, num_warps=num_warps)
+
+
+def _same_shape(x, y, **config):
+    return True if x.shape == y.shape else f"shapes differ: {tuple(x.shape)} vs {tuple(y.shape)}"
+
+
+TRITON = kg.triton(
+    launch_add_relu,
+    configs=[
+        {"BLOCK": 1024, "num_warps": 4},
+        {"BLOCK": 4096, "num_warps": 8},
+        {"BLOCK": 256, "num_warps": 2},
+    ],
+    supports=_same_shape,
+)
+
+IMPLS = [TRITON]
+
+
+def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
+    """Shapes for ``kernelgraft check``: edge sizes, primes, non-multiples of every block."""
+    for shape in [(1,), (7,), (257,), (1000,), (4097,), (3, 5, 11), (128, 1024)]:
+        yield (
+            torch.randn(shape, device=device, dtype=dtype),
+            torch.randn(shape, device=device, dtype=dtype),
+        )
+    for dt in (torch.float16, torch.bfloat16):
+        yield (torch.randn(33, 97, device=device, dtype=dt), torch.randn(33, 97, device=device, dtype=dt))
+
+
+@kg.op(
+    "kgexamples::add_relu",
+    impls=IMPLS,
+    sample_inputs=sample_inputs,
+    dtypes=(torch.float32, torch.float16, torch.bfloat16),
+)
+def add_relu(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """relu(x + y), elementwise, same shape and dtype."""
+    return torch.relu(x + y)
