@@ -44,6 +44,13 @@ def capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
+def device_capability(device: torch.device) -> tuple[int, int] | None:
+    """Compute capability of a CUDA device; None for devices that have none."""
+    if device.type != "cuda":
+        return None
+    return capability(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def _device_of(tensors: Sequence[tuple[str, torch.Tensor]]) -> torch.device:
     return tensors[0][1].device if tensors else torch.device("cpu")
 
@@ -74,8 +81,8 @@ def _impl_reason(impl: ImplSpec, device: torch.device, tensors) -> tuple[str | N
     reason = backend.device_reason(device)
     if reason:
         return reason, "device"
-    if device.type == "cuda" and impl.min_capability is not None:
-        have = capability(device.index if device.index is not None else torch.cuda.current_device())
+    have = device_capability(device) if impl.min_capability is not None else None
+    if have is not None and impl.min_capability is not None:
         if have < impl.min_capability:
             need = "sm_{}{}".format(*impl.min_capability)
             return f"needs {need} or newer, device is sm_{have[0]}{have[1]}", "capability"

@@ -21,8 +21,9 @@ def _add_relu_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     offsets = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n
-    x = tl.load(x_ptr + offsets, mask=mask)
-    y = tl.load(y_ptr + offsets, mask=mask)
+    # Sum in float32 and round once; this also keeps Triton's CPU interpreter exact for bfloat16.
+    x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
+    y = tl.load(y_ptr + offsets, mask=mask).to(tl.float32)
     tl.store(out_ptr + offsets, tl.maximum(x + y, 0.0).to(out_ptr.dtype.element_ty), mask=mask)
 
 

@@ -1,0 +1,143 @@
+"""RMSNorm with a fused residual add, as in every pre-norm transformer block.
+
+Semantics (those of Hugging Face models, which the graft replaces):
+
+    residual_out = x + residual                      # rounded to x's dtype, like ``h = h + residual``
+    out = rmsnorm(residual_out) * weight             # statistics in float32, stored in x's dtype
+    return out, residual_out
+
+vLLM's ``fused_add_rms_norm`` and TensorRT-LLM's fused residual norms compute the same values but
+write them into ``x`` and ``residual`` in place. This op is functional instead (two fresh outputs):
+that keeps ``torch.compile``/``torch.export`` free of mutation bookkeeping and lets the tuner rerun
+candidates on the same inputs. The normalisation uses the *rounded* sum, so the output equals
+running the unfused ``x + residual`` then RMSNorm in the model's dtype.
+
+>>> import torch
+>>> from kernelgraft.examples.rmsnorm_residual import rmsnorm_residual
+>>> x, r, w = torch.randn(4, 64), torch.randn(4, 64), torch.ones(64)
+>>> out, res = rmsnorm_residual(x, r, w, 1e-6)
+>>> torch.equal(res, x + r)
+True
+>>> torch.allclose(out, res * torch.rsqrt(res.pow(2).mean(-1, keepdim=True) + 1e-6))
+True
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+import kernelgraft as kg
+
+
+@triton.jit
+def _rmsnorm_residual_kernel(
+    x_ptr, r_ptr, w_ptr, eps, out_ptr, res_ptr, n_rows, n_cols,
+    ROWS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK)
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    offs = rows[:, None] * n_cols + cols[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    r = tl.load(r_ptr + offs, mask=mask, other=0.0)
+    s = (x.to(tl.float32) + r.to(tl.float32)).to(res_ptr.dtype.element_ty)
+    tl.store(res_ptr + offs, s, mask=mask)
+    sf = s.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(sf * sf, axis=1) / n_cols + eps)
+    w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+    y = sf * rstd[:, None] * w[None, :]
+    tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def launch_rmsnorm_residual(x, residual, weight, eps, out, residual_out, *, rows_per_program, num_warps):
+    n_cols = x.shape[-1]
+    n_rows = x.numel() // n_cols if n_cols else 0
+    block = triton.next_power_of_2(max(n_cols, 1))
+    grid = (triton.cdiv(n_rows, rows_per_program),)
+    _rmsnorm_residual_kernel[grid](
+        x, residual, weight, eps, out, residual_out, n_rows, n_cols,
+        ROWS=rows_per_program, BLOCK=block, num_warps=num_warps,
+    )
+
+
+def _fits(x, residual, weight, eps, *, rows_per_program=1, **config):
+    if residual.shape != x.shape:
+        return f"residual shape {tuple(residual.shape)} differs from x's {tuple(x.shape)}"
+    if residual.dtype != x.dtype:
+        return f"residual dtype {residual.dtype} differs from x's {x.dtype}"
+    if weight.shape != x.shape[-1:]:
+        return f"weight shape {tuple(weight.shape)} does not match x's last dim {x.shape[-1]}"
+    if x.dim() == 0 or x.shape[-1] == 0:
+        return "x needs a non-empty last dimension"
+    tile = rows_per_program * triton.next_power_of_2(x.shape[-1])
+    if tile > 32768:
+        return f"{rows_per_program} rows of {x.shape[-1]} elements exceed this config's tile of 32768"
+    return True
+
+
+TRITON = kg.triton(
+    launch_rmsnorm_residual,
+    configs=[
+        {"rows_per_program": 1, "num_warps": 4},
+        {"rows_per_program": 1, "num_warps": 8},
+        {"rows_per_program": 1, "num_warps": 16},
+        {"rows_per_program": 4, "num_warps": 4},
+        {"rows_per_program": 16, "num_warps": 8},
+    ],
+    supports=_fits,
+)
+
+IMPLS = [TRITON]
+
+
+def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
+    """Edge shapes for ``kernelgraft check``: a single element, odd widths, 3-d inputs."""
+    for rows, cols in [(1, 1), (1, 7), (5, 64), (3, 1000), (17, 4096), (33, 131)]:
+        yield (
+            torch.randn(rows, cols, device=device, dtype=dtype),
+            torch.randn(rows, cols, device=device, dtype=dtype),
+            torch.randn(cols, device=device, dtype=dtype),
+            1e-6,
+        )
+    yield (
+        torch.randn(2, 3, 256, device=device, dtype=dtype),
+        torch.randn(2, 3, 256, device=device, dtype=dtype),
+        torch.randn(256, device=device, dtype=dtype),
+        1e-5,
+    )
+    for dt in (torch.float16, torch.bfloat16):
+        yield (
+            torch.randn(9, 768, device=device, dtype=dt),
+            torch.randn(9, 768, device=device, dtype=dt),
+            torch.randn(768, device=device, dtype=dt),
+            1e-6,
+        )
+
+
+def bench_inputs(device: str = "cuda"):
+    """Benchmark shapes: tokens x hidden 4096 in bf16, from a decode batch to 2^27 elements."""
+    for rows in (64, 512, 2048, 8192, 32768):
+        yield (
+            torch.randn(rows, 4096, device=device, dtype=torch.bfloat16),
+            torch.randn(rows, 4096, device=device, dtype=torch.bfloat16),
+            torch.randn(4096, device=device, dtype=torch.bfloat16),
+            1e-6,
+        )
+
+
+@kg.op(
+    "kgexamples::rmsnorm_residual",
+    impls=IMPLS,
+    sample_inputs=sample_inputs,
+    dtypes=(torch.float32, torch.float16, torch.bfloat16),
+)
+def rmsnorm_residual(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rmsnorm(x + residual) * weight, x + residual); the sum is rounded to x's dtype first."""
+    summed = x + residual
+    sf = summed.float()
+    out = sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+    return out.to(x.dtype), summed
