@@ -1,0 +1,238 @@
+"""Modules (a cubin or PTX image) and functions (one kernel in it), loaded per device on demand.
+
+An image is loaded into a device's primary context (the one torch uses) the first time a
+function of it is needed on that device; handles are cached per (module, device), so a module can
+serve several GPUs. Nothing here touches the GPU until the first launch or ``handle`` call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .._errors import LaunchError
+from . import _cu
+from ._params import ParamBuffer, kind_of, value_of
+
+__all__ = ["Module", "Function", "Launcher", "load_module", "current_stream"]
+
+log = logging.getLogger(__name__)
+_MODULES: dict[tuple[str, str], "Module"] = {}
+_LOCK = threading.Lock()
+_DEFAULT_SMEM_LIMIT = 48 * 1024
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def current_stream(device_index: int) -> int:
+    """The raw ``cudaStream_t`` of torch's current stream on a device (CUDA-graph capture safe)."""
+    if _raw_stream is not None:
+        return _raw_stream(device_index)
+    return torch.cuda.current_stream(device_index).cuda_stream  # pragma: no cover
+
+
+def load_module(image: bytes, kind: str = "cubin", *, name: str = "") -> "Module":
+    """A module from a cubin (ELF bytes) or PTX (text) image; the same image gives the same module.
+
+    >>> from kernelgraft import driver
+    >>> m = driver.load_module(b"\\x7fELF...", "cubin", name="demo")  # loads on first launch
+    >>> m.kind
+    'cubin'
+    """
+    if kind not in ("cubin", "ptx"):
+        raise LaunchError(f"module kind must be 'cubin' or 'ptx', got {kind!r}")
+    if isinstance(image, str):
+        image = image.encode()
+    if not isinstance(image, (bytes, bytearray)) or not image:
+        raise LaunchError(f"a {kind} image must be non-empty bytes, got {type(image).__name__}")
+    image = bytes(image)
+    if kind == "ptx" and not image.endswith(b"\0"):
+        image += b"\0"  # the driver reads PTX as a C string
+    if kind == "cubin" and not image.startswith(b"\x7fELF"):
+        raise LaunchError(f"module {name or '?'}: a cubin must be an ELF image (starts with \\x7fELF)")
+    key = (kind, hashlib.sha256(image).hexdigest())
+    module = _MODULES.get(key)
+    if module is None:
+        with _LOCK:
+            module = _MODULES.setdefault(key, Module(image, kind, name or key[1][:12]))
+    return module
+
+
+class Module:
+    """A loaded (or loadable) cubin/PTX image. Get kernels with ``function(name)``."""
+
+    def __init__(self, image: bytes, kind: str, name: str) -> None:
+        self.image = image
+        self.kind = kind
+        self.name = name
+        self._handles: dict[int, Any] = {}
+        self._functions: dict[str, Function] = {}
+
+    def handle(self, device_index: int) -> Any:
+        """The ``CUmodule`` in the device's primary context, loading the image the first time."""
+        h = self._handles.get(device_index)
+        if h is None:
+            with _LOCK:
+                h = self._handles.get(device_index)
+                if h is None:
+                    _cu.ensure_context(device_index)
+                    h = _cu.call("cuModuleLoadData", self.image,
+                                 what=f"loading {self.kind} module {self.name} on device {device_index}")
+                    self._handles[device_index] = h
+                    log.debug("loaded %s module %s on device %d", self.kind, self.name, device_index)
+        return h
+
+    def function(self, name: str) -> "Function":
+        """The kernel ``name`` (the mangled name for C++ kernels, unless ``extern "C"``)."""
+        fn = self._functions.get(name)
+        if fn is None:
+            fn = self._functions.setdefault(name, Function(self, name))
+        return fn
+
+    def __repr__(self) -> str:
+        return f"<kernelgraft.driver.Module {self.name} {self.kind} {len(self.image)} bytes>"
+
+
+class Function:
+    """One kernel of a module. ``launch`` for convenience, ``launcher`` for the hot path."""
+
+    def __init__(self, module: Module, name: str) -> None:
+        self.module = module
+        self.name = name
+        self._handles: dict[int, Any] = {}
+        self._smem_set: dict[int, int] = {}
+        self._buffers: dict[tuple[str, ...], ParamBuffer] = {}
+
+    def handle(self, device_index: int) -> Any:
+        """The ``CUfunction`` on a device."""
+        h = self._handles.get(device_index)
+        if h is None:
+            mod = self.module.handle(device_index)
+            h = _cu.call("cuModuleGetFunction", mod, self.name.encode(),
+                         what=f"finding kernel {self.name!r} in module {self.module.name}")
+            self._handles[device_index] = h
+        return h
+
+    def prepare_shared_memory(self, device_index: int, shared_mem: int) -> None:
+        """Allow ``shared_mem`` bytes of dynamic shared memory (needed above 48 KiB)."""
+        if shared_mem <= _DEFAULT_SMEM_LIMIT or self._smem_set.get(device_index, 0) >= shared_mem:
+            return
+        driver = _cu.cu()
+        _cu.call("cuFuncSetAttribute", self.handle(device_index),
+                 driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                 int(shared_mem), what=f"allowing {shared_mem} bytes of shared memory for {self.name}")
+        self._smem_set[device_index] = shared_mem
+
+    def launcher(self, kinds: Sequence[str]) -> "Launcher":
+        """A reusable launcher for a fixed parameter list (kinds as in ``kernelgraft.driver``)."""
+        kinds = tuple(kinds)
+        buf = self._buffers.get(kinds)
+        if buf is None:
+            buf = self._buffers.setdefault(kinds, ParamBuffer(kinds))
+        return Launcher(self, buf)
+
+    def launch(
+        self,
+        grid: int | Sequence[int],
+        block: int | Sequence[int],
+        args: Sequence[Any],
+        shared_mem: int = 0,
+        stream: Any = None,
+        device: int | torch.device | None = None,
+    ) -> None:
+        """Launch on ``stream`` (default: torch's current stream of the tensors' device).
+
+        ``args``: tensors (passed as device pointers), ``None`` (a null pointer), typed scalars
+        (``driver.i32(n)``, ``driver.f32(x)``) or ctypes values. The device is ``device``, else the
+        first tensor's, else torch's current device.
+        """
+        kinds = [kind_of(a, i) for i, a in enumerate(args)]
+        if device is None:
+            device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+        index = _device_index(device)
+        self.launcher(kinds)(index, grid, block, [value_of(a) for a in args], shared_mem, stream)
+
+    def __repr__(self) -> str:
+        return f"<kernelgraft.driver.Function {self.name} of {self.module.name}>"
+
+
+def _device_index(device: int | torch.device | None) -> int:
+    if device is None:
+        return torch.cuda.current_device()
+    if isinstance(device, int):
+        return device
+    if device.type != "cuda":
+        raise LaunchError(f"kernels launch on CUDA devices, got tensors on {device}")
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _dims(value: int | Sequence[int], what: str) -> tuple[int, int, int]:
+    if isinstance(value, int):
+        return value, 1, 1
+    dims = tuple(int(v) for v in value)
+    if not 1 <= len(dims) <= 3:
+        raise LaunchError(f"{what} must have 1 to 3 dimensions, got {value!r}")
+    return dims + (1,) * (3 - len(dims))  # type: ignore[return-value]
+
+
+class Launcher:
+    """``launcher(device_index, grid, block, values, shared_mem=0, stream=None)``: pack raw values
+    (addresses as ints, numbers) into the parameter buffer and call ``cuLaunchKernel``.
+
+    An empty grid launches nothing. ``stream`` defaults to torch's current stream, so launches are
+    recorded into a CUDA graph being captured on that stream.
+    """
+
+    __slots__ = ("function", "buffer", "_launch")
+
+    def __init__(self, function: Function, buffer: ParamBuffer) -> None:
+        self.function = function
+        self.buffer = buffer
+        self._launch = None
+
+    def __call__(
+        self,
+        device_index: int,
+        grid: int | Sequence[int],
+        block: int | Sequence[int],
+        values: Sequence[Any],
+        shared_mem: int = 0,
+        stream: Any = None,
+    ) -> None:
+        gx, gy, gz = _dims(grid, "grid")
+        if gx <= 0 or gy <= 0 or gz <= 0:
+            return
+        bx, by, bz = _dims(block, "block")
+        fn = self.function
+        handle = fn._handles.get(device_index) or fn.handle(device_index)
+        if shared_mem > _DEFAULT_SMEM_LIMIT:
+            fn.prepare_shared_memory(device_index, shared_mem)
+        if stream is None:
+            stream = current_stream(device_index)
+        elif hasattr(stream, "cuda_stream"):
+            stream = stream.cuda_stream
+        params = self.buffer.address(values)
+        launch = self._launch or _cu.cu().cuLaunchKernel
+        self._launch = launch
+        (err,) = launch(handle, gx, gy, gz, bx, by, bz, shared_mem, stream, params, 0)
+        if int(err) != 0:
+            self._fail(err, device_index, (gx, gy, gz), (bx, by, bz), shared_mem, values)
+
+    def _fail(self, err, device_index, grid, block, shared_mem, values) -> None:
+        driver = _cu.cu()
+        if err == driver.CUresult.CUDA_ERROR_INVALID_CONTEXT:
+            # A thread that never touched CUDA has no current context: set it and retry once.
+            _cu.ensure_context(device_index)
+            (err,) = driver.cuLaunchKernel(
+                self.function.handle(device_index), *grid, *block, shared_mem,
+                current_stream(device_index), self.buffer.address(values), 0)
+            if int(err) == 0:
+                return
+        raise LaunchError(
+            f"cuLaunchKernel of {self.function.name} failed: {_cu._name(driver, err)}; grid={grid} "
+            f"block={block} shared_mem={shared_mem} params={list(self.buffer.kinds)}"
+        )
