@@ -34,9 +34,22 @@ from .backends._triton import interpreting
 
 __all__ = ["KernelOp", "op"]
 
+
+class _AnyTensor:
+    """Stands in for the tuple of plain tensor types: every Tensor subclass is 'in' it."""
+
+    def __contains__(self, t: type) -> bool:
+        return issubclass(t, _Tensor)
+
+
+_ANY_TENSOR = _AnyTensor()
+
 log = logging.getLogger(__name__)
 
 _Tensor = torch.Tensor
+# Tensor types the fast path treats as plain data; other subclasses (fake, functional, user
+# subclasses with __torch_dispatch__) go through the dispatcher.
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 _SCALAR_TYPES = (int, float, bool, str)
 _is_compiling = torch.compiler.is_compiling
 _dispatch_stack_len = torch._C._len_torch_dispatch_stack
@@ -156,13 +169,13 @@ class KernelOp:
             return self._overload(*args)
         return self._execute(args, key)
 
-    def _key(self, args: tuple, grad: bool) -> tuple | None:
+    def _key(self, args: tuple, grad: bool, plain: tuple = _PLAIN) -> tuple | None:
         """A small hashable signature of the call, or None when the dispatcher must handle it
         (tensor subclasses, autograd, anything unusual)."""
         parts = []
         for a in args:
             t = type(a)
-            if t is _Tensor:
+            if t in plain:
                 if grad and a.requires_grad:
                     return None
                 parts.append((a.dtype, a.device, a.shape, a.stride()))
@@ -171,7 +184,7 @@ class KernelOp:
             elif t is list or t is tuple:
                 sub = []
                 for item in a:
-                    if type(item) is not _Tensor or (grad and item.requires_grad):
+                    if type(item) not in plain or (grad and item.requires_grad):
                         return None
                     sub.append((item.dtype, item.device, item.shape, item.stride()))
                 parts.append(tuple(sub))
@@ -180,7 +193,8 @@ class KernelOp:
         return tuple(parts)
 
     def _dispatcher_kernel(self, *args: Any) -> Any:
-        key = self._key(args, False)
+        # Below the dispatcher every tensor holds real data, whatever its Python type.
+        key = self._key(args, False, _ANY_TENSOR)
         if key is None:
             self.signature.check_types(self.name, args)
             raise InputError(f"{self.name}: unsupported argument types {[describe(a) for a in args]}")
