@@ -74,6 +74,7 @@ class KernelOp:
         ndim: Mapping[str, int | Sequence[int]] | None = None,
         fallback: str = "reference",
         tolerances: Mapping[torch.dtype, float] | None = None,
+        cost: Callable[..., tuple[float, float]] | None = None,
     ) -> None:
         where = f"kg.op({name or getattr(fn, '__qualname__', fn)!r})"
         if not callable(fn):
@@ -88,6 +89,8 @@ class KernelOp:
                     f"{where}: impls must hold kernel specs made by kg.triton/kg.cuda/kg.cutedsl/"
                     f"kg.cutile, got {describe(impl)}"
                 )
+        if cost is not None and not callable(cost):
+            raise SpecError(f"{where}: cost must be a function (*inputs) -> (bytes, flops), got {describe(cost)}")
         if fallback not in ("reference", "error"):
             raise SpecError(f"{where}: fallback must be 'reference' or 'error', got {fallback!r}")
         self.reference = fn
@@ -97,6 +100,7 @@ class KernelOp:
         self.sample_inputs = sample_inputs
         self.fallback = fallback
         self.tolerances = dict(tolerances or {})
+        self.cost = cost  # (*inputs) -> (bytes, flops) for benchmarks; None: from tensor sizes
         self._dtypes = self._normalize_dtypes(dtypes, where)
         self._ndim = self._normalize_ndim(ndim, where)
         self.fingerprint = self._compute_fingerprint()
@@ -255,7 +259,7 @@ class KernelOp:
             log.debug("%s: chose %s", self.name, chosen.label)
             return kernel_plan(self, chosen, self._runner(chosen), out_specs)
         device = tensors[0][1].device if tensors else torch.device("cpu")
-        if device.type == "cpu" and not interpreting():
+        if not candidates or (device.type == "cpu" and not interpreting()):
             return reference_plan(self)
         if candidates and all(c.category == LAYOUT for c in candidates):
             raise InputError(
@@ -427,12 +431,14 @@ def op(
     fallback: str = "reference",
     tolerances: Mapping[torch.dtype, float] | None = None,
     name: str | None = None,
+    cost: Callable[..., tuple[float, float]] | None = None,
 ) -> Any:
     """Turn a PyTorch reference function into an operator backed by kernels.
 
     ``@kg.op("ns::name", impls=[...])`` decorates the reference; ``kg.op(fn, impls=[...])`` works
     as a call. Without a name the op gets ``kernelgraft::<qualname>_<hash>``, the same in every
-    process.
+    process. ``cost(*inputs) -> (bytes, flops)`` tells ``kernelgraft bench`` what one call moves
+    and computes (default: every input read once, every output written once, no flops).
 
     >>> import torch, kernelgraft as kg
     >>> @kg.op("doctest::scale2")
@@ -445,7 +451,7 @@ def op(
     """
     options = dict(
         impls=impls, mutates_args=mutates_args, sample_inputs=sample_inputs, dtypes=dtypes,
-        ndim=ndim, fallback=fallback, tolerances=tolerances,
+        ndim=ndim, fallback=fallback, tolerances=tolerances, cost=cost,
     )
 
     def wrap(fn: Callable[..., Any], qualname: str | None) -> KernelOp:

@@ -1,0 +1,92 @@
+"""The check harness finds real bugs: unwritten outputs, wrong values; and passes good kernels."""
+
+import subprocess
+import sys
+
+import torch
+
+import kernelgraft as kg
+from kernelgraft.check import check_op
+from kernelgraft.check._compare import compare, poison, tolerance
+
+from _kernels import launch_scale, launch_scale_half, launch_scale_wrong
+
+
+def samples(device="cpu"):
+    for n in (1, 7, 257, 1000):
+        yield torch.randn(n, device=device), 1.5
+
+
+def make(name, launch):
+    @kg.op(name, impls=[kg.triton(launch, configs=[{"BLOCK": 64}, {"BLOCK": 128}])], sample_inputs=samples)
+    def scale(x: torch.Tensor, alpha: float) -> torch.Tensor:
+        return x * alpha
+
+    return scale
+
+
+def test_good_kernel_passes_every_check():
+    report = check_op(make("kgtest::k_good", launch_scale))
+    assert report.ok
+    statuses = {(r.candidate, r.status) for r in report.results}
+    assert ("opcheck", "pass") in statuses and ("meta", "pass") in statuses
+    assert sum(r.status == "pass" and r.candidate.startswith("triton") for r in report.results) == 8
+    # non-contiguous variants are skipped with the reason, not silently dropped
+    assert any(r.variant == "noncontiguous" and r.status == "skip" and "contiguous" in r.note for r in report.results)
+
+
+def test_unwritten_outputs_are_caught_by_poison():
+    report = check_op(make("kgtest::k_half", launch_scale_half), opcheck=False)
+    fails = [r for r in report.failures if r.candidate.startswith("triton")]
+    assert fails and all("NaN" in r.note for r in fails if r.sample != "float32[1] 1.5")
+
+
+def test_wrong_values_are_caught_by_tolerance():
+    report = check_op(make("kgtest::k_wrong", launch_scale_wrong), opcheck=False)
+    fails = [r for r in report.failures if r.candidate.startswith("triton")]
+    assert len(fails) == 8 and all(r.error > r.tol for r in fails)
+
+
+def test_missing_sample_inputs_is_a_failure():
+    @kg.op("kgtest::k_nosamples")
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+    report = check_op(f)
+    assert not report.ok and "sample_inputs" in report.failures[0].note
+
+
+def test_compare_rules():
+    x = torch.randn(100, dtype=torch.float16)
+    assert compare(x, x.double(), tolerance(torch.float16))[0]
+    assert not compare(poison(x.clone()), x.double(), tolerance(torch.float16))[0]
+    i = torch.arange(10, dtype=torch.int32)
+    j = i.clone()
+    j[3] += 1
+    assert tolerance(torch.int32) == 0 and tolerance(torch.float8_e4m3fn) == 0
+    assert compare(i, i.clone(), 0.0)[0] and not compare(j, i, 0.0)[0]
+
+
+def test_cli_exit_codes(tmp_path):
+    good = tmp_path / "good_ops.py"
+    good.write_text(
+        "import torch, kernelgraft as kg\n"
+        "from kernelgraft.examples.add_relu import add_relu\n"
+    )
+    bad = tmp_path / "bad_ops.py"
+    bad.write_text(
+        "import sys, torch, kernelgraft as kg\n"
+        f"sys.path.insert(0, {str(__import__('pathlib').Path(__file__).parent)!r})\n"
+        "from _kernels import launch_scale_wrong\n"
+        "def samples(device='cpu'):\n    yield torch.randn(100, device=device), 2.0\n"
+        "@kg.op('kgcli::bad', impls=[kg.triton(launch_scale_wrong, configs=[{'BLOCK': 64}])], sample_inputs=samples)\n"
+        "def bad(x: torch.Tensor, alpha: float) -> torch.Tensor:\n    return x * alpha\n"
+    )
+    env = {**__import__("os").environ, "TRITON_INTERPRET": "1"}
+    ok = subprocess.run([sys.executable, "-m", "kernelgraft", "check", str(good), "--no-opcheck"],
+                        capture_output=True, text=True, env=env)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "kgexamples::add_relu" in ok.stdout and "0 failed" in ok.stdout
+    fail = subprocess.run([sys.executable, "-m", "kernelgraft", "check", str(bad), "--no-opcheck"],
+                          capture_output=True, text=True, env=env)
+    assert fail.returncode == 1 and "FAIL" in fail.stdout
