@@ -1,0 +1,292 @@
+"""Paged FP8 K-cache scatter: the write side of DeepSeek-V3.2's sparse-attention indexer.
+
+Semantics and layout follow vLLM's ``indexer_k_quant_and_cache`` (csrc/cache_kernels.cu):
+
+- ``k``: ``[num_tokens, head_dim]`` keys (bf16, fp16 or fp32). Each token's row is cut into
+  ``head_dim // quant_block_size`` quantisation blocks; each gets one float32 scale
+  ``max(amax(|block|), 1e-4) / 448`` (448 = largest e4m3 value), or with ``scale_fmt="ue8m0"``
+  that scale rounded *up* to a power of two. Values are stored as ``float8_e4m3fn(x / scale)``
+  (IEEE division, round to nearest even).
+- ``kv_cache``: ``uint8 [num_blocks, block_size, cache_stride]`` with
+  ``cache_stride >= head_dim + 4 * head_dim // quant_block_size``. The row shape only sizes the
+  page: inside page ``b`` the bytes are laid out as vLLM does, *not* per row:
+  ``block_size * head_dim`` fp8 bytes (token-major), then ``block_size * head_dim/quant_block_size``
+  little-endian float32 scales (token-major).
+- ``slot_mapping``: ``int64 [num_tokens]``; token ``t`` goes to page ``slot // block_size``, row
+  ``slot % block_size``; ``slot < 0`` marks a padding token that writes nothing.
+
+The op only mutates ``kv_cache`` (returns None); every byte it does not own must stay untouched,
+and results must match the reference byte for byte. ``kv_cache`` may be a non-contiguous view
+(e.g. one layer of a ``[num_blocks, num_layers, ...]`` allocation, or rows padded for alignment):
+byte ``i`` of page ``b`` lives at ``kv_cache[b, i // cache_stride, i % cache_stride]``, whatever the
+strides. The ue8m0 rounding is done on the float's bits (exactly ``2**ceil(log2(s))`` for normal
+``s``) so no backend depends on a ``log2`` approximation.
+
+>>> import torch
+>>> from kernelgraft.examples.fp8_kcache_scatter import fp8_kcache_scatter
+>>> k = torch.randn(3, 128)
+>>> cache = torch.zeros(2, 4, 132, dtype=torch.uint8)
+>>> fp8_kcache_scatter(k, cache, torch.tensor([5, -1, 0]), 128, "")
+>>> page = cache[1].flatten()
+>>> scale = page[4 * 128 + 4:4 * 128 + 8].view(torch.float32)   # row 1 of page 1 = slot 5
+>>> torch.allclose(scale, k[0].abs().max() / 448)
+True
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+import kernelgraft as kg
+from kernelgraft.backends._triton import interpreting
+
+FP8_MAX = 448.0
+MIN_AMAX = 1e-4
+
+
+# ------------------------------------------------------------------ reference
+def _ue8m0(scale: torch.Tensor) -> torch.Tensor:
+    """Round positive normal float32 values up to a power of two, on the bits."""
+    bits = scale.view(torch.int32)
+    exponent = (bits >> 23) + ((bits & 0x7FFFFF) != 0).to(torch.int32)
+    return (exponent << 23).view(torch.float32)
+
+
+def _check_layout(k, kv_cache, quant_block_size):
+    head_dim = k.shape[1]
+    if quant_block_size <= 0 or head_dim % quant_block_size:
+        return f"head_dim {head_dim} is not a multiple of quant_block_size {quant_block_size}"
+    need = head_dim + 4 * (head_dim // quant_block_size)
+    if kv_cache.shape[2] < need:
+        return (
+            f"kv_cache rows of {kv_cache.shape[2]} bytes are too short; head_dim {head_dim} with "
+            f"quant_block_size {quant_block_size} needs cache_stride >= {need}"
+        )
+    return None
+
+
+def _page_index(flat: torch.Tensor, cache_stride: int):
+    return flat // cache_stride, flat % cache_stride
+
+
+# ------------------------------------------------------------------ Triton
+@triton.jit
+def _e4m3_bits(x):
+    """float32 -> float8_e4m3fn bits, round to nearest even, saturating at 448, on integers.
+
+    Used under Triton's CPU interpreter, whose float8 cast mis-rounds values that carry into the
+    next exponent (-127.2 became -64); GPUs use the hardware ``cvt.rn.satfinite`` instead."""
+    bits = x.to(tl.int32, bitcast=True)
+    sign = (bits >> 24) & 0x80
+    mag = bits & 0x7FFFFFFF
+    # Normal e4m3 (|x| >= 2^-6): round the fp32 pattern to 3 mantissa bits, rebias 127 -> 7.
+    normal = (mag + 0x7FFFF + ((mag >> 20) & 1)) >> 20
+    normal = tl.minimum(normal - (120 << 3), 0x7E)
+    # Subnormal e4m3: round |x| * 2^9 to an integer (8 lands on the smallest normal, as it should).
+    exponent = (mag >> 23) - 127
+    mant = (mag & 0x7FFFFF) | 0x800000
+    shift = tl.minimum(tl.maximum(14 - exponent, 1), 31)
+    sub = (mant + ((1 << (shift - 1)) - 1) + ((mant >> shift) & 1)) >> shift
+    sub = tl.where(mag < 0x00800000, 0, sub)
+    code = tl.where(mag >= 0x3C800000, normal, sub)
+    return (sign | code).to(tl.uint8)
+
+
+@triton.jit
+def _fp8_kcache_scatter_kernel(
+    k_ptr, cache_ptr, slot_ptr, n_tokens, head_dim, block_size, cache_stride,
+    stride_page, stride_row, stride_col,
+    QBLOCK: tl.constexpr, QPAD: tl.constexpr, TOKENS: tl.constexpr,
+    UE8M0: tl.constexpr, PAGE_CONTIGUOUS: tl.constexpr, SOFT_FP8: tl.constexpr,
+):
+    # Program (i, j): TOKENS tokens x quantisation block j.
+    tokens = tl.program_id(0).to(tl.int64) * TOKENS + tl.arange(0, TOKENS)
+    qb = tl.program_id(1)
+    lane = tl.arange(0, QPAD)
+    slot = tl.load(slot_ptr + tokens, mask=tokens < n_tokens, other=-1)
+    valid = slot >= 0
+    mask = valid[:, None] & (lane[None, :] < QBLOCK)
+    col = qb * QBLOCK + lane
+    x = tl.load(k_ptr + tokens[:, None] * head_dim + col[None, :], mask=mask, other=0.0).to(tl.float32)
+    scale = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-4) / 448.0
+    if UE8M0:
+        bits = scale.to(tl.int32, bitcast=True)
+        exponent = (bits >> 23) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+        scale = (exponent << 23).to(tl.float32, bitcast=True)
+    y = tl.math.div_rn(x, scale[:, None])
+    if SOFT_FP8:
+        q = _e4m3_bits(y)
+    else:
+        q = y.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    page = tl.where(valid, slot // block_size, 0)
+    row = tl.where(valid, slot % block_size, 0)
+    flat = row[:, None] * head_dim + col[None, :]
+    if PAGE_CONTIGUOUS:
+        dst = page[:, None] * stride_page + flat
+    else:
+        dst = page[:, None] * stride_page + (flat // cache_stride) * stride_row + (flat % cache_stride) * stride_col
+    tl.store(cache_ptr + dst, q, mask=mask)
+    # The scale's four bytes, little-endian, after the page's fp8 values.
+    nqb = head_dim // QBLOCK
+    byte = tl.arange(0, 4)
+    sbits = scale.to(tl.int32, bitcast=True)
+    sbytes = ((sbits[:, None] >> (byte[None, :] * 8)) & 0xFF).to(tl.uint8)
+    sflat = block_size * head_dim + (row[:, None] * nqb + qb) * 4 + byte[None, :]
+    if PAGE_CONTIGUOUS:
+        sdst = page[:, None] * stride_page + sflat
+    else:
+        sdst = page[:, None] * stride_page + (sflat // cache_stride) * stride_row + (sflat % cache_stride) * stride_col
+    tl.store(cache_ptr + sdst, sbytes, mask=valid[:, None])
+
+
+def launch_fp8_kcache_scatter(k, kv_cache, slot_mapping, quant_block_size, scale_fmt, *, TOKENS, num_warps):
+    n_tokens, head_dim = k.shape
+    _, block_size, cache_stride = kv_cache.shape
+    s_page, s_row, s_col = kv_cache.stride()
+    grid = (triton.cdiv(n_tokens, TOKENS), head_dim // quant_block_size)
+    _fp8_kcache_scatter_kernel[grid](
+        k, kv_cache, slot_mapping, n_tokens, head_dim, block_size, cache_stride,
+        s_page, s_row, s_col,
+        QBLOCK=quant_block_size, QPAD=triton.next_power_of_2(quant_block_size), TOKENS=TOKENS,
+        UE8M0=scale_fmt == "ue8m0", PAGE_CONTIGUOUS=(s_col == 1 and s_row == cache_stride),
+        SOFT_FP8=interpreting(),
+        num_warps=num_warps,
+    )
+
+
+def _fits(k, kv_cache, slot_mapping, quant_block_size, scale_fmt, **config):
+    why = _check_layout(k, kv_cache, quant_block_size)
+    if why:
+        return why
+    if slot_mapping.shape[0] != k.shape[0]:
+        return f"slot_mapping has {slot_mapping.shape[0]} entries for {k.shape[0]} tokens"
+    if scale_fmt not in ("", "ue8m0"):
+        return f"scale_fmt {scale_fmt!r} is not '' or 'ue8m0'"
+    return True
+
+
+# k and slot_mapping must be dense; the cache may be any strided view.
+_DENSE = ("k", "slot_mapping")
+
+TRITON = kg.triton(
+    launch_fp8_kcache_scatter,
+    configs=[
+        {"TOKENS": 4, "num_warps": 4},
+        {"TOKENS": 16, "num_warps": 4},
+        {"TOKENS": 1, "num_warps": 1},
+    ],
+    supports=_fits,
+    contiguous=_DENSE,
+)
+
+IMPLS = [TRITON]
+
+
+# ------------------------------------------------------------------ inputs
+def _case(device, dtype, n_tokens, head_dim, qbs, block_size, num_blocks, *, layout="dense",
+          pad=0, generator=None):
+    """k, a randomly filled cache (so untouched bytes are checked) and unique random slots."""
+    g = generator
+    cs = head_dim + 4 * (head_dim // qbs) + pad
+    if layout == "layer_view":  # one layer of a [num_blocks, 2 layers, block_size, cs] allocation
+        big = torch.randint(0, 256, (num_blocks, 2, block_size, cs), dtype=torch.uint8, generator=g)
+        cache = big.to(device)[:, 1]
+    elif layout == "padded_rows":  # rows padded to 16 bytes: stride(1) != shape(2)
+        width = (cs + 15) // 16 * 16 + 16
+        big = torch.randint(0, 256, (num_blocks, block_size, width), dtype=torch.uint8, generator=g)
+        cache = big.to(device)[:, :, :cs]
+    else:
+        cache = torch.randint(0, 256, (num_blocks, block_size, cs), dtype=torch.uint8, generator=g).to(device)
+    slots = torch.randperm(num_blocks * block_size, generator=g)[:n_tokens]
+    if n_tokens > 2:
+        slots[1] = -1  # a padding token
+    k = (torch.randn(n_tokens, head_dim, generator=g) * 3).to(device=device, dtype=dtype)
+    if n_tokens > 3:
+        k[2, :qbs] = 0  # an all-zero block: the 1e-4 floor on amax
+    return k, cache, slots.to(device)
+
+
+def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.bfloat16):
+    """DeepSeek-V3.2's shape (head_dim 128, one scale per token), several scales per token,
+    a head_dim that is not a power of two, padding slots, ue8m0, and non-contiguous caches."""
+    cases = [
+        (dict(n_tokens=1, head_dim=128, qbs=128, block_size=64, num_blocks=2), ""),
+        (dict(n_tokens=37, head_dim=128, qbs=128, block_size=64, num_blocks=3), ""),
+        (dict(n_tokens=37, head_dim=128, qbs=128, block_size=64, num_blocks=3), "ue8m0"),
+        (dict(n_tokens=20, head_dim=64, qbs=32, block_size=16, num_blocks=4), ""),
+        (dict(n_tokens=9, head_dim=96, qbs=32, block_size=8, num_blocks=3, pad=4), "ue8m0"),
+        (dict(n_tokens=21, head_dim=128, qbs=64, block_size=16, num_blocks=4, layout="layer_view"), ""),
+        (dict(n_tokens=13, head_dim=64, qbs=64, block_size=16, num_blocks=2, layout="padded_rows"), "ue8m0"),
+    ]
+    for kwargs, fmt in cases:
+        k, cache, slots = _case(device, dtype, **kwargs)
+        yield (k, cache, slots, kwargs["qbs"], fmt)
+    k, cache, slots = _case(device, torch.float32, 11, 128, 128, 16, 2)
+    yield (k, cache, slots, 128, "")
+
+
+def bench_inputs(device: str = "cuda"):
+    """Prefill-sized scatters of DeepSeek-V3.2 indexer keys (head_dim 128, page of 64 tokens)."""
+    for n_tokens in (256, 4096, 32768, 131072):
+        num_blocks = 2 * n_tokens // 64
+        cache = torch.zeros(num_blocks, 64, 132, dtype=torch.uint8, device=device)
+        slots = torch.randperm(num_blocks * 64, device=device)[:n_tokens]
+        k = torch.randn(n_tokens, 128, device=device, dtype=torch.bfloat16)
+        yield (k, cache, slots, 128, "ue8m0")
+
+
+def cost(k, kv_cache, slot_mapping, quant_block_size, scale_fmt):
+    """Bytes moved: k and slot_mapping read, fp8 values and scales written (not the whole cache)."""
+    n, head_dim = k.shape
+    written = n * (head_dim + 4 * (head_dim // quant_block_size))
+    return k.numel() * k.element_size() + slot_mapping.numel() * 8 + written, 0
+
+
+@kg.op(
+    "kgexamples::fp8_kcache_scatter",
+    mutates_args=("kv_cache",),
+    dtypes={
+        "k": (torch.bfloat16, torch.float16, torch.float32),
+        "kv_cache": (torch.uint8,),
+        "slot_mapping": (torch.int64,),
+    },
+    ndim={"k": 2, "kv_cache": 3, "slot_mapping": 1},
+    tolerances={torch.uint8: 0.0},
+    impls=IMPLS,
+    sample_inputs=sample_inputs,
+    cost=cost,
+)
+def fp8_kcache_scatter(
+    k: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    quant_block_size: int,
+    scale_fmt: str,
+) -> None:
+    """Quantise ``k`` to FP8 per block and scatter values and scales into the paged cache."""
+    why = _check_layout(k, kv_cache, quant_block_size)
+    if why:
+        raise kg.InputError(f"kgexamples::fp8_kcache_scatter: {why}")
+    head_dim, (_, block_size, cache_stride) = k.shape[1], kv_cache.shape
+    keep = slot_mapping >= 0
+    slots, k = slot_mapping[keep], k[keep]
+    n, nqb = k.shape[0], head_dim // quant_block_size
+    x = k.float().reshape(n, nqb, quant_block_size)
+    scale = x.abs().amax(-1).clamp_min(MIN_AMAX) / FP8_MAX
+    if scale_fmt == "ue8m0":
+        scale = _ue8m0(scale)
+    values = (x / scale[..., None]).to(torch.float8_e4m3fn).view(torch.uint8).reshape(n, head_dim)
+    page, row = (slots // block_size)[:, None], (slots % block_size)[:, None]
+    flat = row * head_dim + torch.arange(head_dim, device=k.device)
+    kv_cache[(page, *_page_index(flat, cache_stride))] = values
+    scale_bytes = scale.contiguous().view(torch.uint8).reshape(n, 4 * nqb)
+    flat = block_size * head_dim + row * (4 * nqb) + torch.arange(4 * nqb, device=k.device)
+    kv_cache[(page, *_page_index(flat, cache_stride))] = scale_bytes
+
+
+@fp8_kcache_scatter.register_meta
+def _meta(k, kv_cache, slot_mapping, quant_block_size, scale_fmt):
+    # The reference filters padding slots (a data-dependent shape); the op returns nothing anyway.
+    return None

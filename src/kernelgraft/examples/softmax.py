@@ -1,0 +1,146 @@
+"""Softmax over the last dimension, accumulated in float32, returned in the input's dtype.
+
+Two Triton kernels: a one-pass kernel that holds whole rows in registers (several rows per program
+for narrow rows), and an online-softmax kernel that streams rows of any length in chunks.
+
+>>> import torch
+>>> from kernelgraft.examples.softmax import softmax
+>>> x = torch.randn(3, 10)
+>>> torch.allclose(softmax(x), torch.softmax(x, -1))
+True
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+import kernelgraft as kg
+
+
+@triton.jit
+def _softmax_rows_kernel(x_ptr, out_ptr, n_rows, n_cols, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK)
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    offs = rows[:, None] * n_cols + cols[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=-float("inf")).to(tl.float32)
+    m = tl.max(x, axis=1)
+    # Rows that are all -inf would give nan - nan; the reference gives nan too, keep it consistent.
+    e = tl.exp(x - m[:, None])
+    y = e / tl.sum(e, axis=1)[:, None]
+    tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _softmax_online_kernel(x_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    base = row * n_cols
+    cols = tl.arange(0, BLOCK)
+    m = tl.full([BLOCK], -float("inf"), tl.float32)
+    d = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        mask = start + cols < n_cols
+        x = tl.load(x_ptr + base + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        m_new = tl.maximum(m, x)
+        # Lanes that have seen only -inf keep d = 0 (avoid exp(-inf - -inf) = nan).
+        d = tl.where(m_new == -float("inf"), 0.0, d * tl.exp(m - m_new) + tl.exp(x - m_new))
+        m = m_new
+    m_row = tl.max(m, axis=0)
+    d_row = tl.sum(tl.where(m == -float("inf"), 0.0, d * tl.exp(m - m_row)), axis=0)
+    for start in range(0, n_cols, BLOCK):
+        mask = start + cols < n_cols
+        x = tl.load(x_ptr + base + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        y = tl.exp(x - m_row) / d_row
+        tl.store(out_ptr + base + start + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _rows_cols(x):
+    n_cols = x.shape[-1]
+    return (x.numel() // n_cols if n_cols else 0), n_cols
+
+
+def launch_softmax_rows(x, out, *, rows_per_program, num_warps):
+    n_rows, n_cols = _rows_cols(x)
+    block = triton.next_power_of_2(max(n_cols, 1))
+    _softmax_rows_kernel[(triton.cdiv(n_rows, rows_per_program),)](
+        x, out, n_rows, n_cols, ROWS=rows_per_program, BLOCK=block, num_warps=num_warps
+    )
+
+
+def launch_softmax_online(x, out, *, BLOCK, num_warps):
+    n_rows, n_cols = _rows_cols(x)
+    _softmax_online_kernel[(n_rows,)](x, out, n_cols, BLOCK=BLOCK, num_warps=num_warps)
+
+
+def _nonempty(x):
+    if x.dim() == 0 or x.shape[-1] == 0:
+        return "x needs a non-empty last dimension"
+    return None
+
+
+def _fits_rows(x, *, rows_per_program=1, **config):
+    why = _nonempty(x)
+    if why:
+        return why
+    tile = rows_per_program * triton.next_power_of_2(x.shape[-1])
+    if tile > 32768:
+        return f"{rows_per_program} rows of {x.shape[-1]} elements exceed this config's tile of 32768"
+    return True
+
+
+def _fits_online(x, **config):
+    return _nonempty(x) or True
+
+
+TRITON_ROWS = kg.triton(
+    launch_softmax_rows,
+    configs=[
+        {"rows_per_program": 1, "num_warps": 4},
+        {"rows_per_program": 1, "num_warps": 16},
+        {"rows_per_program": 4, "num_warps": 4},
+        {"rows_per_program": 16, "num_warps": 4},
+    ],
+    supports=_fits_rows,
+    name="softmax_rows",
+)
+
+TRITON_ONLINE = kg.triton(
+    launch_softmax_online,
+    configs=[{"BLOCK": 1024, "num_warps": 4}, {"BLOCK": 4096, "num_warps": 8}],
+    supports=_fits_online,
+    name="softmax_online",
+)
+
+IMPLS = [TRITON_ROWS, TRITON_ONLINE]
+
+
+def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
+    """Edge shapes: one element, odd widths, rows longer than one chunk, large magnitudes, -inf."""
+    for rows, cols in [(1, 1), (1, 7), (5, 64), (3, 1000), (17, 4097), (2, 131)]:
+        yield (torch.randn(rows, cols, device=device, dtype=dtype),)
+    yield (torch.randn(2, 3, 256, device=device, dtype=dtype) * 30,)
+    masked = torch.randn(4, 300, device=device, dtype=dtype)
+    masked[:, 100:] = float("-inf")  # causal-mask style rows
+    yield (masked,)
+    for dt in (torch.float16, torch.bfloat16):
+        yield (torch.randn(9, 768, device=device, dtype=dt),)
+
+
+def bench_inputs(device: str = "cuda"):
+    """Attention-score-like rows: (rows, 4096) bf16 from 2^18 to 2^27 elements, plus a 32k vocab."""
+    for rows in (64, 512, 4096, 32768):
+        yield (torch.randn(rows, 4096, device=device, dtype=torch.bfloat16),)
+    yield (torch.randn(2048, 32768, device=device, dtype=torch.bfloat16),)
+
+
+@kg.op(
+    "kgexamples::softmax",
+    impls=IMPLS,
+    sample_inputs=sample_inputs,
+    dtypes=(torch.float32, torch.float16, torch.bfloat16),
+)
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    """softmax(x, dim=-1) computed in float32, returned in x's dtype."""
+    return torch.softmax(x.float(), dim=-1).to(x.dtype)
