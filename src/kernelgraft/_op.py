@@ -259,7 +259,7 @@ class KernelOp:
             log.debug("%s: chose %s", self.name, chosen.label)
             return kernel_plan(self, chosen, self._runner(chosen), out_specs)
         device = tensors[0][1].device if tensors else torch.device("cpu")
-        if device.type == "cpu" and not interpreting():
+        if not candidates or (device.type == "cpu" and not interpreting()):
             return reference_plan(self)
         if candidates and all(c.category == LAYOUT for c in candidates):
             raise InputError(
