@@ -1,0 +1,50 @@
+"""Shared bits of the benchmark scripts: environment facts and result files."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+from pathlib import Path
+
+
+def environment() -> dict:
+    import torch
+
+    info = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+    }
+    if torch.cuda.is_available():
+        info["capability"] = "sm_{}{}".format(*torch.cuda.get_device_capability())
+        try:
+            import subprocess
+
+            info["driver"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=20,
+            ).stdout.strip()
+        except Exception:
+            pass
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        pass
+    import kernelgraft
+
+    info["kernelgraft"] = kernelgraft.__version__
+    return info
+
+
+def write_json(name: str, payload: dict, out: str | None = None) -> Path:
+    folder = Path(out or os.environ.get("OUT") or "benchmarks/results")
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=1, default=str))
+    return path

@@ -1,0 +1,140 @@
+"""Host cost of one eager call on a tiny tensor, and the cost under CUDA-graph replay.
+
+(a0) raw Triton launch into a preallocated output; (a) the same with its output allocated
+(what hand-written glue does); (b) (a) wrapped in a plain torch.library.custom_op; (c) the
+kernelgraft op; (d) the kernelgraft op called as torch.ops.<ns>.<name>.
+Targets (issue 2): (c) <= (a) + 3 us, (c) < (b); under graph replay (c) == (a).
+
+    python benchmarks/bench_host_overhead.py [--calls 2000] [--rounds 25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch
+import triton
+
+from _common import environment, write_json
+from kernelgraft.examples.add_relu import _add_relu_kernel, add_relu
+
+BLOCK, WARPS = 1024, 4  # the example op's first config, which it runs by default
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=25)
+    parser.add_argument("--n", type=int, default=4096)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    assert torch.cuda.is_available(), "needs a CUDA GPU"
+
+    n = args.n
+    x = torch.randn(n, device="cuda")
+    y = torch.randn(n, device="cuda")
+    out0 = torch.empty_like(x)
+    grid = (triton.cdiv(n, BLOCK),)
+
+    def raw_prealloc(x, y):
+        _add_relu_kernel[grid](x, y, out0, n, BLOCK=BLOCK, num_warps=WARPS)
+        return out0
+
+    def raw(x, y):
+        out = torch.empty_like(x)
+        _add_relu_kernel[(triton.cdiv(x.numel(), BLOCK),)](x, y, out, x.numel(), BLOCK=BLOCK, num_warps=WARPS)
+        return out
+
+    @torch.library.custom_op("kgbench::add_relu_custom_op", mutates_args=())
+    def custom(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return raw(x, y)
+
+    @custom.register_fake
+    def _(x, y):
+        return torch.empty_like(x)
+
+    dispatcher = torch.ops.kgexamples.add_relu
+    variants = {
+        "(a0) raw launch, preallocated out": raw_prealloc,
+        "(a) raw launch + torch.empty_like": raw,
+        "(b) torch.library.custom_op": custom,
+        "(c) kernelgraft op": add_relu,
+        "(d) kernelgraft via torch.ops": dispatcher,
+    }
+    expected = torch.relu(x + y)
+    for name, fn in variants.items():  # warm-up, JIT, and a correctness check of each path
+        for _ in range(20):
+            got = fn(x, y)
+        torch.cuda.synchronize()
+        torch.testing.assert_close(got, expected, msg=name)
+
+    samples: dict[str, list[float]] = {k: [] for k in variants}
+    for _ in range(args.rounds):
+        for name, fn in variants.items():  # interleaved so drift hits all variants alike
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(args.calls):
+                fn(x, y)
+            elapsed = time.perf_counter() - start
+            torch.cuda.synchronize()
+            samples[name].append(elapsed / args.calls * 1e6)
+    host = {k: statistics.median(v) for k, v in samples.items()}
+
+    # CUDA-graph replay: 100 calls captured per graph; per-call device time from events.
+    graph_us = {}
+    for name in ("(a) raw launch + torch.empty_like", "(c) kernelgraft op"):
+        fn = variants[name]
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                fn(x, y)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            outs = [fn(x, y) for _ in range(100)]
+        g.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(outs[-1], expected, msg=f"graph {name}")
+        times = []
+        for _ in range(30):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            g.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3 / 100)
+        graph_us[name] = statistics.median(times)
+
+    a, b, c = host["(a) raw launch + torch.empty_like"], host["(b) torch.library.custom_op"], host["(c) kernelgraft op"]
+    ga, gc = graph_us["(a) raw launch + torch.empty_like"], graph_us["(c) kernelgraft op"]
+    checks = {
+        "(c) <= (a) + 3 us": c <= a + 3.0,
+        "(c) < (b)": c < b,
+        "graph replay (c) within 5% of (a)": abs(gc - ga) <= 0.05 * ga,
+    }
+    payload = {"env": environment(), "n": n, "calls": args.calls, "rounds": args.rounds,
+               "host_us_median": host, "host_us_all": samples, "graph_replay_us_per_call": graph_us,
+               "checks": checks}
+    path = write_json("host_overhead", payload, args.out)
+    env = payload["env"]
+    print(f"\n{env['device']} | torch {env['torch']} | triton {env.get('triton')} | {env['date']} | n={n}")
+    print(f"{'variant':40s} {'us/call':>9s} {'vs (a)':>8s}")
+    for name, value in host.items():
+        print(f"{name:40s} {value:9.2f} {value / a:8.2f}x")
+    print(f"{'graph replay (a) per call':40s} {ga:9.2f}")
+    print(f"{'graph replay (c) per call':40s} {gc:9.2f} {gc / ga:8.2f}x")
+    for name, ok in checks.items():
+        print(f"{'PASS' if ok else 'FAIL'}  {name}")
+    print(f"results: {path}")
+    return 0 if all(checks.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
