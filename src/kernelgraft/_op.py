@@ -75,6 +75,8 @@ class KernelOp:
         fallback: str = "reference",
         tolerances: Mapping[torch.dtype, float] | None = None,
         cost: Callable[..., tuple[float, float]] | None = None,
+        prune: Callable[..., Any] | None = None,
+        buckets: Any = None,
     ) -> None:
         where = f"kg.op({name or getattr(fn, '__qualname__', fn)!r})"
         if not callable(fn):
@@ -101,6 +103,14 @@ class KernelOp:
         self.fallback = fallback
         self.tolerances = dict(tolerances or {})
         self.cost = cost  # (*inputs) -> (bytes, flops) for benchmarks; None: from tensor sizes
+        if prune is not None and not callable(prune):
+            raise SpecError(f"{where}: prune must be a function (candidates, *inputs) -> candidates, "
+                            f"got {describe(prune)}")
+        self.prune = prune  # tuning: which candidates to measure (see kernelgraft.tune)
+        from .tune._key import normalize_buckets
+
+        self.buckets = normalize_buckets(buckets, where=where, params=[
+            p.name for p in self.signature.params if p.kind in ("tensor", "tensor_list")])
         self._dtypes = self._normalize_dtypes(dtypes, where)
         self._ndim = self._normalize_ndim(ndim, where)
         self.fingerprint = self._compute_fingerprint()
@@ -256,8 +266,10 @@ class KernelOp:
         out_specs = self._output_specs(args)
         if supported:
             chosen = _select.choose(self, supported, args)
+            if chosen is None:  # the tuner found no candidate that computes the right result
+                return reference_plan(self)
             log.debug("%s: chose %s", self.name, chosen.label)
-            return kernel_plan(self, chosen, self._runner(chosen), out_specs)
+            return kernel_plan(self, chosen, self._runner(chosen), out_specs, args)
         device = tensors[0][1].device if tensors else torch.device("cpu")
         if not candidates or (device.type == "cpu" and not interpreting()):
             return reference_plan(self)
@@ -432,6 +444,8 @@ def op(
     tolerances: Mapping[torch.dtype, float] | None = None,
     name: str | None = None,
     cost: Callable[..., tuple[float, float]] | None = None,
+    prune: Callable[..., Any] | None = None,
+    buckets: Any = None,
 ) -> Any:
     """Turn a PyTorch reference function into an operator backed by kernels.
 
@@ -439,6 +453,7 @@ def op(
     as a call. Without a name the op gets ``kernelgraft::<qualname>_<hash>``, the same in every
     process. ``cost(*inputs) -> (bytes, flops)`` tells ``kernelgraft bench`` what one call moves
     and computes (default: every input read once, every output written once, no flops).
+    ``prune(candidates, *inputs)`` and ``buckets`` shape autotuning (see ``kernelgraft.tune``).
 
     >>> import torch, kernelgraft as kg
     >>> @kg.op("doctest::scale2")
@@ -451,7 +466,8 @@ def op(
     """
     options = dict(
         impls=impls, mutates_args=mutates_args, sample_inputs=sample_inputs, dtypes=dtypes,
-        ndim=ndim, fallback=fallback, tolerances=tolerances, cost=cost,
+        ndim=ndim, fallback=fallback, tolerances=tolerances, cost=cost, prune=prune,
+        buckets=buckets,
     )
 
     def wrap(fn: Callable[..., Any], qualname: str | None) -> KernelOp:
