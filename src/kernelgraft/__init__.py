@@ -5,7 +5,9 @@ a ``torch.ops`` operator with schema, fake kernel, input checks, per-shape candi
 a test harness.
 """
 
+from . import driver
 from ._candidates import Candidate
+from ._cuda_spec import CudaImpl, Launch, ctype, cuda
 from ._errors import (
     BundleError,
     CompileError,
@@ -26,6 +28,11 @@ __version__ = "0.1.0"
 __all__ = [
     "op",
     "triton",
+    "cuda",
+    "Launch",
+    "ctype",
+    "CudaImpl",
+    "driver",
     "KernelOp",
     "ImplSpec",
     "Config",

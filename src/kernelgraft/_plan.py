@@ -61,8 +61,8 @@ def kernel_plan(
             out = empty_like(args[like])
             try:
                 runner(*args, out)
-            except KernelgraftError:
-                raise
+            except KernelgraftError as exc:
+                raise _named(op, exc) from exc
             except Exception as exc:
                 raise _fail(op, candidate, exc) from exc
             return out

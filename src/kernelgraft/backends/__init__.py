@@ -2,5 +2,6 @@
 
 from ._base import Backend, get, names, register
 from . import _triton  # noqa: F401  (registers itself)
+from . import _cuda  # noqa: F401  (registers itself)
 
 __all__ = ["Backend", "get", "names", "register"]

@@ -8,6 +8,7 @@ serve several GPUs. Nothing here touches the GPU until the first launch or ``han
 from __future__ import annotations
 
 import hashlib
+import struct
 import logging
 import threading
 from collections.abc import Sequence
@@ -17,7 +18,7 @@ import torch
 
 from .._errors import LaunchError
 from . import _cu
-from ._params import ParamBuffer, kind_of, value_of
+from ._params import KINDS, ParamBuffer, kind_of, value_of
 
 __all__ = ["Module", "Function", "Launcher", "load_module", "current_stream"]
 
@@ -126,6 +127,30 @@ class Function:
                  driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                  int(shared_mem), what=f"allowing {shared_mem} bytes of shared memory for {self.name}")
         self._smem_set[device_index] = shared_mem
+
+    def check_params(self, device_index: int, kinds: Sequence[str]) -> None:
+        """Compare the parameter kinds with the kernel's own parameter list (sizes), read from the
+        image by the driver (``cuFuncGetParamInfo``, CUDA 12.4+; skipped where missing)."""
+        driver = _cu.cu()
+        get = getattr(driver, "cuFuncGetParamInfo", None)
+        if get is None:
+            return
+        handle = self.handle(device_index)
+        sizes = []
+        for i in range(len(kinds) + 1):
+            err, _offset, size = get(handle, i)
+            if int(err) != 0:
+                if i == 0 and err != driver.CUresult.CUDA_ERROR_INVALID_VALUE:
+                    return  # not supported by this driver
+                break
+            sizes.append(int(size))
+        want = [struct.calcsize("=" + KINDS[k]) for k in kinds]
+        if sizes != want:
+            raise LaunchError(
+                f"kernel {self.name} takes {len(sizes)} parameters of sizes {sizes} bytes, but the "
+                f"launch passes {len(kinds)}: {list(kinds)} (sizes {want}); match the kernel's "
+                "signature with driver.i32/i64/f32/... and tensors"
+            )
 
     def launcher(self, kinds: Sequence[str]) -> "Launcher":
         """A reusable launcher for a fixed parameter list (kinds as in ``kernelgraft.driver``)."""

@@ -46,7 +46,48 @@ TRITON = kg.triton(
     supports=_same_shape,
 )
 
-IMPLS = [TRITON]
+_CUDA_SOURCE = r"""
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+// BLOCK threads per block, each handling ITEMS elements BLOCK apart (coalesced).
+template <typename T>
+__global__ void add_relu(const T* __restrict__ x, const T* __restrict__ y, T* __restrict__ out,
+                         long long n) {
+    long long base = (long long)blockIdx.x * BLOCK * ITEMS + threadIdx.x;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        long long i = base + (long long)k * BLOCK;
+        if (i < n) out[i] = (T)fmaxf((float)x[i] + (float)y[i], 0.0f);
+    }
+}
+"""
+
+
+def launch_add_relu_cuda(x, y, out, *, BLOCK, ITEMS):
+    n = x.numel()
+    per_block = BLOCK * ITEMS
+    return kg.Launch(
+        grid=(n + per_block - 1) // per_block,
+        block=BLOCK,
+        args=(x, y, out, kg.driver.i64(n)),
+        template={"T": kg.ctype(x.dtype)},
+    )
+
+
+CUDA = kg.cuda(
+    _CUDA_SOURCE,
+    "add_relu<{T}>",
+    launch=launch_add_relu_cuda,
+    configs=[{"BLOCK": 256, "ITEMS": 4}, {"BLOCK": 512, "ITEMS": 2}],
+    supports=_same_shape,
+)
+
+IMPLS = [TRITON, CUDA]
+
+# cuTile and CuTe DSL versions join when those packages are installed (examples/_cute_kernels.py).
+from ._cute_kernels import CUTEDSL_IMPLS, CUTILE_IMPLS  # noqa: E402
+
+IMPLS += [impls['add_relu'] for impls in (CUTILE_IMPLS, CUTEDSL_IMPLS) if 'add_relu' in impls]
 
 
 def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):

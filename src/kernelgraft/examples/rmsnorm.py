@@ -53,7 +53,69 @@ TRITON = kg.triton(
     supports=_fits,
 )
 
-IMPLS = [TRITON]
+_CUDA_SOURCE = r"""
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+// One block of THREADS threads per row; float32 sum of squares reduced with warp shuffles.
+template <typename T>
+__global__ void rmsnorm(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ out,
+                        int n_cols, float eps) {
+    const T* xr = x + (long long)blockIdx.x * n_cols;
+    T* outr = out + (long long)blockIdx.x * n_cols;
+    float acc = 0.0f;
+    for (int c = threadIdx.x; c < n_cols; c += THREADS) {
+        float v = (float)xr[c];
+        acc += v * v;
+    }
+    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    __shared__ float partial[THREADS / 32];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) partial[warp] = acc;
+    __syncthreads();
+    if (warp == 0) {
+        acc = lane < THREADS / 32 ? partial[lane] : 0.0f;
+        for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+        if (lane == 0) partial[0] = acc;
+    }
+    __syncthreads();
+    const float rstd = rsqrtf(partial[0] / (float)n_cols + eps);
+    for (int c = threadIdx.x; c < n_cols; c += THREADS)
+        outr[c] = (T)((float)xr[c] * rstd * (float)w[c]);
+}
+"""
+
+
+def _fits_cuda(x, weight, eps, **config):
+    if weight.dtype != x.dtype:
+        return f"the CUDA kernel takes weight in x's dtype {x.dtype}, got {weight.dtype}"
+    return _fits(x, weight, eps, **config)
+
+
+def launch_rmsnorm_cuda(x, weight, eps, out, *, THREADS):
+    n_cols = x.shape[-1]
+    rows = x.numel() // n_cols if n_cols else 0
+    return kg.Launch(
+        grid=rows,
+        block=THREADS,
+        args=(x, weight, out, kg.driver.i32(n_cols), kg.driver.f32(eps)),
+        template={"T": kg.ctype(x.dtype)},
+    )
+
+
+CUDA = kg.cuda(
+    _CUDA_SOURCE,
+    "rmsnorm<{T}>",
+    launch=launch_rmsnorm_cuda,
+    configs=[{"THREADS": 128}, {"THREADS": 256}, {"THREADS": 1024}],
+    supports=_fits_cuda,
+)
+
+IMPLS = [TRITON, CUDA]
+
+# cuTile and CuTe DSL versions join when those packages are installed (examples/_cute_kernels.py).
+from ._cute_kernels import CUTEDSL_IMPLS, CUTILE_IMPLS  # noqa: E402
+
+IMPLS += [impls['rmsnorm'] for impls in (CUTILE_IMPLS, CUTEDSL_IMPLS) if 'rmsnorm' in impls]
 
 
 def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):

@@ -1,0 +1,71 @@
+"""kernelgraft doctor: what this machine can run, and why not where it cannot."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+
+HELP = "report the environment: torch, GPU, each backend's availability and why"
+
+_PACKAGES = (
+    "torch", "triton", "cuda-core", "cuda-bindings", "nvidia-cuda-nvrtc", "cuda-tile",
+    "nvidia-cuda-tileiras", "nvidia-cutlass-dsl", "filelock", "rich",
+)
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("target", nargs="?", help="optionally a .py file or module: show its ops' candidates")
+
+
+def run(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ._common import load_target, ops_of, prepare_environment
+
+    prepare_environment()
+    import torch
+
+    from .. import __version__, backends
+
+    console = Console(width=160)
+    console.print(f"kernelgraft {__version__} | python {platform.python_version()} | {platform.machine()}")
+    if torch.cuda.is_available():
+        cap = torch.cuda.get_device_capability()
+        console.print(
+            f"GPU: {torch.cuda.get_device_name()} (sm_{cap[0]}{cap[1]}), CUDA {torch.version.cuda}, "
+            f"{torch.cuda.device_count()} device(s)"
+        )
+    else:
+        console.print(
+            "GPU: none; ops run their reference on CPU tensors, Triton kernels through its "
+            f"interpreter when TRITON_INTERPRET=1 (now {os.environ.get('TRITON_INTERPRET', 'unset')})"
+        )
+    packages = Table(title="packages")
+    packages.add_column("package")
+    packages.add_column("version")
+    for name in _PACKAGES:
+        try:
+            version = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            version = "-"
+        packages.add_row(name, version)
+    console.print(packages)
+    table = Table(title="backends")
+    table.add_column("backend")
+    table.add_column("status")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    for name in backends.names():
+        backend = backends.get(name)
+        reason = backend.available() or backend.device_reason(device)
+        table.add_row(name, f"[red]{reason}" if reason else f"[green]ready on {device.type}")
+    console.print(table)
+    if args.target:
+        for op in ops_of(load_target(args.target)):
+            console.print(f"{op.name}{op.signature.schema}: {len(op.impls)} impls, "
+                          f"{sum(len(i.configs) for i in op.impls)} candidates")
+            for impl in op.impls:
+                reason = backends.get(impl.backend).available()
+                console.print(f"  {impl!r}" + (f" [red](unavailable: {reason})" if reason else ""))
+    return 0
