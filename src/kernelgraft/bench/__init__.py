@@ -1,0 +1,31 @@
+"""The harness behind ``kernelgraft bench``: ceilings, timing, per-op runs and the report.
+
+Each op is timed on its module's ``bench_inputs(device)`` shapes: every candidate, the best per
+backend, torch eager and ``torch.compile`` of the reference, and the tuned op; achieved GB/s and
+TFLOP/s come from the op's ``cost`` hook (or tensor sizes) and are shown as fractions of the copy
+bandwidth and bf16 GEMM throughput measured at the start of the run.
+"""
+
+from ._ceilings import Ceilings, measure_ceilings
+from ._cost import call_cost, default_bytes
+from ._main import bench_inputs_of, run_benchmarks
+from ._report import load_json, plot, render_table, write_json
+from ._run import Row, bench_op
+from ._timing import Timing, measure
+
+__all__ = [
+    "Ceilings",
+    "Row",
+    "Timing",
+    "bench_inputs_of",
+    "bench_op",
+    "call_cost",
+    "default_bytes",
+    "load_json",
+    "measure",
+    "measure_ceilings",
+    "plot",
+    "render_table",
+    "run_benchmarks",
+    "write_json",
+]

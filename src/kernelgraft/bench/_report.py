@@ -1,0 +1,195 @@
+"""The benchmark report: a terminal table, a JSON document, and a PNG plot of time against size.
+
+The JSON is the record (``benchmarks/summarize_bench.py`` and ``--replot`` read it back); the table
+and the plot are views of it. rich and matplotlib are optional: without rich the table is plain
+text, without matplotlib the plot is skipped with a message (replot later from the JSON).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+import os
+import platform
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ._ceilings import Ceilings
+from ._run import BACKEND, COMPILE, EAGER, TUNED, Row
+
+__all__ = ["document", "write_json", "load_json", "render_table", "plot", "environment"]
+
+SCHEMA = "kernelgraft.bench/1"
+PLOTTED = (BACKEND, EAGER, COMPILE, TUNED)
+
+
+def environment() -> dict[str, Any]:
+    """Versions and the device, for the record."""
+    import torch
+
+    env: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    try:
+        import kernelgraft
+
+        env["kernelgraft"] = kernelgraft.__version__
+    except Exception:  # pragma: no cover
+        pass
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        env["device"] = props.name
+        env["capability"] = f"sm_{props.major}{props.minor}"
+        env["sms"] = props.multi_processor_count
+    return env
+
+
+def document(rows: Sequence[Row], ceilings: Ceilings | None, env: dict | None = None) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "environment": env if env is not None else environment(),
+        "ceilings": ceilings.as_dict() if ceilings else None,
+        "rows": [dataclasses.asdict(r) for r in rows],
+    }
+
+
+def write_json(doc: dict[str, Any], path: str | os.PathLike) -> None:
+    """Write atomically (temp file + replace), so an interrupted run leaves the last full state."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".bench-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(_finite(doc), f, indent=1)
+    os.replace(tmp, path)
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN/inf: store them as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def load_json(path: str | os.PathLike) -> tuple[list[Row], Ceilings | None, dict]:
+    doc = json.loads(Path(path).read_text())
+    if doc.get("schema") != SCHEMA:
+        raise ValueError(f"{path}: not a kernelgraft bench report (schema {doc.get('schema')!r}, want {SCHEMA!r})")
+    names = {f.name for f in dataclasses.fields(Row)}
+    rows = [Row(**{k: v for k, v in r.items() if k in names}) for r in doc["rows"]]
+    ceil = Ceilings(**doc["ceilings"]) if doc.get("ceilings") else None
+    return rows, ceil, doc.get("environment", {})
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
+
+
+def table_lines(rows: Sequence[Row]) -> list[list[str]]:
+    """Cells of the table: one line per row, with speed-up against torch eager of the same shape."""
+    eager = {(r.op, r.size): r.time_us for r in rows if r.kind == EAGER and r.time_us}
+    out = []
+    for r in rows:
+        ref = eager.get((r.op, r.size))
+        speedup = f"{ref / r.time_us:.2f}x" if ref and r.time_us else "-"
+        note = r.error or r.detail
+        out.append([
+            r.op.split("::")[-1], r.shape, r.variant, _fmt(r.time_us, ".1f"), _fmt(r.gbps, ".0f"),
+            _pct(r.bw_frac), _fmt(r.tflops, ".1f") if r.flops else "-", _pct(r.flops_frac) if r.flops else "-",
+            speedup, note,
+        ])
+    return out
+
+
+HEADERS = ["op", "inputs", "variant", "median us", "GB/s", "% copy", "TFLOP/s", "% gemm", "vs eager", "note"]
+
+
+def render_table(rows: Sequence[Row], ceilings: Ceilings | None, *, console: Any = None) -> str:
+    """Print the table (rich when installed) and return it as plain text."""
+    lines = table_lines(rows)
+    title = "kernelgraft bench"
+    if ceilings:
+        title += f" (copy {ceilings.copy_gbps:.0f} GB/s, bf16 GEMM {ceilings.bf16_tflops:.0f} TFLOP/s)"
+    widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(HEADERS)]
+    text = "\n".join(
+        [title, "  ".join(h.ljust(w) for h, w in zip(HEADERS, widths))]
+        + ["  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in lines]
+    )
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        print(text)
+        return text
+    table = Table(title=title)
+    for h in HEADERS:
+        table.add_column(h, justify="right" if h not in ("op", "inputs", "variant", "note") else "left")
+    for line in lines:
+        table.add_row(*line)
+    (console or Console()).print(table)
+    return text
+
+
+def plot(rows: Sequence[Row], path: str | os.PathLike, ceilings: Ceilings | None = None) -> str | None:
+    """Per op, median time against bytes moved for each backend, eager, compile and tuned.
+    Returns None on success, else why no plot was written."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install matplotlib); replot later with --replot"
+    ops = list(dict.fromkeys(r.op for r in rows))
+    if not ops:
+        return "no rows to plot"
+    cols = min(3, len(ops))
+    nrows = math.ceil(len(ops) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5.5 * cols, 4.2 * nrows), squeeze=False)
+    for ax, op in zip(axes.flat, ops):
+        series: dict[str, list[tuple[float, float]]] = {}
+        for r in rows:
+            if r.op == op and r.kind in PLOTTED and r.time_us and r.bytes and math.isfinite(r.bytes):
+                series.setdefault(r.variant, []).append((r.bytes / 1e6, r.time_us))
+        for variant, points in series.items():
+            points.sort()
+            style = "--" if variant.startswith("torch") else "-"
+            ax.plot(*zip(*points), style, marker="o", markersize=3, label=variant)
+        if ceilings and ceilings.copy_gbps and series:
+            xs = sorted({x for pts in series.values() for x, _ in pts})
+            ax.plot(xs, [x * 1e6 / (ceilings.copy_gbps * 1e9) * 1e6 for x in xs], ":", color="gray",
+                    label=f"copy ceiling {ceilings.copy_gbps:.0f} GB/s")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(op.split("::")[-1])
+        ax.set_xlabel("MB moved per call")
+        ax.set_ylabel("median time (us)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(ops):]:
+        ax.axis("off")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None

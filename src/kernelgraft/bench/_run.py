@@ -1,0 +1,193 @@
+"""Benchmark one op: every candidate, the best of each backend, torch eager and torch.compile of
+the reference, the op as dispatched, and the tuned op, on each of its benchmark shapes."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+
+from ._ceilings import Ceilings
+from ._cost import call_cost, describe_inputs
+from ._timing import Timing, measure
+
+__all__ = ["Row", "bench_op", "tuned_label"]
+
+log = logging.getLogger(__name__)
+
+Timer = Callable[[Callable[[], object]], Timing]
+
+# kinds of rows, in display order
+CANDIDATE, BACKEND, EAGER, COMPILE, DEFAULT, TUNED = "candidate", "backend", "eager", "compile", "default", "tuned"
+
+
+@dataclasses.dataclass
+class Row:
+    op: str
+    shape: str
+    size: int  # index of the shape in the op's bench_inputs (small to large)
+    bytes: float
+    flops: float
+    kind: str
+    variant: str
+    backend: str = ""
+    time_us: float | None = None
+    gbps: float | None = None
+    tflops: float | None = None
+    bw_frac: float | None = None
+    flops_frac: float | None = None
+    reps: int = 0
+    detail: str = ""
+    error: str | None = None
+
+    def fill(self, timing: Timing | None, ceilings: Ceilings | None) -> "Row":
+        if timing is None:
+            return self
+        self.time_us, self.reps = timing.median_us, timing.reps
+        seconds = timing.median_us * 1e-6
+        if seconds > 0:
+            self.gbps = self.bytes / seconds / 1e9
+            self.tflops = self.flops / seconds / 1e12
+            if ceilings is not None:
+                self.bw_frac = self.gbps / ceilings.copy_gbps if ceilings.copy_gbps else None
+                self.flops_frac = self.tflops / ceilings.bf16_tflops if ceilings.bf16_tflops else None
+        return self
+
+
+def tuned_label() -> str:
+    """'tuned (kg.tune)' when the autotuner is installed, else 'tuned (best measured)'."""
+    import kernelgraft as kg
+
+    return "tuned (kg.tune)" if callable(getattr(kg, "tune", None)) else "tuned (best measured)"
+
+
+def _candidate_fn(op: Any, candidate: Any, args: tuple) -> Callable[[], object]:
+    """The candidate's plan built once, so timing sees launch cost, not planning."""
+    from .._plan import kernel_plan
+
+    plan = kernel_plan(op, candidate, op._runner(candidate), op._output_specs(args))
+    return lambda: plan(args)
+
+
+def _mode(name: str):
+    """``kg.tune(name)`` when the autotuner is installed, else a no-op context."""
+    import contextlib
+
+    import kernelgraft as kg
+
+    tune = getattr(kg, "tune", None)
+    return tune(name) if callable(tune) else contextlib.nullcontext()
+
+
+def _timed(row: Row, fn: Callable[[], object] | None, timer: Timer, ceilings: Ceilings | None) -> Row:
+    if fn is None:
+        return row
+    try:
+        row.fill(timer(fn), ceilings)
+    except Exception as exc:  # one failing variant must not end the run
+        row.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        log.warning("%s %s %s failed: %s", row.op, row.shape, row.variant, row.error)
+    return row
+
+
+def _compiled(reference: Callable[..., Any]) -> Callable[..., Any]:
+    import torch._dynamo
+
+    # One specialisation per shape: raise the recompile limit so large sweeps keep compiling.
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 256))
+    return torch.compile(reference, dynamic=False)
+
+
+def bench_op(
+    op: Any,
+    inputs: Iterable[tuple],
+    *,
+    ceilings: Ceilings | None,
+    timer: Timer | None = None,
+    compile: bool = True,
+    tune: bool = True,
+    on_row: Callable[[Row], None] | None = None,
+) -> list[Row]:
+    """All rows for ``op`` over ``inputs`` (tuples of arguments, small to large)."""
+    timer = timer or (lambda fn: measure(fn))
+    rows: list[Row] = []
+    compiled = None
+
+    def emit(row: Row) -> Row:
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+        return row
+
+    for size, args in enumerate(inputs):
+        args = tuple(args)
+        shape = describe_inputs(args)
+        try:
+            with _mode("off"):
+                outputs = op(*args)
+            nbytes, flops = call_cost(op, args, outputs)
+        except Exception as exc:
+            emit(Row(op.name, shape, size, math.nan, math.nan, DEFAULT, "kg op",
+                     error=f"{type(exc).__name__}: {exc}".splitlines()[0][:300]))
+            continue
+        base = dict(op=op.name, shape=shape, size=size, bytes=nbytes, flops=flops)
+        cand_rows = []
+        for cand in op.candidates(*args):
+            if not cand.supported:
+                continue
+            row = Row(**base, kind=CANDIDATE, variant=cand.label, backend=cand.impl.backend)
+            try:
+                fn = _candidate_fn(op, cand, args)
+            except Exception as exc:
+                row.error, fn = f"{type(exc).__name__}: {exc}".splitlines()[0][:300], None
+            cand_rows.append(emit(_timed(row, fn, timer, ceilings)))
+        timed = [r for r in cand_rows if r.time_us is not None]
+        for backend in sorted({r.backend for r in timed}):
+            best = min((r for r in timed if r.backend == backend), key=lambda r: r.time_us)
+            emit(dataclasses.replace(best, kind=BACKEND, variant=f"best {backend}", detail=best.variant))
+        emit(_timed(Row(**base, kind=EAGER, variant="torch eager", backend="torch"),
+                    lambda: op.reference(*args), timer, ceilings))
+        if compile:
+            row = Row(**base, kind=COMPILE, variant="torch.compile", backend="torch")
+            try:
+                compiled = compiled or _compiled(op.reference)
+                fn = lambda: compiled(*args)  # noqa: E731
+            except Exception as exc:
+                row.error, fn = f"{type(exc).__name__}: {exc}".splitlines()[0][:300], None
+            emit(_timed(row, fn, timer, ceilings))
+        with _mode("off"):
+            emit(_timed(Row(**base, kind=DEFAULT, variant="kg op (untuned default)", backend="kg"),
+                        lambda: op(*args), timer, ceilings))
+        label = tuned_label() if tune else "tuned (best measured)"
+        tuned = Row(**base, kind=TUNED, variant=label, backend="kg")
+        if tune and label == "tuned (kg.tune)":
+            # The first call inside the block tunes (or reads the cache); the timer's own first
+            # call is untimed, so the timed calls all run the chosen plan.
+            try:
+                with _mode("on"):
+                    _timed(tuned, lambda: op(*args), timer, ceilings)
+                    plan = op._plans.get(op._key(args, False))
+                    tuned.detail = getattr(getattr(plan, "candidate", None), "label", "") or ""
+                emit(tuned)
+            except Exception as exc:
+                tuned.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                if tuned not in rows:
+                    emit(tuned)
+        elif timed:
+            best = min(timed, key=lambda r: r.time_us)
+            emit(dataclasses.replace(best, kind=TUNED, variant=label, backend="kg", detail=best.variant))
+        del args, outputs
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return rows
+
+
+def summary_rows(rows: Sequence[Row], *, all_candidates: bool = False) -> list[Row]:
+    """Rows for the terminal table: per-backend bests instead of every candidate unless asked."""
+    return [r for r in rows if all_candidates or r.kind != CANDIDATE]

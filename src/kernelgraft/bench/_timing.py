@@ -1,0 +1,86 @@
+"""GPU timing: median of per-call CUDA-event times with a cold L2 before every call.
+
+Like ``triton.testing.do_bench`` (which this mirrors rather than calls, because its signature
+differs across Triton releases): a warm-up, a repetition count fitted to a time budget, and an L2
+flush (writing a buffer larger than the cache) between calls, so every call reads its inputs from
+HBM as in a real model step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Callable
+
+import torch
+
+__all__ = ["Timing", "measure", "FLUSH_BYTES"]
+
+FLUSH_BYTES = 256 << 20  # H200 L2 is 50 MB; anything well above it evicts everything
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    median_us: float
+    min_us: float
+    p20_us: float
+    p80_us: float
+    reps: int
+
+
+_flush_buffers: dict[torch.device, torch.Tensor] = {}
+
+
+def _flush(device: torch.device) -> torch.Tensor:
+    buf = _flush_buffers.get(device)
+    if buf is None:
+        buf = _flush_buffers[device] = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=device)
+    return buf
+
+
+def summarize(samples_us: list[float]) -> Timing:
+    """Median and spread of per-call times (microseconds)."""
+    if not samples_us:
+        raise ValueError("no timing samples")
+    ordered = sorted(samples_us)
+    q = lambda f: ordered[min(len(ordered) - 1, int(f * len(ordered)))]  # noqa: E731
+    return Timing(statistics.median(ordered), ordered[0], q(0.2), q(0.8), len(ordered))
+
+
+def measure(
+    fn: Callable[[], object],
+    *,
+    device: torch.device | str = "cuda",
+    warmup_ms: float = 10.0,
+    rep_ms: float = 60.0,
+    min_reps: int = 5,
+    max_reps: int = 500,
+    cold_l2: bool = True,
+) -> Timing:
+    """Median time of ``fn()`` in microseconds over about ``rep_ms`` of GPU time."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise RuntimeError("kernelgraft.bench.measure needs a CUDA device")
+    fn()  # compile / allocate outside the timed region
+    torch.cuda.synchronize(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        fn()
+    end.record()
+    torch.cuda.synchronize(device)
+    estimate_ms = max(start.elapsed_time(end) / 3, 1e-3)
+    for _ in range(max(1, int(warmup_ms / estimate_ms))):
+        fn()
+    reps = int(min(max_reps, max(min_reps, rep_ms / estimate_ms)))
+    flush = _flush(device) if cold_l2 else None
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        if flush is not None:
+            flush.zero_()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize(device)
+    return summarize([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)])

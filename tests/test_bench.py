@@ -1,0 +1,169 @@
+"""kernelgraft bench on the CPU: cost accounting, the runner with fake timings (kernels still run in
+Triton's interpreter), the JSON round trip, the table and the plot, and the CLI without a GPU."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+import kernelgraft as kg
+from kernelgraft.bench import Ceilings, Timing, call_cost, default_bytes, load_json, plot, render_table
+from kernelgraft.bench._report import document, table_lines, write_json
+from kernelgraft.bench._run import BACKEND, CANDIDATE, COMPILE, DEFAULT, EAGER, TUNED, bench_op
+from kernelgraft.bench._timing import summarize
+
+CEIL = Ceilings(copy_gbps=4000.0, bf16_tflops=800.0)
+
+
+def test_default_bytes_counts_inputs_and_outputs():
+    x, y = torch.empty(100, dtype=torch.float32), torch.empty(10, dtype=torch.bfloat16)
+    out = torch.empty(100)
+    assert default_bytes((x, y, 1e-6, "s"), out) == 400 + 20 + 400
+    assert default_bytes((x, [y, y]), (out, out)) == 400 + 40 + 800
+    assert default_bytes((x,), None) == 400
+
+
+def test_cost_hook_wins_over_default():
+    from kernelgraft.examples.fp8_kcache_scatter import fp8_kcache_scatter
+
+    k = torch.randn(8, 128, dtype=torch.bfloat16)
+    cache = torch.zeros(4, 64, 132, dtype=torch.uint8)  # 33792 bytes, mostly untouched
+    slots = torch.arange(8)
+    nbytes, flops = call_cost(fp8_kcache_scatter, (k, cache, slots, 128, "ue8m0"), None)
+    assert nbytes == 8 * 128 * 2 + 8 * 8 + 8 * (128 + 4) and flops == 0
+
+
+def test_cost_must_be_callable():
+    with pytest.raises(kg.SpecError, match="cost must be a function"):
+        @kg.op("test_bench::bad_cost", cost=3)
+        def bad(x: torch.Tensor) -> torch.Tensor:
+            return x
+
+
+def test_summarize_median_and_spread():
+    t = summarize([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert (t.median_us, t.min_us, t.reps) == (3.0, 1.0, 5)
+    with pytest.raises(ValueError):
+        summarize([])
+
+
+class FakeTimer:
+    """Times by label: deterministic numbers that depend on which function is timed, and calls
+    the function once so the kernel really runs (in the interpreter)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, fn):
+        fn()
+        self.calls += 1
+        # distinct, deterministic "times": later calls slower
+        return Timing(10.0 + self.calls, 9.0, 9.5, 12.0, 7)
+
+
+@pytest.fixture
+def softmax_rows():
+    from kernelgraft.examples.softmax import softmax
+
+    inputs = [(torch.randn(4, 64),), (torch.randn(16, 300),)]
+    timer = FakeTimer()
+    rows = bench_op(softmax, inputs, ceilings=CEIL, timer=timer, compile=False, tune=False)
+    return softmax, rows
+
+
+def test_runner_rows_per_shape(softmax_rows):
+    op, rows = softmax_rows
+    for size, (n, cols) in enumerate([(4, 64), (16, 300)]):
+        mine = [r for r in rows if r.size == size]
+        kinds = [r.kind for r in mine]
+        cands = [r for r in mine if r.kind == CANDIDATE]
+        # every supported candidate is timed (6 here: all fit these widths)
+        assert len(cands) == len([c for c in op.candidates(torch.randn(n, cols)) if c.supported]) == 6
+        assert {EAGER, DEFAULT, TUNED, BACKEND} <= set(kinds) and COMPILE not in kinds
+        best = min(cands, key=lambda r: r.time_us)
+        tuned = next(r for r in mine if r.kind == TUNED)
+        assert tuned.time_us == best.time_us and tuned.detail == best.variant
+        assert tuned.variant in ("tuned (best measured)", "tuned (kg.tune)")
+        backend = next(r for r in mine if r.kind == BACKEND)
+        assert backend.variant == "best triton" and backend.time_us == best.time_us
+        nbytes = 2 * n * cols * 4  # x read, out written, fp32
+        for r in mine:
+            assert r.bytes == nbytes and r.error is None
+            assert r.gbps == pytest.approx(nbytes / (r.time_us * 1e-6) / 1e9)
+            assert r.bw_frac == pytest.approx(r.gbps / CEIL.copy_gbps)
+
+
+def test_runner_records_failures_and_continues():
+    calls = []
+
+    def timer(fn):
+        calls.append(fn)
+        if len(calls) == 1:
+            raise RuntimeError("boom\nsecond line")
+        fn()
+        return Timing(1.0, 1.0, 1.0, 1.0, 1)
+
+    from kernelgraft.examples.add_relu import add_relu
+
+    rows = bench_op(add_relu, [(torch.randn(100), torch.randn(100))], ceilings=None, timer=timer,
+                    compile=False, tune=False)
+    assert rows[0].error == "RuntimeError: boom" and rows[0].time_us is None
+    assert all(r.time_us == 1.0 for r in rows[1:]) and rows[-1].kind == TUNED
+    assert rows[1].bw_frac is None  # no ceilings given
+
+
+def test_json_roundtrip_and_nan(tmp_path, softmax_rows):
+    _, rows = softmax_rows
+    rows[0].bytes = math.nan
+    path = tmp_path / "r" / "bench.json"
+    write_json(document(rows, CEIL, env={"device": "fake"}), path)
+    assert json.loads(path.read_text())["rows"][0]["bytes"] is None  # NaN stored as null
+    back, ceil, env = load_json(path)
+    assert ceil == CEIL and env == {"device": "fake"} and len(back) == len(rows)
+    assert [r.variant for r in back] == [r.variant for r in rows]
+    bad = tmp_path / "other.json"
+    bad.write_text(json.dumps({"schema": "x"}))
+    with pytest.raises(ValueError, match="not a kernelgraft bench report"):
+        load_json(bad)
+
+
+def test_table_has_speedup_and_fractions(softmax_rows, capsys):
+    _, rows = softmax_rows
+    text = render_table(rows, CEIL)
+    assert "copy 4000 GB/s" in text and "torch eager" in text
+    lines = table_lines(rows)
+    eager = next(line for line, r in zip(lines, rows) if r.kind == EAGER)
+    assert eager[8] == "1.00x"
+    assert all(line[5].endswith("%") for line in lines)
+
+
+def test_plot_writes_png(tmp_path, softmax_rows):
+    pytest.importorskip("matplotlib")
+    _, rows = softmax_rows
+    path = tmp_path / "bench.png"
+    assert plot(rows, path, CEIL) is None
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+def test_cli_without_cuda_fails_clearly(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    from kernelgraft.cli import main
+
+    assert main(["bench", "kernelgraft.examples.softmax"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().out
+
+
+def test_cli_replot(tmp_path, softmax_rows, capsys):
+    pytest.importorskip("matplotlib")
+    _, rows = softmax_rows
+    path = tmp_path / "bench.json"
+    write_json(document(rows, CEIL, env={}), path)
+    from kernelgraft.cli import main
+
+    assert main(["bench", "--replot", str(path)]) == 0
+    assert (tmp_path / "bench.png").exists()
+    assert "wrote" in capsys.readouterr().out
