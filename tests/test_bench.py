@@ -167,3 +167,37 @@ def test_cli_replot(tmp_path, softmax_rows, capsys):
     assert main(["bench", "--replot", str(path)]) == 0
     assert (tmp_path / "bench.png").exists()
     assert "wrote" in capsys.readouterr().out
+
+
+def _row(op, size, kind, variant, time_us, nbytes=1e9, bw_frac=0.9):
+    return dict(op=f"kgexamples::{op}", shape=f"s{size}", size=size, bytes=nbytes, flops=0.0, kind=kind,
+                variant=variant, backend="", time_us=time_us, gbps=nbytes / time_us / 1e3,
+                tflops=0.0, bw_frac=bw_frac, flops_frac=0.0, reps=5, detail="", error=None)
+
+
+def test_summarize_script_checks_must_hold_items(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).parent.parent / "benchmarks" / "summarize_bench.py"
+    spec = importlib.util.spec_from_file_location("summarize_bench", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = [
+        _row("add_relu", 0, "backend", "best triton", 10.0), _row("add_relu", 0, "backend", "best cuda", 9.0),
+        _row("add_relu", 0, "compile", "torch.compile", 12.0), _row("add_relu", 0, "tuned", "tuned (kg.tune)", 9.05),
+        # softmax: tuned slower than its best backend, and only 80% of copy bandwidth
+        _row("softmax", 0, "backend", "best triton", 10.0, bw_frac=0.8),
+        _row("softmax", 0, "tuned", "tuned (kg.tune)", 11.0, bw_frac=0.75),
+    ]
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"schema": "kernelgraft.bench/1", "environment": {"device": "H200"},
+                                "ceilings": {"copy_gbps": 4000, "bf16_tflops": 800}, "rows": rows}))
+    assert mod.main([str(path), "--md", str(tmp_path / "s.md")]) == 1
+    out = capsys.readouterr().out
+    assert "PASS add_relu: 90% of copy bandwidth" in out
+    assert "PASS add_relu `s0`: tuned 9.05 us vs best cuda 9.00 us" in out
+    assert "PASS add_relu `s0`: tuned 9.05 us vs torch.compile 12.0 us (1.33x)" in out
+    assert "FAIL softmax: 80% of copy bandwidth" in out
+    assert "FAIL softmax `s0`: tuned 11.0 us vs best triton 10.0 us" in out
+    assert "| add_relu | `s0` | cuda 9.00, triton 10.0 |" in (tmp_path / "s.md").read_text()
