@@ -233,7 +233,9 @@ class Launcher:
             return
         bx, by, bz = _dims(block, "block")
         fn = self.function
-        handle = fn._handles.get(device_index) or fn.handle(device_index)
+        handle = fn._handles.get(device_index)
+        if handle is None:
+            handle = fn.handle(device_index)
         if shared_mem > _DEFAULT_SMEM_LIMIT:
             fn.prepare_shared_memory(device_index, shared_mem)
         if stream is None:
