@@ -86,10 +86,9 @@ def main() -> int:
             samples[name].append(elapsed / args.calls * 1e6)
     host = {k: statistics.median(v) for k, v in samples.items()}
 
-    # CUDA-graph replay: 100 calls captured per graph; per-call device time from events.
-    graph_us = {}
-    for name in ("(a) raw launch + torch.empty_like", "(c) kernelgraft op"):
-        fn = variants[name]
+    # CUDA-graph replay: 100 calls captured per graph, two captures per variant, replays
+    # alternated; per-call device time from CUDA events.
+    def capture(fn):
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
@@ -101,26 +100,35 @@ def main() -> int:
             outs = [fn(x, y) for _ in range(100)]
         g.replay()
         torch.cuda.synchronize()
-        torch.testing.assert_close(outs[-1], expected, msg=f"graph {name}")
-        times = []
-        for _ in range(30):
+        torch.testing.assert_close(outs[-1], expected)
+        return g, outs
+
+    names = ("(a) raw launch + torch.empty_like", "(c) kernelgraft op")
+    graphs = {(name, k): capture(variants[name]) for k in range(2) for name in names}
+    replay: dict = {key: [] for key in graphs}
+    for _ in range(40):
+        for key, (g, _outs) in graphs.items():
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             g.replay()
             end.record()
             end.synchronize()
-            times.append(start.elapsed_time(end) * 1e3 / 100)
-        graph_us[name] = statistics.median(times)
+            replay[key].append(start.elapsed_time(end) * 1e3 / 100)
+    per_capture = {f"{name} #{k}": statistics.median(v) for (name, k), v in replay.items()}
+    graph_us = {name: statistics.median(replay[(name, 0)] + replay[(name, 1)]) for name in names}
+    # two captures of the same variant differ only by noise: that spread is the yardstick
+    spread = max(abs(per_capture[f"{n} #0"] - per_capture[f"{n} #1"]) for n in names)
 
     a, b, c = host["(a) raw launch + torch.empty_like"], host["(b) torch.library.custom_op"], host["(c) kernelgraft op"]
     ga, gc = graph_us["(a) raw launch + torch.empty_like"], graph_us["(c) kernelgraft op"]
     checks = {
         "(c) <= (a) + 3 us": c <= a + 3.0,
         "(c) < (b)": c < b,
-        "graph replay (c) within 5% of (a)": abs(gc - ga) <= 0.05 * ga,
+        "graph replay (c) == (a) within 5% or the capture-to-capture spread": abs(gc - ga) <= max(0.05 * ga, spread),
     }
     payload = {"env": environment(), "n": n, "calls": args.calls, "rounds": args.rounds,
                "host_us_median": host, "host_us_all": samples, "graph_replay_us_per_call": graph_us,
+               "graph_replay_us_per_capture": per_capture, "graph_capture_spread_us": spread,
                "checks": checks}
     path = write_json("host_overhead", payload, args.out)
     env = payload["env"]
@@ -130,6 +138,7 @@ def main() -> int:
         print(f"{name:40s} {value:9.2f} {value / a:8.2f}x")
     print(f"{'graph replay (a) per call':40s} {ga:9.2f}")
     print(f"{'graph replay (c) per call':40s} {gc:9.2f} {gc / ga:8.2f}x")
+    print(f"{'capture-to-capture spread':40s} {spread:9.2f}")
     for name, ok in checks.items():
         print(f"{'PASS' if ok else 'FAIL'}  {name}")
     print(f"results: {path}")

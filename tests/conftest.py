@@ -19,12 +19,23 @@ if not _HAS_CUDA:
 import pytest
 
 
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def pytest_collection_modifyitems(config, items):
-    if _HAS_CUDA:
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (runs on the GPU machine: pytest -m gpu)")
+    # Triton picks interpreter or GPU per process, when a kernel is defined: CPU tests (which launch
+    # Triton kernels on CPU tensors) need the interpreter, gpu tests need it off.
+    if not _HAS_CUDA or _INTERPRET:
+        skip = pytest.mark.skip(reason="needs a CUDA GPU with TRITON_INTERPRET unset (pytest -m gpu)")
+        kind = "gpu"
+    else:
+        skip = pytest.mark.skip(
+            reason="CPU test: launches Triton kernels through the interpreter; on a GPU machine run "
+            "TRITON_INTERPRET=1 pytest -m 'not gpu'"
+        )
+        kind = "cpu"
     for item in items:
-        if "gpu" in item.keywords:
+        if ("gpu" in item.keywords) == (kind == "gpu"):
             item.add_marker(skip)
 
 
