@@ -18,10 +18,12 @@ from ._errors import (
     LaunchError,
     RegistrationError,
     SpecError,
+    TuneWarning,
     UnsupportedError,
 )
 from ._op import KernelOp, op
 from ._spec import Config, ImplSpec, triton
+from . import tune  # noqa: E402  (installs the autotuner; kg.tune(...) is callable)
 
 __version__ = "0.1.0"
 
@@ -47,5 +49,7 @@ __all__ = [
     "BundleError",
     "KernelgraftWarning",
     "FallbackWarning",
+    "TuneWarning",
+    "tune",
     "__version__",
 ]

@@ -21,6 +21,7 @@ __all__ = [
     "BundleError",
     "KernelgraftWarning",
     "FallbackWarning",
+    "TuneWarning",
     "describe",
 ]
 
@@ -63,6 +64,10 @@ class KernelgraftWarning(UserWarning):
 
 class FallbackWarning(KernelgraftWarning):
     """The PyTorch reference ran because no candidate supports the inputs."""
+
+
+class TuneWarning(KernelgraftWarning):
+    """Tuning was skipped or degraded (during capture/tracing, unusable cache, pruning failed)."""
 
 
 def describe(value: Any) -> str:

@@ -1,0 +1,46 @@
+"""Autotuning: per-shape choice among an op's candidates, correctness-gated, cached, rank-agreed.
+
+Every op with more than one supported candidate is tuned on first use of a new key (see
+``_key``): each candidate is checked against the reference (``_gate``) and timed (``_timing``),
+the fastest correct one wins, and the decision is kept in memory, on disk (``_cache``) and, with
+torch.distributed, agreed across ranks (``_dist``). ``kernelgraft.tune`` is this module and is
+also callable: ``kg.tune("cached")`` / ``kg.tune(prune=True)`` give a context manager and
+decorator that set the mode and options (``_modes``).
+
+>>> import kernelgraft as kg
+>>> with kg.tune("off"):
+...     kg.tune.settings().mode
+'off'
+>>> kg.tune.settings().mode in ("on", "cached", "off")
+True
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+from ._cache import DiskCache, cache_dir, cache_path
+from ._key import TuneKey, build_key, normalize_buckets
+from ._modes import MODES, Settings, settings, tune
+from ._prune import matmul_heuristics
+from ._tuner import TUNER, Decision, Tuner, install
+from ._api import clear, decision, pretune, stats
+
+__all__ = [
+    "tune", "settings", "Settings", "MODES", "Decision", "Tuner", "TuneKey", "build_key",
+    "normalize_buckets", "matmul_heuristics", "cache_dir", "cache_path", "DiskCache",
+    "pretune", "decision", "clear", "stats", "TUNER",
+]
+
+
+class _CallableModule(types.ModuleType):
+    """Lets ``kg.tune(...)`` be called while ``kernelgraft.tune`` stays the package."""
+
+    def __call__(self, mode: str | None = None, /, **options: Any) -> tune:
+        return tune(mode, **options)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+install()

@@ -1,0 +1,161 @@
+"""When to tune: ``KERNELGRAFT_TUNE=on|cached|off`` and the ``kg.tune(...)`` context.
+
+- ``on`` (default): a new key is measured on first use, then cached in memory and on disk.
+- ``cached``: decisions from the cache are used; a key without one runs the default candidate
+  (the first supported) and is not measured.
+- ``off``: always the default candidate; the cache is not read.
+
+``kg.tune(...)`` overrides the environment inside a ``with`` block or a decorated function, for
+the whole process (plans are shared by all threads). Entering or leaving it with a different mode
+makes every op choose again on its next call. While ``torch.compile`` traces or a CUDA graph is
+being captured nothing is measured: the cache or the default is used and one warning says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import threading
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .. import _select
+from .._errors import SpecError, TuneWarning
+
+__all__ = ["Settings", "settings", "tune", "no_tune_reason", "MODES"]
+
+MODES = ("on", "cached", "off")
+
+
+def _env_bool(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "on", "true", "yes")
+
+
+def _env_int(name: str) -> int | None:
+    text = os.environ.get(name, "").strip()
+    try:
+        return int(text) if text else None
+    except ValueError:
+        return None
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, "") or default)
+    except ValueError:
+        return default
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Everything that shapes how a key is tuned. ``timer`` is for tests (fake timings)."""
+
+    mode: str = "on"
+    prune: bool = False
+    max_candidates: int | None = None
+    budget_s: float = 60.0  # per key, compile time included
+    warmup: int = 3
+    repeats: int = 50
+    graph: bool = True
+    cold_l2: bool = False
+    isolate: bool = False
+    distributed: bool = True
+    progress: bool = True
+    timer: Callable[..., float] | None = None
+
+
+def _from_env() -> Settings:
+    mode = os.environ.get("KERNELGRAFT_TUNE", "on").strip().lower() or "on"
+    if mode not in MODES:
+        warnings.warn(f"KERNELGRAFT_TUNE={mode!r} is not one of {MODES}; using 'on'", TuneWarning, stacklevel=3)
+        mode = "on"
+    return Settings(
+        mode=mode,
+        prune=_env_bool("KERNELGRAFT_PRUNE"),
+        max_candidates=_env_int("KERNELGRAFT_MAX_CANDIDATES"),
+        budget_s=_env_float("KERNELGRAFT_TUNE_BUDGET", 60.0),
+        cold_l2=_env_bool("KERNELGRAFT_TUNE_COLD_L2"),
+        isolate=_env_bool("KERNELGRAFT_TUNE_ISOLATE"),
+    )
+
+
+_stack: list[Settings] = []
+_lock = threading.RLock()
+
+
+def settings() -> Settings:
+    """The settings in force: the innermost ``kg.tune`` block, else the environment."""
+    return _stack[-1] if _stack else _from_env()
+
+
+class tune(contextlib.ContextDecorator):
+    """Tuning settings for a block or a function; also ``kernelgraft.tune`` called directly.
+
+    >>> import kernelgraft as kg
+    >>> with kg.tune("off"):
+    ...     kg.tune.settings().mode
+    'off'
+    """
+
+    def __init__(self, mode: str | None = None, /, **options: Any) -> None:
+        if mode is not None and mode not in MODES:
+            raise SpecError(f"kg.tune: mode must be one of {MODES}, got {mode!r}")
+        if "budget" in options:
+            options["budget_s"] = options.pop("budget")
+        names = {f.name for f in dataclasses.fields(Settings)}
+        unknown = sorted(set(options) - names)
+        if unknown:
+            raise SpecError(f"kg.tune: unknown option {unknown[0]!r}; options are {sorted(names - {'mode'})}")
+        self._mode = mode
+        self._options = options
+
+    def __enter__(self) -> Settings:
+        with _lock:
+            before = settings()
+            changes = dict(self._options)
+            if self._mode is not None:
+                changes["mode"] = self._mode
+            now = dataclasses.replace(before, **changes)
+            _stack.append(now)
+            if now.mode != before.mode:
+                _select.bump_epoch()
+            return now
+
+    def __exit__(self, *exc: Any) -> None:
+        with _lock:
+            inner = _stack.pop()
+            if settings().mode != inner.mode:
+                _select.bump_epoch()
+
+
+_warned: set[str] = set()
+
+
+def no_tune_reason() -> str | None:
+    """Why measuring is not allowed right now (tracing or capture), else None."""
+    try:
+        if torch.compiler.is_compiling():
+            return "torch.compile is tracing"
+    except Exception:  # pragma: no cover - very old torch
+        pass
+    try:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return "a CUDA graph is being captured"
+    except Exception:
+        pass
+    return None
+
+
+def warn_no_tune(op_name: str, reason: str) -> None:
+    if reason not in _warned:
+        _warned.add(reason)
+        warnings.warn(
+            f"{op_name}: not tuning while {reason}; using the tuning cache or the default candidate. "
+            "Call the op once before capturing/compiling (or run `kernelgraft tune`) to tune it.",
+            TuneWarning,
+            stacklevel=6,
+        )

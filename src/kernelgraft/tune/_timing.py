@@ -1,0 +1,114 @@
+"""Timing one candidate on the GPU: CUDA events, warm-up, repeats, median.
+
+Short kernels are timed by replaying a CUDA graph of many launches, so the host launch cost
+(~10 us for Triton) does not hide a kernel of a few microseconds. Cold-L2 timing rotates over
+copies of the inputs that together exceed the L2 cache. Mutating ops get their inputs restored
+before every launch, outside the timed region (and without graphs, so the copy is not timed).
+
+A timer is any callable ``timer(trial, settings) -> milliseconds``; tests inject a fake one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["Trial", "Timer", "cuda_timer", "default_timer"]
+
+log = logging.getLogger(__name__)
+
+_GRAPH_BELOW_MS = 0.05  # kernels shorter than this are timed through graph replay
+_REPLAY_TARGET_MS = 1.0  # launches per graph chosen so one replay takes about this long
+
+
+@dataclasses.dataclass
+class Trial:
+    """What the timer measures: ``run(i)`` launches the candidate on argument set ``i`` (of
+    ``n_sets``); ``restore(i)``, when set, puts set ``i``'s inputs back before a launch."""
+
+    candidate: Any
+    run: Callable[[int], None]
+    n_sets: int = 1
+    restore: Callable[[int], None] | None = None
+    budget_s: float = math.inf  # time this trial may take
+
+
+Timer = Callable[[Trial, Any], float]
+
+
+def _elapsed(pairs) -> list[float]:
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in pairs]
+
+
+def _events(n: int):
+    return [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+
+
+def _eager(trial: Trial, reps: int) -> list[float]:
+    pairs = _events(reps)
+    for i, (start, end) in enumerate(pairs):
+        k = i % trial.n_sets
+        if trial.restore is not None:
+            trial.restore(k)
+        start.record()
+        trial.run(k)
+        end.record()
+    return _elapsed(pairs)
+
+
+def _graphed(trial: Trial, reps: int, est_ms: float) -> list[float] | None:
+    inner = max(1, min(200, int(_REPLAY_TARGET_MS / max(est_ms, 1e-4))))
+    graph = torch.cuda.CUDAGraph()
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            trial.run(0)  # warm-up on the capture stream, as torch.cuda.graphs advises
+        torch.cuda.current_stream().wait_stream(stream)
+        with torch.cuda.graph(graph):
+            for j in range(inner):
+                trial.run(j % trial.n_sets)
+    except Exception as exc:  # some launches cannot be captured; fall back to eager timing
+        log.debug("graph capture of %s failed (%s); timing eagerly", trial.candidate, exc)
+        torch.cuda.synchronize()
+        return None
+    graph.replay()
+    pairs = _events(reps)
+    for start, end in pairs:
+        start.record()
+        graph.replay()
+        end.record()
+    times = [t / inner for t in _elapsed(pairs)]
+    del graph
+    return times
+
+
+def cuda_timer(trial: Trial, settings: Any) -> float:
+    """Median milliseconds of one launch of ``trial`` on the current CUDA device."""
+    warmup = max(1, int(getattr(settings, "warmup", 3)))
+    max_reps = max(3, int(getattr(settings, "repeats", 50)))
+    use_graph = bool(getattr(settings, "graph", True))
+    started = time.perf_counter()
+    torch.cuda.synchronize()
+    est = statistics.median(_eager(trial, warmup))
+    # as many repeats as fit in this trial's share of the budget (at least 3)
+    spent = time.perf_counter() - started
+    room_ms = max(0.0, (trial.budget_s - spent) * 1e3) if math.isfinite(trial.budget_s) else math.inf
+    reps = max(3, min(max_reps, int(room_ms / max(est, 1e-3) / 2)) if math.isfinite(room_ms) else max_reps)
+    if use_graph and trial.restore is None and est < _GRAPH_BELOW_MS:
+        times = _graphed(trial, reps, est)
+        if times is not None:
+            return statistics.median(times)
+    return statistics.median(_eager(trial, reps))
+
+
+def default_timer() -> Timer:
+    return cuda_timer

@@ -1,0 +1,268 @@
+"""The tuner: the chooser kernelgraft's ops call once per new input signature.
+
+Per call it builds the key, looks in memory, then (agreeing across ranks) on disk, then measures
+if the mode allows. Decisions hold the ranking of every candidate that passed the gate, so a new
+signature that falls into a known bucket takes the best candidate that supports it, without
+measuring. A warm call never reaches this module: the op's per-signature plan is the cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+import time
+import warnings
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .. import _select
+from .._errors import FallbackWarning, TuneWarning
+from .._spec import Config
+from . import _dist
+from ._cache import DiskCache
+from ._key import TuneKey, build_key
+from ._modes import Settings, no_tune_reason, settings, warn_no_tune
+from ._prune import apply_prune
+from ._trials import Result, run_trials
+
+__all__ = ["Decision", "Tuner", "TUNER"]
+
+log = logging.getLogger(__name__)
+_PROGRESS_AFTER_S = 1.0
+
+
+@dataclasses.dataclass
+class Decision:
+    """A key's outcome. ``ranking``: passing candidates, fastest first; ``excluded``: the others
+    with why. An empty ranking with nothing excluded means 'use the default candidate'."""
+
+    key: dict[str, Any]
+    ranking: list[dict[str, Any]]
+    excluded: list[dict[str, Any]]
+    source: str = "tuned"  # tuned | disk | rank | default
+    created: float = dataclasses.field(default_factory=time.time)
+    tune_s: float = 0.0
+    measured: int = 0
+    offered: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data.pop("source")
+        data["default"] = self.source == "default"
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], source: str) -> "Decision":
+        if data.get("default") or "error" in data:
+            source = "default"
+        return cls(
+            key=data.get("key", {}),
+            ranking=list(data.get("ranking", [])),
+            excluded=list(data.get("excluded", [])),
+            source=source,
+            created=float(data.get("created", time.time())),
+            tune_s=float(data.get("tune_s", 0.0)),
+            measured=int(data.get("measured", 0)),
+            offered=int(data.get("offered", 0)),
+        )
+
+    @property
+    def winner(self) -> dict[str, Any] | None:
+        return self.ranking[0] if self.ranking else None
+
+
+def _entry(c: Any, **extra: Any) -> dict[str, Any]:
+    return {"impl": c.index, "impl_name": c.impl.display_name, "backend": c.impl.backend,
+            "config": c.config.as_dict(), **extra}
+
+
+class _Progress:
+    """A rich progress bar that appears only once tuning has taken more than a moment."""
+
+    def __init__(self, op_name: str, key: TuneKey, total: int, enabled: bool) -> None:
+        self.label = f"tuning {op_name} ({key.summary()})"
+        self.total, self.enabled = total, enabled and total > 1
+        self.started = time.perf_counter()
+        self.bar: Any = None
+        self.task: Any = None
+
+    def __call__(self, done: int, cand: Any) -> None:
+        if not self.enabled:
+            return
+        if self.bar is None:
+            if time.perf_counter() - self.started < _PROGRESS_AFTER_S or cand is None:
+                return
+            try:
+                from rich.console import Console
+                from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+                console = Console(stderr=True)
+                if not console.is_terminal:
+                    log.warning("%s: %d candidates, this may take a while", self.label, self.total)
+                    self.enabled = False
+                    return
+                self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                    TimeElapsedColumn(), console=console, transient=True)
+                self.bar.start()
+                self.task = self.bar.add_task(self.label, total=self.total)
+            except Exception:  # progress display is a nicety; never fail tuning for it
+                self.enabled = False
+                return
+        self.bar.update(self.task, completed=done)
+        if cand is None:
+            self.bar.stop()
+
+
+class Tuner:
+    """Chooses per key; ``TUNER`` is the instance installed as kernelgraft's chooser."""
+
+    def __init__(self, disk: DiskCache | None = None) -> None:
+        self.memory: dict[str, Decision] = {}
+        self.disk = disk or DiskCache()
+        self.stats: Counter = Counter()
+
+    # ------------------------------------------------------------------ the chooser
+    def __call__(self, op: Any, candidates: Sequence[Any], args: tuple) -> Any:
+        if len(candidates) <= 1:
+            return candidates[0] if candidates else None
+        s = settings()
+        if s.mode == "off":
+            return candidates[0]
+        try:
+            key = build_key(op, args, [c.impl.backend for c in candidates])
+        except Exception as exc:  # a key we cannot build: no tuning, but the op still runs
+            log.warning("%s: cannot build a tuning key (%s); using the default candidate", op.name, exc)
+            return candidates[0]
+        decision = self.memory.get(key.digest)
+        if decision is None:
+            self.stats["memory_miss"] += 1
+            decision = self._resolve(op, candidates, args, key, s)
+        else:
+            self.stats["memory_hit"] += 1
+        return self._pick(op, decision, candidates)
+
+    def _may_measure(self, op: Any, args: tuple, s: Settings) -> bool:
+        if s.mode != "on":
+            return False
+        reason = no_tune_reason()
+        if reason:
+            warn_no_tune(op.name, reason)
+            return False
+        on_gpu = any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in args) or any(
+            isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor) and a[0].device.type == "cuda"
+            for a in args)
+        return on_gpu or s.timer is not None
+
+    def _resolve(self, op: Any, candidates: Sequence[Any], args: tuple, key: TuneKey, s: Settings) -> Decision:
+        measure = self._may_measure(op, args, s)
+        env = dict(key.env)
+
+        def local() -> Decision:
+            entry = self.disk.get(key.digest, env)
+            if entry is not None:
+                self.stats["disk_hit"] += 1
+                return Decision.from_json(entry, "disk")
+            if measure:
+                return self.measure(op, candidates, args, key, s)
+            return Decision(key.as_json(), [], [], source="default")
+
+        if s.distributed and _dist.active():
+            namespace = "on" if measure else "cached"
+            value, role = _dist.agree(key.digest, namespace, lambda: local().to_json(),
+                                      peek=("on",) if namespace == "cached" else ())
+            decision = Decision.from_json(value, "rank" if role == "follower" else "tuned")
+            self.stats[f"rank_{role}"] += 1
+            if role == "follower" and decision.source != "default":
+                self.disk.put({key.digest: decision.to_json()})
+        else:
+            decision = local()
+        if decision.source != "default":
+            self.memory[key.digest] = decision
+        return decision
+
+    def _pick(self, op: Any, decision: Decision, candidates: Sequence[Any]) -> Any:
+        by_id = {(c.index, c.config): c for c in candidates}
+        for entry in decision.ranking:
+            try:
+                found = by_id.get((int(entry["impl"]), Config.of(entry["config"], where=op.name)))
+            except Exception:
+                found = None
+            if found is not None:
+                return found
+        if decision.ranking or not decision.excluded:
+            return candidates[0]
+        offered = {(c.index, c.config) for c in candidates}
+        failed = [e for e in decision.excluded
+                  if (int(e["impl"]), Config.of(e["config"], where=op.name)) in offered]
+        if len(failed) < len(candidates):  # some candidate was never measured: take it
+            failed_ids = {(int(e["impl"]), Config.of(e["config"], where=op.name)) for e in failed}
+            return next(c for c in candidates if (c.index, c.config) not in failed_ids)
+        warnings.warn(
+            f"{op.name}: every candidate failed the tuning gate ("
+            + "; ".join(f"{e['impl_name']}[{e['config']}]: {e['reason']}" for e in failed[:3])
+            + "); running the PyTorch reference instead",
+            FallbackWarning,
+            stacklevel=5,
+        )
+        return None
+
+    # ------------------------------------------------------------------ measuring
+    def measure(self, op: Any, candidates: Sequence[Any], args: tuple, key: TuneKey, s: Settings) -> Decision:
+        """Prune, gate and time ``candidates`` for ``key``; store the decision on disk."""
+        started = time.perf_counter()
+        chosen = apply_prune(op, candidates, args, enabled=s.prune, max_candidates=s.max_candidates)
+        log.info("%s: tuning %d of %d candidates for %s", op.name, len(chosen), len(candidates), key.summary())
+        progress = _Progress(op.name, key, len(chosen), s.progress)
+        try:
+            if s.isolate:
+                from ._isolate import run_isolated
+
+                results = run_isolated(op, chosen, args, s, progress)
+            else:
+                results = run_trials(op, chosen, args, s, progress)
+        except Exception as exc:
+            warnings.warn(f"{op.name}: tuning failed ({type(exc).__name__}: {exc}); using the default "
+                          "candidate", TuneWarning, stacklevel=5)
+            log.debug("tuning failure", exc_info=True)
+            return Decision(key.as_json(), [], [], source="default")
+        decision = self._decision(key, results, started, len(candidates))
+        self.stats["tuned"] += 1
+        self.disk.put({key.digest: decision.to_json()})
+        for r in results:
+            if r.ms is None:
+                log.info("%s: excluded %s: %s", op.name, r.candidate.label, r.reason)
+        return decision
+
+    @staticmethod
+    def _decision(key: TuneKey, results: Sequence[Result], started: float, offered: int) -> Decision:
+        order = {id(r): n for n, r in enumerate(results)}
+        passed = sorted((r for r in results if r.ms is not None), key=lambda r: (r.ms, order[id(r)]))
+        return Decision(
+            key=key.as_json(),
+            ranking=[_entry(r.candidate, ms=r.ms) for r in passed],
+            excluded=[_entry(r.candidate, kind=r.kind, reason=r.reason) for r in results if r.ms is None],
+            tune_s=time.perf_counter() - started,
+            measured=len(results),
+            offered=offered,
+        )
+
+    def clear(self, *, disk: bool = False) -> None:
+        self.memory.clear()
+        if disk:
+            self.disk.remove()
+        _select.bump_epoch()
+
+
+TUNER = Tuner()
+
+
+def install() -> None:
+    _select.set_chooser(TUNER)
+
+
+def _stderr_is_tty() -> bool:  # pragma: no cover - used by the CLI
+    return sys.stderr.isatty()

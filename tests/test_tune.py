@@ -1,0 +1,374 @@
+"""The autotuner on the CPU: keys, the disk cache under concurrency and corruption, the
+correctness gate, modes, pruning, a new process reusing decisions. Timing is faked (an injected
+timer); kernels run through Triton's interpreter. Ranks: tests/test_tune_dist.py."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import kernelgraft as kg
+from kernelgraft import TuneWarning
+from kernelgraft.tune import _key, _prune
+from kernelgraft.tune._cache import DiskCache
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _tune_ops import CONFIGS, fake_timer, make_scale  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _fresh_tuner(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELGRAFT_CACHE_DIR", str(tmp_path / "cache"))
+    for var in ("KERNELGRAFT_TUNE", "KERNELGRAFT_PRUNE", "KERNELGRAFT_MAX_CANDIDATES"):
+        monkeypatch.delenv(var, raising=False)
+    kg.tune.clear()
+    kg.tune.TUNER.stats.clear()
+    yield
+    kg.tune.clear()
+
+
+def chosen(op, *args):
+    """The config the op's plan for these inputs runs (after calling it)."""
+    op(*args)
+    plan = op._plans[op._key(tuple(args), False)]
+    return None if plan.candidate is None else plan.candidate.config.as_dict()
+
+
+# ---------------------------------------------------------------- keys
+def _key_of(op, *args):
+    return _key.build_key(op, args, ["triton"])
+
+
+@pytest.mark.parametrize("a,b,same", [
+    ((1000,), (1000,), True),
+    ((1000,), (1020,), True),   # same power-of-two bucket (1024)
+    ((1000,), (1025,), False),  # next bucket
+    ((8, 100), (8, 128), True),
+    ((8, 100), (16, 100), False),
+], ids=["equal", "same-bucket", "next-bucket", "2d-same", "2d-differ"])
+def test_key_buckets(a, b, same):
+    op = make_scale("tk::b")
+    assert (_key_of(op, torch.randn(a)).digest == _key_of(op, torch.randn(b)).digest) is same
+
+
+@pytest.mark.parametrize("change", ["dtype", "layout", "device", "torch", "fingerprint", "schema"])
+def test_key_differs_on(change, monkeypatch):
+    op = make_scale("tk::d")
+    x = torch.randn(64, 32)
+    base = _key_of(op, x)
+    assert base.digest == _key_of(op, x.clone()).digest  # stable for equal inputs
+    if change == "dtype":
+        other = _key_of(op, x.half())
+    elif change == "layout":
+        other = _key_of(op, torch.randn(32, 64).t())
+    elif change == "device":
+        monkeypatch.setattr(_key, "_device_info", lambda *a: ("NVIDIA H200", "9.0", "13000"))
+        other = _key_of(op, x)
+    elif change == "torch":
+        monkeypatch.setattr(torch, "__version__", "0.0.1")
+        other = _key_of(op, x)
+    elif change == "fingerprint":
+        other = _key_of(make_scale("tk::d2", bug=True), x)
+    else:
+        monkeypatch.setattr(_key, "_KEY_SCHEMA_VERSION", 999)
+        other = _key_of(op, x)
+    assert other.digest != base.digest
+
+
+def test_key_env_and_summary():
+    op = make_scale("tk::e")
+    key = _key_of(op, torch.randn(5, 7))
+    env = dict(key.env)
+    assert env["torch"] == torch.__version__ and env["kernelgraft"] == kg.__version__
+    assert env["compiler:triton"].startswith("triton==")
+    assert key.summary() == "float32[8,8]ca16"
+    assert json.loads(json.dumps(key.as_json()))["schema"] == _key._KEY_SCHEMA_VERSION
+
+
+@pytest.mark.parametrize("buckets,sizes,same", [
+    ("exact", (1000, 1020), False),
+    ([512, 2048], (600, 2000), True),
+    ({"x": {0: "exact"}}, ((4, 100), (5, 100)), False),
+    ({"x": {1: [128]}}, ((4, 100), (4, 120)), True),
+    (lambda n: n // 100, (1000, 1050), True),
+], ids=["exact", "list", "per-dim-exact", "per-dim-list", "callable"])
+def test_key_custom_buckets(buckets, sizes, same):
+    op = make_scale(f"tk::c{abs(hash(str(buckets))) % 10**6}", buckets=buckets)
+    a, b = (torch.randn(s if isinstance(s, tuple) else (s,)) for s in sizes)
+    assert (_key_of(op, a).digest == _key_of(op, b).digest) is same
+
+
+def test_bad_buckets_rejected_at_decoration():
+    with pytest.raises(kg.SpecError, match="bucket rule"):
+        make_scale("tk::bad1", buckets="nearest")
+    with pytest.raises(kg.SpecError, match="not a Tensor parameter"):
+        make_scale("tk::bad2", buckets={"y": "exact"})
+
+
+# ---------------------------------------------------------------- gate and choice
+def test_tuned_choice_is_fastest_correct_and_excludes_wrong_and_crashing():
+    op = make_scale("tg::a", bug=True, crash=True)
+    x = torch.randn(1000)
+    with kg.tune("on", timer=fake_timer):
+        assert chosen(op, x) == {"BLOCK": 256}
+        torch.testing.assert_close(op(x), x * 2)
+    d = kg.tune.decision(op, x)
+    assert [e["config"]["BLOCK"] for e in d.ranking] == [256, 512, 128, 64]
+    kinds = {json.dumps(e["config"], sort_keys=True): (e["kind"], e["reason"]) for e in d.excluded}
+    assert kinds['{"BLOCK": 1024, "BUG": true}'][0] == "wrong"
+    assert "wrong result" in kinds['{"BLOCK": 1024, "BUG": true}'][1]
+    assert kinds['{"BLOCK": 32}'] == ("launch", "launch error: RuntimeError: simulated launch failure")
+    assert kg.tune.stats()["tuned"] == 1
+
+
+def test_all_wrong_falls_back_to_reference():
+    import kernelgraft as kg2
+    from _tune_ops import launch_scale
+
+    def scale3(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    op = kg2.op(scale3, name="tg::allbad", impls=[kg2.triton(
+        launch_scale, configs=[{"BLOCK": 64, "BUG": True}, {"BLOCK": 128, "BUG": True}])])
+    x = torch.randn(300)
+    with kg.tune("on", timer=fake_timer), pytest.warns(kg.FallbackWarning, match="failed the tuning gate"):
+        out = op(x)
+    torch.testing.assert_close(out, x * 2)  # the reference ran, not a wrong kernel
+
+
+def test_bucket_neighbour_reuses_decision_without_measuring():
+    op = make_scale("tg::n")
+    with kg.tune("on", timer=fake_timer):
+        chosen(op, torch.randn(1000))
+        assert chosen(op, torch.randn(1010)) == {"BLOCK": 256}
+    assert kg.tune.stats()["tuned"] == 1 and kg.tune.stats()["memory_hit"] == 1
+
+
+def test_mutating_op_gate_and_user_tensor_untouched():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _inc(x_ptr, n, step, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=m) + step, mask=m)
+
+    def launch_inc(x, *, BLOCK, STEP=1.0):
+        _inc[(triton.cdiv(x.numel(), BLOCK),)](x, x.numel(), STEP, BLOCK=BLOCK)
+
+    def add_one_(x: torch.Tensor) -> None:
+        x.add_(1.0)
+
+    op = kg.op(add_one_, name="tg::inc", mutates_args=("x",), impls=[kg.triton(
+        launch_inc, configs=[{"BLOCK": 64}, {"BLOCK": 128, "STEP": 5.0}, {"BLOCK": 256}])])
+    x = torch.randn(500)
+    before = x.clone()
+    timings = {64: 2.0, 128: 0.1, 256: 1.0}
+    with kg.tune("on", timer=lambda t, s: (t.restore(0), t.run(0), timings[t.candidate.config.as_dict()["BLOCK"]])[-1]):
+        op(x)
+    torch.testing.assert_close(x, before + 1)  # tuning ran on copies; only the real call mutated x
+    d = kg.tune.decision(op, before)
+    assert d.winner["config"] == {"BLOCK": 256}
+    assert d.excluded[0]["kind"] == "wrong" and "mutated argument 'x'" in d.excluded[0]["reason"]
+
+
+# ---------------------------------------------------------------- modes
+def test_mode_off_and_cached_do_not_measure():
+    op = make_scale("tm::a")
+    x = torch.randn(1000)
+    with kg.tune("off", timer=fake_timer):
+        assert chosen(op, x) == CONFIGS[0]
+    with kg.tune("cached", timer=fake_timer):
+        assert chosen(op, x) == CONFIGS[0]  # nothing cached yet: default
+    assert kg.tune.stats().get("tuned", 0) == 0
+    with kg.tune("on", timer=fake_timer):
+        assert chosen(op, x) == {"BLOCK": 256}
+    kg.tune.clear()  # memory only: the disk entry serves 'cached'
+    with kg.tune("cached"):
+        assert chosen(op, x) == {"BLOCK": 256}
+    assert kg.tune.stats()["disk_hit"] == 1
+
+
+def test_env_mode(monkeypatch):
+    op = make_scale("tm::env")
+    monkeypatch.setenv("KERNELGRAFT_TUNE", "off")
+    assert kg.tune.settings().mode == "off"
+    with kg.tune(timer=fake_timer):
+        assert chosen(op, torch.randn(100)) == CONFIGS[0]
+    monkeypatch.setenv("KERNELGRAFT_TUNE", "bogus")
+    with pytest.warns(TuneWarning, match="KERNELGRAFT_TUNE"):
+        assert kg.tune.settings().mode == "on"
+
+
+def test_cpu_without_timer_does_not_tune():
+    op = make_scale("tm::cpu")
+    with kg.tune("on"):
+        assert chosen(op, torch.randn(100)) == CONFIGS[0]
+    assert kg.tune.stats().get("tuned", 0) == 0
+
+
+def test_no_tuning_while_compiling_warns_once(monkeypatch):
+    from kernelgraft.tune import _modes
+
+    monkeypatch.setattr(_modes, "_warned", set())
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    op = make_scale("tm::trace")
+    with kg.tune("on", timer=fake_timer), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        key = op._key((torch.randn(100),), False)
+        op._execute((torch.randn(100),), key)
+        op._execute((torch.randn(3000),), op._key((torch.randn(3000),), False))
+    msgs = [w for w in caught if issubclass(w.category, TuneWarning)]
+    assert len(msgs) == 1 and "torch.compile is tracing" in str(msgs[0].message)
+    assert kg.tune.stats().get("tuned", 0) == 0
+
+
+def test_decorator_and_bad_options():
+    op = make_scale("tm::deco")
+
+    @kg.tune("on", timer=fake_timer)
+    def run(x):
+        return chosen(op, x)
+
+    assert run(torch.randn(100)) == {"BLOCK": 256}
+    with pytest.raises(kg.SpecError, match="mode must be one of"):
+        kg.tune("sometimes")
+    with pytest.raises(kg.SpecError, match="unknown option"):
+        kg.tune(speed=3)
+
+
+# ---------------------------------------------------------------- pruning
+def _measured(op, x):
+    d = kg.tune.decision(op, x)
+    return sorted(e["config"]["BLOCK"] for e in d.ranking + d.excluded)
+
+
+def test_prune_hook_opt_in():
+    keep = lambda cands, x: [c for c in cands if c.config.as_dict()["BLOCK"] in (128, 512)]  # noqa: E731
+    op = make_scale("tp::a", prune=keep)
+    x = torch.randn(1000)
+    with kg.tune("on", timer=fake_timer):  # pruning off by default: all measured
+        chosen(op, x)
+    assert _measured(op, x) == [64, 128, 256, 512]
+    kg.tune.clear(disk=True)
+    with kg.tune("on", timer=fake_timer, prune=True):
+        assert chosen(op, x) == {"BLOCK": 512}
+    assert _measured(op, x) == [128, 512]
+
+
+def test_prune_env_and_max_candidates(monkeypatch):
+    monkeypatch.setenv("KERNELGRAFT_PRUNE", "1")
+    monkeypatch.setenv("KERNELGRAFT_MAX_CANDIDATES", "1")
+    s = kg.tune.settings()
+    assert s.prune and s.max_candidates == 1
+    op = make_scale("tp::b", prune=lambda cands, x: list(reversed(cands)))
+    x = torch.randn(1000)
+    with kg.tune(timer=fake_timer):
+        assert chosen(op, x) == {"BLOCK": 512}
+    assert _measured(op, x) == [512]
+
+
+@pytest.mark.parametrize("hook", [
+    lambda cands, x: 1 / 0,
+    lambda cands, x: [],
+    lambda cands, x: ["not a candidate"],
+], ids=["raises", "empty", "alien"])
+def test_prune_fails_open(hook, monkeypatch):
+    monkeypatch.setattr(_prune, "_warned", set())
+    op = make_scale(f"tp::f{id(hook) % 10**6}", prune=hook)
+    x = torch.randn(1000)
+    with kg.tune("on", timer=fake_timer, prune=True), pytest.warns(TuneWarning, match="prune hook"):
+        assert chosen(op, x) == {"BLOCK": 256}
+    assert _measured(op, x) == [64, 128, 256, 512]
+
+
+def test_matmul_heuristics_without_package_uses_fallback(monkeypatch):
+    monkeypatch.setattr(_prune, "_nvmmh", lambda: None)
+    hook = kg.tune.matmul_heuristics(lambda x: (1, 1, 1), fallback=lambda c, x: c[:2])
+    assert hook([1, 2, 3], torch.randn(2)) == [1, 2]
+    assert kg.tune.matmul_heuristics(lambda x: (1, 1, 1))([1, 2, 3], torch.randn(2)) == [1, 2, 3]
+
+
+# ---------------------------------------------------------------- disk cache
+def _writer(path, worker, n):
+    cache = DiskCache(Path(path))
+    for i in range(n):
+        cache.put({f"w{worker}-{i}": {"key": {"env": {}}, "ranking": [], "n": i}})
+
+
+def test_cache_concurrent_writers_lose_nothing(tmp_path):
+    path = tmp_path / "c" / "tune.json"
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(str(path), w, 8)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    entries = DiskCache(path).entries()
+    assert sorted(entries) == sorted(f"w{w}-{i}" for w in range(4) for i in range(8))
+
+
+@pytest.mark.parametrize("content", ['{"format": "kernelgraft-tune-cache", "entr', "\x00\x01garbage", "[1, 2]"],
+                         ids=["truncated", "binary", "wrong-shape"])
+def test_corrupt_cache_warns_and_rebuilds(content):
+    op = make_scale(f"tc::corrupt{abs(hash(content)) % 1000}")
+    path = kg.tune.cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content)
+    x = torch.randn(1000)
+    with kg.tune("on", timer=fake_timer), pytest.warns(TuneWarning, match="corrupt"):
+        assert chosen(op, x) == {"BLOCK": 256}
+    data = json.loads(path.read_text())
+    assert len(data["entries"]) == 1
+    assert list(path.parent.glob("tune.json.corrupt-*"))
+
+
+def test_cache_ignores_other_environment():
+    op = make_scale("tc::env")
+    x = torch.randn(1000)
+    key = _key_of(op, x)
+    entry = {"key": {**key.as_json(), "env": {**dict(key.env), "device": "Other GPU"}},
+             "ranking": [{"impl": 0, "config": {"BLOCK": 512}, "ms": 1}], "excluded": []}
+    DiskCache().put({key.digest: entry})
+    with kg.tune("cached"):
+        assert chosen(op, x) == CONFIGS[0]
+
+
+def test_unwritable_cache_dir_warns_and_keeps_memory(monkeypatch, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.setenv("KERNELGRAFT_CACHE_DIR", str(blocker / "sub"))
+    kg.tune.TUNER.disk._warned.clear()
+    op = make_scale("tc::ro")
+    with kg.tune("on", timer=fake_timer), pytest.warns(TuneWarning, match="cannot write"):
+        assert chosen(op, torch.randn(1000)) == {"BLOCK": 256}
+
+
+def test_new_process_reuses_decision(tmp_path):
+    op = make_scale("tc::proc")
+    x = torch.randn(1000)
+    with kg.tune("on", timer=fake_timer):
+        assert chosen(op, x) == {"BLOCK": 256}
+    code = (
+        "import sys, torch, kernelgraft as kg; sys.path.insert(0, %r)\n"
+        "from _tune_ops import make_scale, fake_timer\n"
+        "op = make_scale('tc::proc')\n"
+        "with kg.tune('on', timer=fake_timer):\n"
+        "    x = torch.randn(1000); op(x)\n"
+        "plan = op._plans[op._key((x,), False)]\n"
+        "print(plan.candidate.config.as_dict()['BLOCK'], kg.tune.stats().get('tuned', 0))\n"
+    ) % str(Path(__file__).parent)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["256", "0"]

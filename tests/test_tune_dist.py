@@ -1,0 +1,87 @@
+"""Ranks agree on every key: two gloo processes on the CPU, one with a disk-cache hit and one
+with a miss, meeting keys in different orders and with rank-dependent (fake) timings."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, world: int, port: int, root: str, out: str) -> None:
+    os.environ["TRITON_INTERPRET"] = "1"
+    os.environ["KERNELGRAFT_CACHE_DIR"] = os.path.join(root, f"cache{rank}")
+    os.environ["KERNELGRAFT_TUNE_RANK_TIMEOUT"] = "120"
+    sys.path.insert(0, str(HERE))
+    import torch
+    import torch.distributed as dist
+
+    import kernelgraft as kg
+    from _tune_ops import FAKE_MS, make_scale
+    from kernelgraft.tune._cache import DiskCache
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    op = make_scale("td::scale", bug=True)
+    sizes = [100, 1000, 5000, 20000]
+    if rank == 0:  # rank 0 has disk hits for two keys, saying BLOCK=64 wins (rank 1 would measure 256)
+        for n in sizes[:2]:
+            key = kg.tune.build_key(op, (torch.randn(n),), ["triton"])
+            DiskCache().put({key.digest: {"key": key.as_json(), "excluded": [],
+                                          "ranking": [{"impl": 0, "config": {"BLOCK": 64}, "ms": 1.0}]}})
+
+    def timer(trial, settings):  # rank-dependent timings: alone, each rank would pick differently
+        cfg = trial.candidate.config.as_dict()
+        if cfg.get("BUG"):
+            return 0.01
+        trial.run(0)
+        return FAKE_MS[cfg["BLOCK"]] if rank == 0 else {64: 1.5, 128: 0.5, 256: 2.0, 512: 3.0}[cfg["BLOCK"]]
+
+    order = sizes if rank == 0 else list(reversed(sizes))  # keys met in different orders
+    picks = {}
+    with kg.tune("on", timer=timer):
+        for n in order:
+            x = torch.randn(n)
+            y = op(x)
+            assert torch.allclose(y, x * 2)
+            picks[n] = op._plans[op._key((x,), False)].candidate.config.as_dict()
+    everyone = [None] * world
+    dist.all_gather_object(everyone, picks)
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as fh:
+        json.dump({"picks": {str(k): v for k, v in picks.items()}, "all": [
+            {str(k): v for k, v in p.items()} for p in everyone], "stats": kg.tune.stats()}, fh)
+    dist.destroy_process_group()
+
+
+def test_two_gloo_ranks_agree(tmp_path):
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, 2, port, str(tmp_path), str(tmp_path))) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            pytest.fail("a rank hung: agreement deadlocked")
+        assert p.exitcode == 0
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    picks0, picks1 = results[0]["all"]
+    assert picks0 == picks1, "ranks chose differently"
+    assert all(not v.get("BUG") for v in picks0.values()), "the planted wrong config won"
+    stats = [r["stats"] for r in results]
+    assert sum(s.get("rank_leader", 0) for s in stats) == 4  # one leader per key
+    assert sum(s.get("rank_follower", 0) for s in stats) == 4
