@@ -24,12 +24,17 @@ from ._errors import (
 from ._op import KernelOp, op
 from ._spec import Config, ImplSpec, triton
 from . import tune  # noqa: E402  (installs the autotuner; kg.tune(...) is callable)
+from ._spec_cute import CuteDSLImpl, CuTileImpl, cutedsl, cutile
 
 __version__ = "0.1.0"
 
 __all__ = [
     "op",
     "triton",
+    "cutile",
+    "cutedsl",
+    "CuTileImpl",
+    "CuteDSLImpl",
     "cuda",
     "Launch",
     "ctype",

@@ -181,7 +181,76 @@ TRITON = kg.triton(
     contiguous=_DENSE,
 )
 
-IMPLS = [TRITON]
+_CUDA_SOURCE = r"""
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+// One warp per (token, quantisation block); WARPS warps per thread block. Byte i of page b is at
+// cache + b*s_page + (i / cache_stride)*s_row + (i % cache_stride)*s_col, whatever the view.
+template <typename T>
+__global__ void fp8_kcache_scatter(const T* __restrict__ k, unsigned char* __restrict__ cache,
+                                   const long long* __restrict__ slots, int n_tokens, int head_dim,
+                                   int qbs, int block_size, int cache_stride, long long s_page,
+                                   long long s_row, long long s_col, int ue8m0) {
+    const int nqb = head_dim / qbs;
+    const long long pair = (long long)blockIdx.x * WARPS + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (pair >= (long long)n_tokens * nqb) return;
+    const long long token = pair / nqb;
+    const int qb = (int)(pair % nqb);
+    const long long slot = slots[token];
+    if (slot < 0) return;  // padding token
+    const T* src = k + token * head_dim + (long long)qb * qbs;
+    float amax = 0.0f;
+    for (int e = lane; e < qbs; e += 32) amax = fmaxf(amax, fabsf((float)src[e]));
+    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    float scale = __fdiv_rn(fmaxf(amax, 1e-4f), 448.0f);
+    if (ue8m0) {  // round up to a power of two on the bits: exact 2^ceil(log2(scale))
+        int bits = __float_as_int(scale);
+        int e = (bits >> 23) + ((bits & 0x7FFFFF) != 0);
+        scale = __int_as_float(e << 23);
+    }
+    const long long page = slot / block_size, row = slot % block_size;
+    unsigned char* pg = cache + page * s_page;
+    for (int e = lane; e < qbs; e += 32) {
+        long long flat = row * head_dim + (long long)qb * qbs + e;
+        __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(__fdiv_rn((float)src[e], scale), __NV_SATFINITE, __NV_E4M3);
+        pg[(flat / cache_stride) * s_row + (flat % cache_stride) * s_col] = (unsigned char)q;
+    }
+    if (lane < 4) {
+        long long flat = (long long)block_size * head_dim + (row * nqb + qb) * 4 + lane;
+        unsigned int bits = (unsigned int)__float_as_int(scale);
+        pg[(flat / cache_stride) * s_row + (flat % cache_stride) * s_col] = (unsigned char)(bits >> (8 * lane));
+    }
+}
+"""
+
+
+def launch_fp8_kcache_scatter_cuda(k, kv_cache, slot_mapping, quant_block_size, scale_fmt, *, WARPS):
+    n_tokens, head_dim = k.shape
+    _, block_size, cache_stride = kv_cache.shape
+    pairs = n_tokens * (head_dim // quant_block_size)
+    i32, i64 = kg.driver.i32, kg.driver.i64
+    return kg.Launch(
+        grid=max(1, (pairs + WARPS - 1) // WARPS),
+        block=32 * WARPS,
+        args=(k, kv_cache, slot_mapping, i32(n_tokens), i32(head_dim), i32(quant_block_size),
+              i32(block_size), i32(cache_stride), *(i64(s) for s in kv_cache.stride()),
+              i32(scale_fmt == "ue8m0")),
+        template={"T": kg.ctype(k.dtype)},
+    )
+
+
+CUDA = kg.cuda(
+    _CUDA_SOURCE,
+    "fp8_kcache_scatter<{T}>",
+    launch=launch_fp8_kcache_scatter_cuda,
+    configs=[{"WARPS": 4}, {"WARPS": 8}],
+    supports=_fits,
+    contiguous=_DENSE,
+)
+
+IMPLS = [TRITON, CUDA]
 
 
 # ------------------------------------------------------------------ inputs

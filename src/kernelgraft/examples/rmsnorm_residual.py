@@ -89,7 +89,67 @@ TRITON = kg.triton(
     supports=_fits,
 )
 
-IMPLS = [TRITON]
+_CUDA_SOURCE = r"""
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+// One block of THREADS threads per row. Pass 1 writes the rounded sum and reduces its squares in
+// float32; pass 2 re-reads that sum (just written by this block, so from L2) and normalises.
+template <typename T>
+__global__ void rmsnorm_residual(const T* __restrict__ x, const T* __restrict__ r,
+                                 const T* __restrict__ w, T* __restrict__ out,
+                                 T* __restrict__ res_out, int n_cols, float eps) {
+    const long long base = (long long)blockIdx.x * n_cols;
+    float acc = 0.0f;
+    for (int c = threadIdx.x; c < n_cols; c += THREADS) {
+        T s = (T)((float)x[base + c] + (float)r[base + c]);
+        res_out[base + c] = s;
+        float f = (float)s;
+        acc += f * f;
+    }
+    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    __shared__ float partial[THREADS / 32];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) partial[warp] = acc;
+    __syncthreads();
+    if (warp == 0) {
+        acc = lane < THREADS / 32 ? partial[lane] : 0.0f;
+        for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+        if (lane == 0) partial[0] = acc;
+    }
+    __syncthreads();
+    const float rstd = rsqrtf(partial[0] / (float)n_cols + eps);
+    for (int c = threadIdx.x; c < n_cols; c += THREADS)
+        out[base + c] = (T)((float)res_out[base + c] * rstd * (float)w[c]);
+}
+"""
+
+
+def launch_rmsnorm_residual_cuda(x, residual, weight, eps, out, residual_out, *, THREADS):
+    n_cols = x.shape[-1]
+    rows = x.numel() // n_cols if n_cols else 0
+    return kg.Launch(
+        grid=rows,
+        block=THREADS,
+        args=(x, residual, weight, out, residual_out, kg.driver.i32(n_cols), kg.driver.f32(eps)),
+        template={"T": kg.ctype(x.dtype)},
+    )
+
+
+def _fits_cuda(x, residual, weight, eps, **config):
+    if weight.dtype != x.dtype:
+        return f"the CUDA kernel takes weight in x's dtype {x.dtype}, got {weight.dtype}"
+    return _fits(x, residual, weight, eps)
+
+
+CUDA = kg.cuda(
+    _CUDA_SOURCE,
+    "rmsnorm_residual<{T}>",
+    launch=launch_rmsnorm_residual_cuda,
+    configs=[{"THREADS": 128}, {"THREADS": 256}, {"THREADS": 1024}],
+    supports=_fits_cuda,
+)
+
+IMPLS = [TRITON, CUDA]
 
 
 def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):

@@ -113,7 +113,65 @@ TRITON_ONLINE = kg.triton(
     name="softmax_online",
 )
 
-IMPLS = [TRITON_ROWS, TRITON_ONLINE]
+_CUDA_SOURCE = r"""
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#define NEG_INF (-__int_as_float(0x7f800000))
+// One block of THREADS threads per row. Pass 1: each thread keeps an online (max, sum of exp);
+// the block merges them. Pass 2 writes exp(x - max) / sum. All arithmetic in float32.
+__device__ __forceinline__ void merge(float& m, float& d, float m2, float d2) {
+    float mn = fmaxf(m, m2);
+    if (mn == NEG_INF) { d = 0.0f; m = mn; return; }
+    d = d * expf(m - mn) + d2 * expf(m2 - mn);
+    m = mn;
+}
+
+template <typename T>
+__global__ void softmax_rows(const T* __restrict__ x, T* __restrict__ out, int n_cols) {
+    const long long base = (long long)blockIdx.x * n_cols;
+    float m = NEG_INF, d = 0.0f;
+    for (int c = threadIdx.x; c < n_cols; c += THREADS) merge(m, d, (float)x[base + c], 1.0f);
+    for (int off = 16; off > 0; off >>= 1) {
+        float m2 = __shfl_xor_sync(0xffffffffu, m, off), d2 = __shfl_xor_sync(0xffffffffu, d, off);
+        merge(m, d, m2, d2);
+    }
+    __shared__ float pm[THREADS / 32], pd[THREADS / 32];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) { pm[warp] = m; pd[warp] = d; }
+    __syncthreads();
+    if (warp == 0) {
+        m = lane < THREADS / 32 ? pm[lane] : NEG_INF;
+        d = lane < THREADS / 32 ? pd[lane] : 0.0f;
+        for (int off = 16; off > 0; off >>= 1) {
+            float m2 = __shfl_xor_sync(0xffffffffu, m, off), d2 = __shfl_xor_sync(0xffffffffu, d, off);
+            merge(m, d, m2, d2);
+        }
+        if (lane == 0) { pm[0] = m; pd[0] = d; }
+    }
+    __syncthreads();
+    m = pm[0];
+    const float inv = 1.0f / pd[0];
+    for (int c = threadIdx.x; c < n_cols; c += THREADS)
+        out[base + c] = (T)(expf((float)x[base + c] - m) * inv);
+}
+"""
+
+
+def launch_softmax_cuda(x, out, *, THREADS):
+    n_rows, n_cols = _rows_cols(x)
+    return kg.Launch(grid=n_rows, block=THREADS, args=(x, out, kg.driver.i32(n_cols)),
+                     template={"T": kg.ctype(x.dtype)})
+
+
+CUDA = kg.cuda(
+    _CUDA_SOURCE,
+    "softmax_rows<{T}>",
+    launch=launch_softmax_cuda,
+    configs=[{"THREADS": 128}, {"THREADS": 256}, {"THREADS": 1024}],
+    supports=_fits_online,
+)
+
+IMPLS = [TRITON_ROWS, TRITON_ONLINE, CUDA]
 
 
 def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):

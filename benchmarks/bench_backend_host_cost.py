@@ -1,0 +1,130 @@
+"""Host cost per eager call of a tiny op in each backend (kernelgraft op, its runner alone) and of
+the naive CuTe DSL call (three ``from_dlpack`` tensors per call). GPU only.
+
+    KERNELGRAFT_CUTILE_CUBINS=.carry/cutile_cubins python benchmarks/bench_backend_host_cost.py
+
+Prints a table of microseconds per call and ratios to torch.add; JSON goes to $OUT (or --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+import traceback
+
+import torch
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from _common import environment, write_json  # noqa: E402
+
+
+def per_call_us(fn, n=3000, repeats=5) -> float:
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        t1 = time.perf_counter()  # host time only: launches are queued, the GPU lags behind
+        torch.cuda.synchronize()
+        best = min(best, (t1 - t0) / n * 1e6)
+    return best
+
+
+def naive_cutedsl(x, y, out):
+    import cutlass
+    import cutlass.cute as cute
+    from cuda.bindings import driver as cu
+    from cutlass.cute.runtime import from_dlpack
+
+    from kernelgraft.examples._cute_kernels import _cute_add_relu_kernel
+
+    @cute.jit
+    def host(mx: cute.Tensor, my: cute.Tensor, mo: cute.Tensor, n: cutlass.Int32, stream: cu.CUstream):
+        _cute_add_relu_kernel(mx, my, mo, n, 256).launch(
+            grid=((n + 255) // 256, 1, 1), block=(256, 1, 1), stream=stream)
+
+    def conv(t):
+        return from_dlpack(t, assumed_align=16).mark_layout_dynamic()
+
+    stream = cu.CUstream(torch.cuda.current_stream().cuda_stream)
+    compiled = cute.compile(host, conv(x), conv(y), conv(out), x.numel(), stream)
+
+    def call():
+        compiled(conv(x), conv(y), conv(out), x.numel(), cu.CUstream(torch.cuda.current_stream().cuda_stream))
+
+    call()
+    torch.cuda.synchronize()
+    ref = torch.relu(x + y)
+    assert torch.allclose(out, ref), "naive CuTe DSL result differs from torch"
+    return call
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--n", type=int, default=1024)
+    args = parser.parse_args()
+    import kernelgraft as kg
+    from kernelgraft.examples import add_relu as ex
+
+    x = torch.randn(args.n, device="cuda")
+    y = torch.randn(args.n, device="cuda")
+    ref = torch.relu(x + y)
+    rows: dict[str, dict] = {}
+
+    def record(name, fn, check=None):
+        try:
+            if check is not None:
+                got = check()
+                torch.cuda.synchronize()
+                if not torch.allclose(got, ref):
+                    raise AssertionError(f"{name}: result differs from torch")
+            rows[name] = {"us": per_call_us(fn)}
+        except Exception as exc:
+            traceback.print_exc()
+            rows[name] = {"error": f"{type(exc).__name__}: {exc}"}
+
+    record("torch.add", lambda: torch.add(x, y))
+    record("torch relu(x+y)", lambda: torch.relu(x + y))
+    with (kg.tune("off") if hasattr(kg, "tune") else contextlib.nullcontext()):
+        for spec in ex.IMPLS:
+            op = kg.op(f"kgbench_host::add_relu_{spec.backend}", impls=[spec], fallback="error")(
+                ex.add_relu.reference)
+            record(f"op {spec.backend}", lambda op=op: op(x, y), check=lambda op=op: op(x, y))
+            try:
+                cand = next(c for c in op.candidates(x, y) if c.supported)
+                runner = op._runner(cand)
+                out = torch.empty_like(x)
+                record(f"runner {spec.backend}", lambda r=runner, o=out: r(x, y, o),
+                       check=lambda r=runner, o=out: (r(x, y, o), o)[1])
+            except Exception as exc:
+                rows[f"runner {spec.backend}"] = {"error": f"{type(exc).__name__}: {exc}"}
+    try:
+        out = torch.empty_like(x)
+        call = naive_cutedsl(x, y, out)
+        record("naive cutedsl from_dlpack", call)
+    except Exception as exc:
+        traceback.print_exc()
+        rows["naive cutedsl from_dlpack"] = {"error": f"{type(exc).__name__}: {exc}"}
+
+    base = rows.get("torch.add", {}).get("us")
+    payload = {"env": environment(), "n": args.n, "rows": rows}
+    path = write_json("backend_host_cost", payload, args.out)
+    print(f"\nhost cost per call, {args.n} fp32 elements (results in {path})")
+    print(f"{'path':32s} {'us/call':>9s} {'x torch.add':>12s}")
+    for name, r in rows.items():
+        if "us" in r:
+            ratio = f"{r['us'] / base:.2f}" if base else "-"
+            print(f"{name:32s} {r['us']:9.2f} {ratio:>12s}")
+        else:
+            print(f"{name:32s} {'ERROR':>9s}  {r['error'][:80]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

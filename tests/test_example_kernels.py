@@ -1,0 +1,180 @@
+"""The RMSNorm+residual, softmax and paged FP8 K-cache scatter examples: semantics on the CPU
+(Triton interpreter), CUDA C++ sources compile for sm_90 without a GPU, every candidate on the GPU."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import kernelgraft as kg
+from kernelgraft.examples import fp8_kcache_scatter as fp8
+from kernelgraft.examples.rmsnorm_residual import rmsnorm_residual
+from kernelgraft.examples.softmax import softmax
+
+MODULES = ["rmsnorm_residual", "softmax", "fp8_kcache_scatter"]
+
+
+def _nvrtc_missing():
+    try:
+        from kernelgraft._nvrtc import nvrtc_version
+
+        nvrtc_version()
+        return None
+    except Exception as exc:  # noqa: BLE001
+        return str(exc)
+
+
+def test_rmsnorm_residual_semantics_and_fresh_outputs():
+    x, r, w = torch.randn(6, 200, dtype=torch.bfloat16), torch.randn(6, 200, dtype=torch.bfloat16), torch.randn(200, dtype=torch.bfloat16)
+    x0, r0 = x.clone(), r.clone()
+    out, res = rmsnorm_residual(x, r, w, 1e-6)
+    assert torch.equal(x, x0) and torch.equal(r, r0)  # functional: inputs untouched
+    # (Triton's CPU interpreter rounds float32 -> bf16 its own way; GPUs round to nearest even,
+    # which test_every_candidate_matches_reference_on_gpu checks)
+    torch.testing.assert_close(res, x + r, rtol=1e-2, atol=1e-2)
+    xf, rf = x.float(), r.float()
+    assert torch.equal(rmsnorm_residual(xf, rf, w.float(), 1e-6)[1], xf + rf)
+    s = (x + r).double()
+    want = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
+    torch.testing.assert_close(out.double(), want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("impl", ["softmax_rows", "softmax_online"])
+def test_softmax_triton_kernels_on_masked_rows(impl):
+    x = torch.randn(5, 5000)
+    x[:, 3000:] = float("-inf")
+    got = softmax.run(x, impl=impl)
+    torch.testing.assert_close(got, torch.softmax(x.double(), -1).float(), rtol=1e-5, atol=1e-6)
+
+
+def test_fp8_scatter_triton_is_byte_exact_and_touches_only_its_bytes():
+    for k, cache, slots, qbs, fmt in fp8.sample_inputs():
+        want, got = cache.clone(), cache.clone()
+        fp8.fp8_kcache_scatter.run(k, want, slots, qbs, fmt, impl="reference")
+        fp8.fp8_kcache_scatter.run(k, got, slots, qbs, fmt, impl="triton")
+        assert torch.equal(got, want), (tuple(k.shape), tuple(cache.stride()), fmt)
+        changed = (want != cache).sum().item()
+        n_valid = int((slots >= 0).sum())
+        head_dim = k.shape[1]
+        assert changed <= n_valid * (head_dim + 4 * head_dim // qbs) and changed > n_valid * head_dim // 2
+
+
+def test_fp8_scatter_layout_matches_vllm():
+    """Page = block_size*head_dim fp8 bytes (token-major), then the float32 scales."""
+    k = torch.randn(2, 128) * 5
+    cache = torch.zeros(3, 16, 132, dtype=torch.uint8)
+    fp8.fp8_kcache_scatter(k, cache, torch.tensor([16 + 5, -1]), 128, "")
+    page = cache[1].flatten()
+    scale = page[16 * 128 + 5 * 4:16 * 128 + 6 * 4].view(torch.float32)
+    assert scale.item() == pytest.approx(k[0].abs().max().item() / 448, rel=1e-6)
+    values = page[5 * 128:6 * 128].view(torch.float8_e4m3fn).float() * scale
+    torch.testing.assert_close(values, k[0], rtol=0.07, atol=1e-3)
+    assert page[:5 * 128].eq(0).all() and cache[0].eq(0).all() and cache[2].eq(0).all()
+
+
+def test_fp8_scatter_ue8m0_is_power_of_two_ceiling():
+    s = torch.tensor([1.0, 1.5, 0.75, 2 ** -20 * 1.1, 3.0e5], dtype=torch.float32)
+    got = fp8._ue8m0(s.clone())
+    want = torch.tensor([2.0 ** torch.ceil(torch.log2(v.double())).item() for v in s], dtype=torch.float32)
+    assert torch.equal(got, want)
+
+
+def test_fp8_scatter_rejects_bad_layout():
+    k = torch.randn(2, 100)
+    with pytest.raises(kg.InputError, match="not a multiple of quant_block_size"):
+        fp8.fp8_kcache_scatter(k, torch.zeros(1, 4, 132, dtype=torch.uint8), torch.tensor([0, 1]), 64, "")
+    with pytest.raises(kg.InputError, match="too short"):
+        fp8.fp8_kcache_scatter(torch.randn(2, 128), torch.zeros(1, 4, 130, dtype=torch.uint8),
+                               torch.tensor([0, 1]), 128, "")
+
+
+@triton.jit
+def _convert(x_ptr, o_ptr, n, B: tl.constexpr):
+    offs = tl.arange(0, B)
+    mask = offs < n
+    tl.store(o_ptr + offs, fp8._e4m3_bits(tl.load(x_ptr + offs, mask=mask)), mask=mask)
+
+
+def test_software_e4m3_matches_torch_rounding():
+    """Every e4m3 value, the midpoints between neighbours (ties to even) and random values."""
+    codes = torch.arange(0, 127, dtype=torch.uint8)  # all finite non-negative codes
+    grid = codes.view(torch.float8_e4m3fn).float()
+    mids = (grid[1:] + grid[:-1]) / 2
+    vals = torch.cat([grid, mids, -grid, -mids, torch.randn(4000) * 50, torch.randn(2000) * 1e-2,
+                      torch.tensor([448.0, 449.0, 460.0, -470.0, 1e-9, -0.0])])
+    out = torch.empty(vals.numel(), dtype=torch.uint8)
+    _convert[(1,)](vals, out, vals.numel(), B=triton.next_power_of_2(vals.numel()))
+    want = vals.clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
+    bad = (out != want).nonzero().flatten()
+    assert bad.numel() == 0, [(vals[i].item(), out[i].item(), want[i].item()) for i in bad[:5]]
+
+
+@pytest.mark.skipif(_nvrtc_missing() is not None, reason="NVRTC not installed")
+@pytest.mark.parametrize("module", MODULES)
+def test_cuda_sources_compile_for_sm90(module):
+    from kernelgraft.backends._cuda import CudaRunner
+
+    spec = importlib.import_module(f"kernelgraft.examples.{module}").CUDA
+    for config in spec.configs:
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            compiled = CudaRunner(spec, config).compile("sm_90", {"T": kg.ctype(dtype)})
+            assert compiled.image[:4] == b"\x7fELF", (config, dtype)
+
+
+def test_bench_inputs_are_declared():
+    for module in MODULES:
+        assert callable(importlib.import_module(f"kernelgraft.examples.{module}").bench_inputs)
+
+
+# ------------------------------------------------------------------ GPU
+@pytest.mark.gpu
+def test_fp8_scatter_every_candidate_byte_exact_on_gpu():
+    op = fp8.fp8_kcache_scatter
+    n = 0
+    for k, cache, slots, qbs, fmt in fp8.sample_inputs("cuda"):
+        want = cache.clone()
+        op.run(k, want, slots, qbs, fmt, impl="reference")
+        for cand in op.candidates(k, cache, slots, qbs, fmt):
+            assert cand.supported, cand
+            got = cache.clone()
+            op.run(k, got, slots, qbs, fmt, impl=cand.index, config=cand.config.as_dict())
+            torch.cuda.synchronize()
+            diff = (got != want).nonzero()
+            assert diff.numel() == 0, f"{cand.label} {tuple(k.shape)} {tuple(cache.stride())} {fmt}: {diff[:5].tolist()}"
+            n += 1
+    assert n >= 16
+    # a large DeepSeek-shaped case too
+    k, cache, slots, qbs, fmt = next(iter(fp8.bench_inputs("cuda")))
+    want = cache.clone()
+    op.run(k, want, slots, qbs, fmt, impl="reference")
+    for cand in op.candidates(k, cache, slots, qbs, fmt):
+        got = cache.clone()
+        op.run(k, got, slots, qbs, fmt, impl=cand.index, config=cand.config.as_dict())
+        assert torch.equal(got, want), cand.label
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("module", ["rmsnorm_residual", "softmax"])
+def test_every_candidate_matches_reference_on_gpu(module):
+    mod = importlib.import_module(f"kernelgraft.examples.{module}")
+    op = getattr(mod, module)
+    n = 0
+    for inputs in op.sample_inputs("cuda"):
+        want = op.run(*[i.double() if isinstance(i, torch.Tensor) else i for i in inputs], impl="reference")
+        want = want if isinstance(want, tuple) else (want,)
+        for cand in op.candidates(*inputs):
+            if not cand.supported:
+                continue
+            got = op.run(*inputs, impl=cand.index, config=cand.config.as_dict())
+            got = got if isinstance(got, tuple) else (got,)
+            tol = 1e-5 if inputs[0].dtype == torch.float32 else 2e-2
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g.double(), w, rtol=tol, atol=tol, equal_nan=True,
+                                           msg=lambda m: f"{cand.label} {tuple(inputs[0].shape)}: {m}")
+            n += 1
+    backends = {c.impl.backend for c in op.candidates(*next(iter(op.sample_inputs("cuda"))))}
+    assert {"triton", "cuda"} <= backends and n > 10
