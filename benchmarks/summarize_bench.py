@@ -1,6 +1,8 @@
 """Turn a `kernelgraft bench` JSON report into a markdown summary table and check the must-hold items.
 
-    python benchmarks/summarize_bench.py $OUT/bench.json [--md summary.md] [--png plot.png]
+    python benchmarks/summarize_bench.py $OUT/bench.json [more.json ...] [--md summary.md]
+
+Several reports (e.g. two runs over different examples) are merged; ceilings come from the first.
 
 Checks (issue 7), each printed as PASS/FAIL with the numbers:
 1. memory-bound ops (flops/byte < 1, every example but the GEMM) reach >= 85% of the measured
@@ -115,10 +117,12 @@ def checks(doc) -> list[tuple[bool, str]]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("json")
+    parser.add_argument("json", nargs="+")
     parser.add_argument("--md", help="also write the markdown table here")
     args = parser.parse_args(argv)
-    doc = _load(args.json)
+    doc = _load(args.json[0])
+    for extra in args.json[1:]:
+        doc["rows"] += _load(extra)["rows"]
     errors = [r for r in doc["rows"] if r.get("error")]
     md = markdown(doc)
     if args.md:

@@ -57,7 +57,12 @@ def run(args) -> int:
 
     ops = []
     for target in args.target:
-        for op in ops_of(load_target(target)):
+        try:
+            module = load_target(target)
+        except (SystemExit, Exception) as exc:  # one missing or broken target must not stop the run
+            print(f"kernelgraft bench: skipping {target}: {type(exc).__name__}: {exc}")
+            continue
+        for op in ops_of(module):
             if not args.op or any(s in op.name for s in args.op):
                 ops.append(op)
     if not ops:
