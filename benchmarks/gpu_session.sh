@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# One batched run on the GPU machine: installs carried wheels, runs the selected sections with
+# time limits, and packs every result into $OUT/results.tar.gz (plus the log).
+#   bash benchmarks/gpu_session.sh SECTION...     sections: tests core cute examples tune graft aot
+set -uo pipefail
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+R="${OUT:-/tmp/out}/r"
+mkdir -p "$R"
+LOG="${OUT:-/tmp/out}/session.log"
+wheels=$(ls .carry/cutedsl/*.whl .carry/cutile/wheels/*.whl 2>/dev/null || true)
+if [ -n "$wheels" ]; then
+    python3 -m pip install -q --no-deps --no-compile --target /tmp/site $wheels >>"$LOG" 2>&1
+fi
+export PYTHONPATH="/tmp/site/nvidia_cutlass_dsl/python_packages:/tmp/site:$ROOT/src:$ROOT/tests"
+[ -d .carry/cutile/cubins ] && export KERNELGRAFT_CUTILE_CUBINS="$ROOT/.carry/cutile/cubins"
+export KERNELGRAFT_CACHE_DIR=/tmp/kgcache
+section() { echo; echo "=================== $1 ($(date +%T))"; }
+step() {  # step NAME SECONDS CMD...
+    local name=$1 secs=$2; shift 2
+    section "$name"
+    timeout "$secs" "$@" 2>&1 | tee "$R/$name.txt" | tail -40
+    echo "[$name] exit ${PIPESTATUS[0]}"
+}
+{
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+for s in "$@"; do
+  case $s in
+    tests) step gpu_tests 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ -rs ;;
+    core) step host_overhead 120 python3 benchmarks/bench_host_overhead.py --out "$R" ;;
+    cute) step backend_host_cost 150 python3 benchmarks/bench_backend_host_cost.py --out "$R"
+          step rmsnorm_backends 150 python3 benchmarks/bench_rmsnorm_backends.py --out "$R" ;;
+    examples) step bench_a 300 python3 -m kernelgraft bench kernelgraft.examples.add_relu kernelgraft.examples.rmsnorm kernelgraft.examples.rmsnorm_residual kernelgraft.examples.softmax --json "$R/bench_a.json" --png "$R/bench_a.png"
+              step bench_b 300 python3 -m kernelgraft bench kernelgraft.examples.swiglu kernelgraft.examples.gemm kernelgraft.examples.fp8_kcache_scatter --json "$R/bench_b.json" --png "$R/bench_b.png" ;;
+    tune) step tune_gemm 330 python3 benchmarks/bench_tune_gemm.py --out "$R" ;;
+    ranks) step tune_ranks 200 torchrun --nproc_per_node 2 benchmarks/bench_tune_ranks.py --out "$R" ;;
+    graft) step graft_llama 240 python3 benchmarks/bench_graft_llama.py --out "$R" ;;
+    aot) step aot_startup 240 python3 benchmarks/bench_aot_startup.py --out "$R" ;;
+    *) echo "unknown section $s" ;;
+  esac
+done
+} 2>&1 | tee -a "$LOG"
+tar -czf "${OUT:-/tmp/out}/results.tar.gz" -C "$R" . 2>/dev/null
