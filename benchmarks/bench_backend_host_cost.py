@@ -77,6 +77,24 @@ def main() -> int:
     ref = torch.relu(x + y)
     rows: dict[str, dict] = {}
 
+    profiles: list[str] = []
+
+    def profile(name, fn, n=3000):
+        """Where the host time of one path goes (cProfile, top functions by own time)."""
+        import cProfile
+        import io
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(n):
+            fn()
+        prof.disable()
+        torch.cuda.synchronize()
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(8)
+        profiles.append(f"==== {name}\n{text.getvalue()}")
+
     def record(name, fn, check=None):
         try:
             if check is not None:
@@ -85,6 +103,7 @@ def main() -> int:
                 if not torch.allclose(got, ref):
                     raise AssertionError(f"{name}: result differs from torch")
             rows[name] = {"us": per_call_us(fn)}
+            profile(name, fn)
         except Exception as exc:
             traceback.print_exc()
             rows[name] = {"error": f"{type(exc).__name__}: {exc}"}
@@ -113,6 +132,11 @@ def main() -> int:
         rows["naive cutedsl from_dlpack"] = {"error": f"{type(exc).__name__}: {exc}"}
 
     base = rows.get("torch.add", {}).get("us")
+    if args.out:
+        import os
+
+        with open(os.path.join(args.out, "backend_host_cost_profiles.txt"), "w") as f:
+            f.write("\n".join(profiles))
     payload = {"env": environment(), "n": args.n, "rows": rows}
     path = write_json("backend_host_cost", payload, args.out)
     print(f"\nhost cost per call, {args.n} fp32 elements (results in {path})")

@@ -120,6 +120,7 @@ class KernelOp:
         self._plans: dict[Any, Plan] = {}
         self._forced: dict[Any, Plan] = {}
         self._runners: dict[Any, Callable[..., Any]] = {}
+        self._bundled: dict[Any, Callable[..., Any]] = {}  # (impl index, config) -> AOT bundle runner
         self._epoch = -1
         self._warned: set[Any] = set()
         self._nparams = len(self.signature.params)
@@ -221,6 +222,7 @@ class KernelOp:
     def _execute(self, args: tuple, key: tuple) -> Any:
         if self._epoch != _select.epoch():
             self._plans.clear()
+            self._forced.clear()
             self._epoch = _select.epoch()
         plan = self._plans.get(key)
         if plan is None:
@@ -298,7 +300,7 @@ class KernelOp:
 
     def _runner(self, candidate: Candidate) -> Callable[..., Any]:
         key = (candidate.index, candidate.config)
-        runner = self._runners.get(key)
+        runner = self._runners.get(key) or self._bundled.get(key)
         if runner is None:
             from . import backends
 
@@ -396,11 +398,24 @@ class KernelOp:
         index = self._impl_index(impl)
         spec = self.impls[index]
         frozen = spec.config(0 if config is None else config)
-        tensors = self._check(args)
-        candidate = evaluate_one(index, spec, frozen, tensors, args)
-        if candidate.reason is not None:
-            raise UnsupportedError(f"{self.name}: {candidate.label} cannot run these inputs: {candidate.reason}")
-        plan = kernel_plan(self, candidate, self._runner(candidate), self._output_specs(args))
+        key = self._key(args, False, _ANY_TENSOR)
+        if self._epoch != _select.epoch():
+            self._plans.clear()
+            self._forced.clear()
+            self._epoch = _select.epoch()
+        plan = self._forced.get((key, index, frozen)) if key is not None else None
+        if plan is None:
+            tensors = self._check(args)
+            candidate = evaluate_one(index, spec, frozen, tensors, args)
+            if candidate.reason is not None:
+                raise UnsupportedError(
+                    f"{self.name}: {candidate.label} cannot run these inputs: {candidate.reason}"
+                )
+            plan = kernel_plan(self, candidate, self._runner(candidate), self._output_specs(args), args)
+            if key is not None:
+                if len(self._forced) >= _MAX_PLANS:
+                    self._forced.clear()
+                self._forced[(key, index, frozen)] = plan
         return plan(args)
 
     def _impl_index(self, impl: int | str | ImplSpec | None) -> int:

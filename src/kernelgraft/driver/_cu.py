@@ -92,3 +92,24 @@ def capability(device_index: int) -> tuple[int, int]:
     major = call("cuDeviceGetAttribute", attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
     minor = call("cuDeviceGetAttribute", attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
     return int(major), int(minor)
+
+
+@functools.cache
+def raw_launch() -> Any:
+    """``cuLaunchKernel`` from libcuda through ctypes, or None where it cannot be loaded.
+
+    cuda-bindings wraps every argument in Python objects on each call (several microseconds);
+    the ctypes entry point takes plain integers, which is what the hot path has. Both call the
+    same driver function in the same (primary) context.
+    """
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        fn = lib.cuLaunchKernel
+    except (OSError, AttributeError):
+        return None
+    u = ctypes.c_uint
+    fn.argtypes = [ctypes.c_void_p, u, u, u, u, u, u, u, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    return fn

@@ -105,6 +105,7 @@ class Function:
         self.module = module
         self.name = name
         self._handles: dict[int, Any] = {}
+        self._raw: dict[int, int] = {}
         self._smem_set: dict[int, int] = {}
         self._buffers: dict[tuple[str, ...], ParamBuffer] = {}
 
@@ -117,6 +118,13 @@ class Function:
                          what=f"finding kernel {self.name!r} in module {self.module.name}")
             self._handles[device_index] = h
         return h
+
+    def _raw_handle(self, device_index: int, handle: Any) -> int:
+        """The CUfunction as an integer, for the ctypes launch path."""
+        raw = self._raw.get(device_index)
+        if raw is None:
+            raw = self._raw[device_index] = int(handle)
+        return raw
 
     def prepare_shared_memory(self, device_index: int, shared_mem: int) -> None:
         """Allow ``shared_mem`` bytes of dynamic shared memory (needed above 48 KiB)."""
@@ -243,15 +251,24 @@ class Launcher:
         elif hasattr(stream, "cuda_stream"):
             stream = stream.cuda_stream
         params = self.buffer.address(values)
-        launch = self._launch or _cu.cu().cuLaunchKernel
-        self._launch = launch
-        (err,) = launch(handle, gx, gy, gz, bx, by, bz, shared_mem, stream, params, 0)
+        raw = self._launch
+        if raw is None:
+            raw = self._launch = _cu.raw_launch() or False
+        if raw:
+            err = raw(fn._raw_handle(device_index, handle), gx, gy, gz, bx, by, bz, shared_mem,
+                      stream or None, params, None)
+        else:
+            (err,) = _cu.cu().cuLaunchKernel(handle, gx, gy, gz, bx, by, bz, shared_mem, stream, params, 0)
         if int(err) != 0:
             self._fail(err, device_index, (gx, gy, gz), (bx, by, bz), shared_mem, values)
 
     def _fail(self, err, device_index, grid, block, shared_mem, values) -> None:
         driver = _cu.cu()
-        if err == driver.CUresult.CUDA_ERROR_INVALID_CONTEXT:
+        try:
+            err = driver.CUresult(int(err))  # the ctypes path returns a plain int
+        except ValueError:
+            pass
+        if int(err) == int(driver.CUresult.CUDA_ERROR_INVALID_CONTEXT):
             # A thread that never touched CUDA has no current context: set it and retry once.
             _cu.ensure_context(device_index)
             (err,) = driver.cuLaunchKernel(
