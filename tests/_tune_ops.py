@@ -49,3 +49,20 @@ def make_scale(name: str, *, bug: bool = False, crash: bool = False, prune=None,
         return x * 2
 
     return kg.op(scale, name=name, impls=impls, prune=prune, buckets=buckets)
+
+
+def launch_die(x, out, *, BLOCK):
+    import os
+
+    os._exit(3)  # what a candidate that corrupts the CUDA context does to its process
+
+
+def scale_isolated(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+ISOLATED = kg.op(scale_isolated, name="tiso::scale", impls=[
+    kg.triton(launch_scale, configs=CONFIGS[:2]),
+    kg.triton(launch_die, configs=[{"BLOCK": 32}]),
+    kg.triton(launch_scale, configs=[{"BLOCK": 256}], name="last"),
+])

@@ -372,3 +372,48 @@ def test_new_process_reuses_decision(tmp_path):
                          env={**os.environ, "TRITON_INTERPRET": "1"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["256", "0"]
+
+
+# ---------------------------------------------------------------- CLI
+def test_cli_tune_and_cache_roundtrip(tmp_path, capsys):
+    from kernelgraft.cli import main
+
+    target = tmp_path / "ops.py"
+    target.write_text(
+        "import sys; sys.path.insert(0, %r)\n"
+        "from _tune_ops import make_scale\n"
+        "import torch\n"
+        "op = make_scale('tcli::scale')\n"
+        "op.sample_inputs = lambda device='cpu': [(torch.randn(100, device=device),)]\n"
+        % str(Path(__file__).parent))
+    assert main(["tune", str(target)]) == 0
+    assert "tcli::scale" in capsys.readouterr().out
+    # a decision on disk (made here with the fake timer) shows, exports, clears and imports back
+    op = make_scale("tcli::scale")
+    with kg.tune("on", timer=fake_timer):
+        chosen(op, torch.randn(1000))
+    assert main(["cache", "show"]) == 0
+    assert "tcli::scale" in capsys.readouterr().out
+    export = tmp_path / "export.json"
+    assert main(["cache", "export", str(export)]) == 0
+    assert len(json.loads(export.read_text())["entries"]) == 1
+    assert main(["cache", "clear"]) == 0
+    assert DiskCache().entries() == {}
+    assert main(["cache", "import", str(export)]) == 0
+    assert len(DiskCache().entries()) == 1
+    bad = tmp_path / "bad.json"
+    bad.write_text("{nope")
+    assert main(["cache", "import", str(bad)]) == 1
+
+
+def test_isolated_trials_survive_a_candidate_that_kills_its_process():
+    from _tune_ops import ISOLATED
+
+    x = torch.randn(1000)
+    with kg.tune("on", timer=fake_timer, isolate=True):
+        assert chosen(ISOLATED, x) == {"BLOCK": 256}
+    d = kg.tune.decision(ISOLATED, x)
+    crash = [e for e in d.excluded if e["kind"] == "crash"]
+    assert len(crash) == 1 and crash[0]["impl_name"] == "launch_die"
+    assert "exit code 3" in crash[0]["reason"]
+    assert len(d.ranking) == 3

@@ -6,19 +6,12 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
-import socket
 import sys
 from pathlib import Path
 
 import pytest
 
 HERE = Path(__file__).parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank_main(rank: int, world: int, port: int, root: str, out: str) -> None:
@@ -33,7 +26,7 @@ def _rank_main(rank: int, world: int, port: int, root: str, out: str) -> None:
     from _tune_ops import FAKE_MS, make_scale
     from kernelgraft.tune._cache import DiskCache
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{root}/store", rank=rank, world_size=world)
     op = make_scale("td::scale", bug=True)
     sizes = [100, 1000, 5000, 20000]
     if rank == 0:  # rank 0 has disk hits for two keys, saying BLOCK=64 wins (rank 1 would measure 256)
@@ -67,8 +60,8 @@ def _rank_main(rank: int, world: int, port: int, root: str, out: str) -> None:
 
 def test_two_gloo_ranks_agree(tmp_path):
     ctx = mp.get_context("spawn")
-    port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, 2, port, str(tmp_path), str(tmp_path))) for r in range(2)]
+    # a file store: no race for a free TCP port
+    procs = [ctx.Process(target=_rank_main, args=(r, 2, 0, str(tmp_path), str(tmp_path))) for r in range(2)]
     for p in procs:
         p.start()
     for p in procs:

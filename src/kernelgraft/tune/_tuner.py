@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import sys
 import time
 import warnings
 from collections import Counter
@@ -262,7 +261,3 @@ TUNER = Tuner()
 
 def install() -> None:
     _select.set_chooser(TUNER)
-
-
-def _stderr_is_tty() -> bool:  # pragma: no cover - used by the CLI
-    return sys.stderr.isatty()

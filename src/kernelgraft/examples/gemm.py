@@ -1,0 +1,153 @@
+"""C = A @ B in bf16 (fp16, fp32 too) with fp32 accumulation: a Triton GEMM with many configs.
+
+The autotuner's showcase: 30 tile/warp/stage configs; which wins depends on the shape (square,
+skinny, LLM-like). ``prune_gemm`` is a cheap wave-quantisation model that keeps the few configs
+worth timing; with ``nvidia-matmul-heuristics`` installed, ``PRUNE`` asks it instead. Pruning is
+used only when turned on (``KERNELGRAFT_PRUNE=1`` or ``kg.tune(prune=True)``).
+
+>>> import torch
+>>> from kernelgraft.examples.gemm import gemm
+>>> a, b = torch.randn(16, 32), torch.randn(32, 8)
+>>> torch.allclose(gemm(a, b), a @ b, atol=1e-4)
+True
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+import kernelgraft as kg
+
+
+@triton.jit
+def _gemm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                 stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    group = GROUP_M * num_n
+    first_m = (pid // group) * GROUP_M
+    size_m = min(num_m - first_m, GROUP_M)
+    pid_m = first_m + ((pid % group) % size_m)
+    pid_n = (pid % group) // size_m
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rm[:, None].to(tl.int64) * stride_am + rk[None, :] * stride_ak
+    b_ptrs = b_ptr + rk[:, None] * stride_bk + rn[None, :].to(tl.int64) * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=(rm[:, None] < M) & (rk[None, :] < k_left), other=0.0)
+        b = tl.load(b_ptrs, mask=(rk[:, None] < k_left) & (rn[None, :] < N), other=0.0)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    c_ptrs = c_ptr + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+def launch_gemm(a, b, c, *, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M=8, num_warps=4, num_stages=3):
+    M, K = a.shape
+    N = b.shape[1]
+    grid = (triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N),)
+    _gemm_kernel[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                       c.stride(0), c.stride(1), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+                       GROUP_M=GROUP_M, num_warps=num_warps, num_stages=num_stages)
+
+
+def _configs() -> list[dict]:
+    out = []
+    for bm, bn, bk, warps, stages in [
+        # large tiles: compute-bound square and LLM shapes
+        (128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 8, 3), (128, 128, 64, 4, 4),
+        (128, 128, 32, 4, 4), (128, 256, 32, 8, 4), (256, 64, 64, 8, 4), (64, 256, 64, 8, 4),
+        (128, 64, 64, 4, 4), (64, 128, 64, 4, 4), (128, 64, 32, 4, 4), (64, 128, 32, 4, 4),
+        (64, 64, 64, 4, 4), (64, 64, 32, 4, 5), (128, 128, 128, 8, 3), (128, 64, 128, 4, 3),
+        # skinny: few rows (decode-like) or few columns
+        (16, 64, 128, 4, 4), (16, 128, 64, 4, 4), (16, 256, 64, 4, 3), (32, 64, 128, 4, 4),
+        (32, 128, 64, 4, 4), (32, 256, 64, 4, 3), (64, 32, 64, 4, 4), (64, 16, 128, 4, 4),
+        (32, 32, 128, 4, 4), (16, 64, 256, 4, 3), (64, 64, 128, 4, 3), (32, 64, 64, 2, 5),
+        (128, 32, 64, 4, 4), (16, 32, 128, 2, 4),
+    ]:
+        out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8,
+                    "num_warps": warps, "num_stages": stages})
+    return out
+
+
+CONFIGS = _configs()
+
+
+def _shapes_fit(a, b, **config):
+    if a.shape[1] != b.shape[0]:
+        return f"inner dimensions differ: a is {tuple(a.shape)}, b is {tuple(b.shape)}"
+    if a.dtype != b.dtype:
+        return f"dtypes differ: {a.dtype} vs {b.dtype}"
+    return True
+
+
+TRITON = kg.triton(launch_gemm, configs=CONFIGS, supports=_shapes_fit, name="triton_gemm")
+IMPLS = [TRITON]
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132
+
+
+def gemm_score(M: int, N: int, K: int, config: dict, sms: int = 132) -> float:
+    """Estimated relative time of one config: wave quantisation over the SMs, padding waste,
+    and a per-tile efficiency that favours big tiles (fewer loads per FMA) when there is work."""
+    bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+    tiles = math.ceil(M / bm) * math.ceil(N / bn)
+    waves = math.ceil(tiles / sms)
+    work_per_tile = bm * bn * max(K, bk)
+    intensity = (bm * bn) / (bm + bn)  # FMAs per loaded element
+    tile_time = work_per_tile / min(intensity, 96.0)
+    k_steps = math.ceil(K / bk)
+    pipeline = 1.0 + 2.0 / max(1, k_steps)  # short K loops cannot hide the pipeline prologue
+    occupancy = min(1.0, tiles / sms)
+    return waves * tile_time * pipeline / max(occupancy, 1e-3) ** 0.25
+
+
+def prune_gemm(candidates: list, a: torch.Tensor, b: torch.Tensor, keep: int = 4) -> list:
+    """Keep the ``keep`` candidates the model in ``gemm_score`` ranks best, best first."""
+    M, K = a.shape
+    N = b.shape[1]
+    sms = _sm_count(a.device)
+    return sorted(candidates, key=lambda c: gemm_score(M, N, K, c.config.as_dict(), sms))[:keep]
+
+
+PRUNE = kg.tune.matmul_heuristics(lambda a, b: (a.shape[0], b.shape[1], a.shape[1]), keep=4,
+                                  fallback=prune_gemm)
+
+
+def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.bfloat16):
+    """Shapes for ``kernelgraft check``/``tune``: small on the CPU (interpreter), LLM-like on GPU."""
+    if device == "cpu":
+        shapes = [(16, 32, 16), (33, 17, 45), (64, 64, 64)]
+        dtype = torch.float32 if dtype == torch.bfloat16 else dtype
+    else:
+        shapes = [(512, 512, 512), (16, 4096, 4096), (4096, 4096, 4096), (2048, 11008, 4096),
+                  (128, 4096, 11008), (8192, 1024, 1024), (127, 333, 515)]
+    for m, n, k in shapes:
+        yield (torch.randn(m, k, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype))
+
+
+@kg.op(
+    "kgexamples::gemm",
+    impls=IMPLS,
+    sample_inputs=sample_inputs,
+    dtypes=(torch.bfloat16, torch.float16, torch.float32),
+    ndim={"a": 2, "b": 2},
+    prune=PRUNE,
+)
+def gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b, accumulated in float32, returned in a's dtype."""
+    return (a.float() @ b.float()).to(a.dtype)

@@ -1,0 +1,105 @@
+"""The autotuner with real CUDA timing (GPU machine: pytest -m gpu tests/test_tune_gpu.py)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import kernelgraft as kg
+from kernelgraft.tune import _timing
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELGRAFT_CACHE_DIR", str(tmp_path))
+    kg.tune.clear()
+    yield
+    kg.tune.clear()
+
+
+def _gemm():
+    from kernelgraft.examples.gemm import gemm
+
+    return gemm
+
+
+@pytest.mark.parametrize("graph,cold", [(True, False), (False, False), (True, True)], ids=["graph", "eager", "cold-l2"])
+def test_gemm_tunes_and_result_is_right(graph, cold):
+    gemm = _gemm()
+    a = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(512, 384, device="cuda", dtype=torch.bfloat16)
+    with kg.tune("on", graph=graph, cold_l2=cold, repeats=10):
+        d = kg.tune.pretune(gemm, a, b, force=True)
+        out = gemm(a, b)
+    assert d.winner is not None and d.winner["ms"] > 0
+    assert len(d.ranking) + len(d.excluded) == len(gemm.impls[0].configs)
+    ref = a.double() @ b.double()
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+def test_timer_graph_and_eager_agree_roughly():
+    x = torch.randn(1 << 22, device="cuda")
+    out = torch.empty_like(x)
+
+    class S:
+        warmup, repeats, graph = 3, 20, True
+
+    trial = _timing.Trial("copy", lambda i: out.copy_(x))
+    g = _timing.cuda_timer(trial, S)
+    S.graph = False
+    e = _timing.cuda_timer(trial, S)
+    assert 0.3 < g / e < 3.0
+
+
+def test_mutating_op_restored_between_timed_runs():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _inc(x_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=m) + 1.0, mask=m)
+
+    def launch(x, *, BLOCK):
+        _inc[(triton.cdiv(x.numel(), BLOCK),)](x, x.numel(), BLOCK=BLOCK)
+
+    def inc_(x: torch.Tensor) -> None:
+        x.add_(1.0)
+
+    op = kg.op(inc_, name="tgpu::inc", mutates_args=("x",), impls=[kg.triton(launch, configs=[{"BLOCK": 256}, {"BLOCK": 1024}])])
+    x = torch.randn(100_000, device="cuda")
+    before = x.clone()
+    with kg.tune("on", repeats=10):
+        op(x)
+    torch.testing.assert_close(x, before + 1)
+    assert len(kg.tune.decision(op, before).ranking) == 2
+
+
+def test_capture_does_not_tune_and_warns():
+    gemm = _gemm()
+    a = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+    from kernelgraft.tune import _modes
+
+    _modes._warned.clear()
+    tuned_before = kg.tune.stats().get("tuned", 0)
+    graph = torch.cuda.CUDAGraph()
+    with kg.tune("on"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gemm(a, b)  # compile outside capture... this call tunes
+        tuned_mid = kg.tune.stats().get("tuned", 0)
+        a2 = torch.randn(48, 64, device="cuda", dtype=torch.bfloat16)  # a new key, first met while capturing
+        out = gemm.run(a2, b)  # compile the default outside capture
+        with torch.cuda.graph(graph):
+            out = gemm(a2, b)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert tuned_mid == tuned_before + 1
+    assert kg.tune.stats().get("tuned", 0) == tuned_mid  # nothing measured during capture
+    assert any("CUDA graph is being captured" in str(w.message) for w in caught)
+    torch.testing.assert_close(out.float(), (a2.float() @ b.float()), atol=0.5, rtol=2e-2)
