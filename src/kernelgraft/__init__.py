@@ -12,6 +12,7 @@ from ._errors import (
     BundleError,
     CompileError,
     FallbackWarning,
+    GraftWarning,
     InputError,
     KernelgraftError,
     KernelgraftWarning,
@@ -20,9 +21,11 @@ from ._errors import (
     SpecError,
     TuneWarning,
     UnsupportedError,
+    VerificationError,
 )
 from ._op import KernelOp, op
 from ._spec import Config, ImplSpec, triton
+from .graft import GraftReport, graft, lower_as, ungraft
 from . import tune  # noqa: E402  (installs the autotuner; kg.tune(...) is callable)
 from ._spec_cute import CuteDSLImpl, CuTileImpl, cutedsl, cutile
 
@@ -54,6 +57,12 @@ __all__ = [
     "BundleError",
     "KernelgraftWarning",
     "FallbackWarning",
+    "GraftWarning",
+    "VerificationError",
+    "lower_as",
+    "graft",
+    "ungraft",
+    "GraftReport",
     "TuneWarning",
     "tune",
     "__version__",

@@ -22,6 +22,8 @@ __all__ = [
     "KernelgraftWarning",
     "FallbackWarning",
     "TuneWarning",
+    "VerificationError",
+    "GraftWarning",
     "describe",
 ]
 
@@ -58,6 +60,10 @@ class BundleError(KernelgraftError):
     """An AOT bundle is malformed, tampered with, or built for another machine."""
 
 
+class VerificationError(KernelgraftError):
+    """A grafted model's outputs differ from the original's beyond tolerance."""
+
+
 class KernelgraftWarning(UserWarning):
     """Base class of kernelgraft warnings."""
 
@@ -68,6 +74,10 @@ class FallbackWarning(KernelgraftWarning):
 
 class TuneWarning(KernelgraftWarning):
     """Tuning was skipped or degraded (during capture/tracing, unusable cache, pruning failed)."""
+
+
+class GraftWarning(KernelgraftWarning):
+    """A graft kept a module's original forward, matched nothing, or could not be verified."""
 
 
 def describe(value: Any) -> str:

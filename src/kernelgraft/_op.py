@@ -371,6 +371,7 @@ class KernelOp:
         self, backward: Callable[..., Any], *, setup_context: Callable[..., Any] | None = None
     ) -> None:
         """Give the op a backward (see ``torch.library.register_autograd``)."""
+        self._autograd = (backward, setup_context)  # re-applied if the registry re-defines the op
         torch.library.register_autograd(self.name, backward, setup_context=setup_context, lib=self._lib)
 
     def candidates(self, *args: Any, **kwargs: Any) -> list[Candidate]:

@@ -85,6 +85,9 @@ def _define(op: "KernelOp") -> None:
     for key in ("CPU", "CUDA"):
         lib.impl(name, op._dispatcher_kernel, key)
     torch.library.register_fake(op.name, op._fake, lib=lib)
+    autograd = getattr(op, "_autograd", None)
+    if autograd is not None:  # an unregister rebuilt the namespace: keep the op's backward
+        torch.library.register_autograd(op.name, autograd[0], setup_context=autograd[1], lib=lib)
     op._bind_overload(getattr(getattr(torch.ops, ns), name).default, lib)
 
 

@@ -1,0 +1,13 @@
+"""Grafting ops into existing models: ``kg.lower_as``, ``kg.graft``, ``kg.ungraft``.
+
+- ``@kg.lower_as(op)`` on a function or a module's ``forward``: calls go to the op.
+- ``kg.graft(model, {ModuleType: op})``: replace the forward of matching modules.
+- ``kg.graft(model, pattern=fn, replacement=op)``: replace subgraphs equal to ``fn`` under
+  ``torch.compile`` (Inductor) and in an ``ExportedProgram``.
+- ``kg.ungraft(model)``: undo.
+"""
+
+from ._graft import GraftReport, graft, ungraft
+from ._lower_as import lower_as
+
+__all__ = ["lower_as", "graft", "ungraft", "GraftReport"]

@@ -1,0 +1,350 @@
+"""Pattern grafts: find subgraphs equal to ``pattern`` in a graph and replace each with one op call.
+
+The pattern is traced into the same IR as the graph it is matched against, so spelling does not
+matter (``x.pow(2)``, ``x ** 2`` and ``torch.pow(x, 2)`` trace alike), once per floating dtype
+(a ``.to(float32)`` is a node in a bf16 graph and nothing in an fp32 one):
+
+- ``torch.compile``: Inductor's post-grad IR (functional ATen after Inductor's decompositions),
+  traced as Inductor traces its own patterns (``pattern_matcher.fwd_only``). The rewrite runs as
+  ``torch._inductor.config.post_grad_custom_pre_pass``. Why there and not elsewhere:
+  the Dynamo (pre-grad) graph holds Python-level calls (methods, modules, ``F.silu`` vs
+  ``nn.SiLU``) whose spellings vary, so matching there is fragile; a custom backend would only work
+  for users who pass it. After autograd the graph is functional and canonical, the forward and
+  backward graphs are already split, so the op needs no backward, and a match whose inner values
+  are saved for the backward is refused (its inner nodes have users outside it), which keeps
+  training graphs correct. The cost: it applies to Inductor only (``backend="eager"`` or
+  ``"aot_eager"`` keeps the original ops; ``kg.graft`` by module type works with every backend),
+  and, as Inductor config is process-wide, an active pattern graft applies to every graph Inductor
+  compiles until ``kg.ungraft``. The pass has a ``uuid`` from the active grafts, so Inductor's
+  caches never mix grafted and plain graphs.
+- ``torch.export``: the ``ExportedProgram``'s own ATen IR, traced with ``torch.export`` (and with
+  ``run_decompositions()`` for decomposed programs); the program's graph is rewritten in place.
+
+Scalars in the pattern's signature (an ``eps``) are fixed to the example values it is traced
+with, and passed to the op as constants. The pattern must return one tensor.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
+
+from .._errors import SpecError, describe
+from .._spec import callable_source
+
+__all__ = ["Pattern", "rewrite_graph", "install", "uninstall", "active"]
+
+log = logging.getLogger(__name__)
+
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@dataclass(eq=False)
+class Pattern:
+    """A pattern function, the op that replaces it, and example inputs to trace it with."""
+
+    fn: Callable[..., Any]
+    op: Any
+    example: tuple
+    replaced: dict[str, int] = field(default_factory=dict)  # per IR, counted across rewrites
+    _graphs: dict[str, list[fx.Graph]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n_fn = len(inspect.signature(self.fn).parameters)
+        n_op = len(self.op.signature.params)
+        if n_fn != n_op or len(self.example) != n_op:
+            raise SpecError(
+                f"kg.graft: the pattern {getattr(self.fn, '__qualname__', self.fn)} takes {n_fn} "
+                f"arguments and the example {len(self.example)}, but {self.op.name}"
+                f"{self.op.signature.schema} takes {n_op}; the pattern's arguments are passed to "
+                "the op in order"
+            )
+        self.tensor_slots = tuple(i for i, a in enumerate(self.example) if isinstance(a, torch.Tensor))
+        if not self.tensor_slots:
+            raise SpecError("kg.graft: the pattern's example inputs hold no tensor")
+        key = repr((self.op.name, self.op.fingerprint, callable_source(self.fn),
+                    [(tuple(a.shape), str(a.dtype)) if isinstance(a, torch.Tensor) else a
+                     for a in self.example]))
+        self.uuid = hashlib.sha256(key.encode()).hexdigest()[:16]
+
+    def _tensor_fn(self, dtype: torch.dtype | None) -> tuple[Callable, list[torch.Tensor]]:
+        example = list(self.example)
+        tensors = []
+        for i in self.tensor_slots:
+            t = example[i].detach()
+            if dtype is not None and t.is_floating_point():
+                t = t.to(dtype)
+            tensors.append(t)
+
+        def fn(*ts):
+            args = list(example)
+            for i, t in zip(self.tensor_slots, ts):
+                args[i] = t
+            return self.fn(*args)
+
+        return fn, tensors
+
+    def graphs(self, ir: str) -> list[fx.Graph]:
+        """The pattern traced into ``ir`` ("inductor" or "export"), one graph per distinct trace."""
+        cached = self._graphs.get(ir)
+        if cached is not None:
+            return cached
+        out: list[fx.Graph] = []
+        seen: set[str] = set()
+        dtypes = [None] + [d for d in _FLOATS]
+        for dtype in dtypes:
+            try:
+                # The Inductor pass may run inside a compile's fake mode; trace with real tensors.
+                with unset_fake_temporarily():
+                    fn, tensors = self._tensor_fn(dtype)
+                    gms = _trace(ir, fn, tensors)
+            except Exception as exc:
+                log.debug("pattern %s: tracing for %s in %s failed: %s", self.fn, ir, dtype, exc)
+                continue
+            for gm in gms:
+                graph = _clean(gm.graph)
+                text = _graph_key(graph)
+                if text not in seen:
+                    seen.add(text)
+                    out.append(graph)
+        if not out:
+            raise SpecError(f"kg.graft: the pattern {self.fn} could not be traced for {ir}")
+        self._graphs[ir] = out
+        return out
+
+
+def _trace(ir: str, fn: Callable, tensors: list[torch.Tensor]) -> list[fx.GraphModule]:
+    if ir == "inductor":
+        from torch._inductor.pattern_matcher import fwd_only
+
+        return [fwd_only(fn, tensors)]
+    if ir == "export":
+
+        class _Wrap(torch.nn.Module):
+            def forward(self, *ts):
+                return fn(*ts)
+
+        ep = torch.export.export(_Wrap(), tuple(tensors), strict=False)
+        gms = [ep.graph_module]
+        try:
+            gms.append(ep.run_decompositions().graph_module)
+        except Exception as exc:  # pragma: no cover - decomposition support varies by version
+            log.debug("run_decompositions of the pattern failed: %s", exc)
+        return gms
+    raise ValueError(ir)
+
+
+def _clean(graph: fx.Graph) -> fx.Graph:
+    """A copy without nodes that do not feed the output (assertions, unused sizes)."""
+    gm = fx.GraphModule(torch.nn.Module(), graph)
+    new = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    live: set[fx.Node] = set()
+    stack = [output]
+    while stack:
+        node = stack.pop()
+        if node in live:
+            continue
+        live.add(node)
+        stack.extend(node.all_input_nodes)
+    for node in graph.nodes:
+        if node.op == "placeholder" or node in live:
+            env[node] = new.node_copy(node, lambda n: env[n])
+    del gm
+    outs = next(n for n in reversed(new.nodes) if n.op == "output")
+    if len(outs.all_input_nodes) != 1:
+        raise SpecError(f"kg.graft: a pattern must return one tensor, its graph returns {outs.args}")
+    return new
+
+
+def _graph_key(graph: fx.Graph) -> str:
+    return "\n".join(f"{n.op} {n.target} {n.args} {n.kwargs}" for n in graph.nodes)
+
+
+def _fake_value(op: Any, args: list) -> Any:
+    vals = [a.meta.get("val") if isinstance(a, fx.Node) else a for a in args]
+    if any(isinstance(a, fx.Node) and not isinstance(v, torch.Tensor) for a, v in zip(args, vals)):
+        return None
+    from torch._guards import detect_fake_mode
+
+    tensors = [v for v in vals if isinstance(v, torch.Tensor)]
+    try:
+        mode = detect_fake_mode(tensors)
+    except AssertionError:
+        mode = None  # values from several fake modes (make_fx in real mode makes one per node)
+    if mode is None:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        mode = FakeTensorMode()
+        with mode:
+            vals = [
+                torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device)
+                if isinstance(v, torch.Tensor) else v
+                for v in vals
+            ]
+    with mode:
+        return op.overload(*vals)
+
+
+def rewrite_graph(graph: fx.Graph, patterns: Sequence[Pattern], ir: str) -> tuple[int, dict[str, str]]:
+    """Replace every match of each pattern in ``graph``; returns (count, {old name: new name})."""
+    total = 0
+    renamed: dict[str, str] = {}
+    for pattern in patterns:
+        for pgraph in pattern.graphs(ir):
+            matcher = SubgraphMatcher(pgraph, match_output=False, match_placeholder=False,
+                                      remove_overlapping_matches=True)
+            matches = matcher.match(graph)
+            done = 0
+            for match in matches:
+                if _replace(graph, pattern, match, renamed):
+                    done += 1
+            if done:
+                pattern.replaced[ir] = pattern.replaced.get(ir, 0) + done
+                total += done
+    if total:
+        graph.lint()
+    return total, renamed
+
+
+def _replace(graph: fx.Graph, pattern: Pattern, match: Any, renamed: dict[str, str]) -> bool:
+    if len(match.returning_nodes) != 1:
+        return False
+    ret = match.returning_nodes[0]
+    if ret.graph is not graph or any(n.graph is not graph for n in match.placeholder_nodes):
+        return False  # part of it was consumed by an earlier replacement
+    inputs = list(match.placeholder_nodes)
+    if len(inputs) != len(pattern.tensor_slots):
+        return False
+    args: list[Any] = list(pattern.example)
+    with graph.inserting_before(ret):
+        for slot, node in zip(pattern.tensor_slots, inputs):
+            val = node.meta.get("val")
+            if isinstance(val, torch.Tensor) and not val.is_contiguous():
+                # the matched ops took any layout; kernels may need a dense one
+                dense = graph.call_function(torch.ops.aten.clone.default, (node,),
+                                            {"memory_format": torch.contiguous_format})
+                dense.meta = {**node.meta, "val": val.clone(memory_format=torch.contiguous_format)}
+                node = dense
+            args[slot] = node
+        new = graph.call_function(pattern.op.overload, tuple(args))
+    meta = dict(ret.meta)
+    meta.pop("tensor_meta", None)
+    try:
+        val = _fake_value(pattern.op, args)
+    except Exception as exc:
+        log.warning("kg.graft: %s cannot take the matched values (%s); match left as is",
+                    pattern.op.name, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        graph.erase_node(new)
+        return False
+    if val is not None:
+        ret_val = ret.meta.get("val")
+        if isinstance(ret_val, torch.Tensor) and (ret_val.dtype != val.dtype or ret_val.dim() != val.dim()):
+            log.info("kg.graft: %s returns %s where the pattern gave %s; match left as is",
+                     pattern.op.name, describe(val), describe(ret_val))
+            graph.erase_node(new)
+            return False
+        meta["val"] = val
+    new.meta = meta
+    old_name = ret.name
+    ret.replace_all_uses_with(new)
+    inner = [n for pn, n in match.nodes_map.items() if pn.op not in ("placeholder", "output")]
+    for node in reversed(list(graph.nodes)):
+        if node in inner and not node.users:
+            graph.erase_node(node)
+    new._rename(old_name)
+    if new.name != old_name:
+        renamed[old_name] = new.name
+    return True
+
+
+# ---------------------------------------------------------------------------- the Inductor pass
+_LOCK = threading.Lock()
+_ACTIVE: list[Pattern] = []
+_PREVIOUS: list[Any] = []
+
+
+def active() -> list[Pattern]:
+    return list(_ACTIVE)
+
+
+def _make_pass_class():
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    class KernelgraftPass(CustomGraphPass):
+        """Applies the active pattern grafts (and any pass that was configured before)."""
+
+        def __init__(self, previous: Any = None) -> None:
+            self.previous = previous
+
+        def __call__(self, graph: fx.Graph) -> None:
+            if self.previous is not None:
+                self.previous(graph)
+            n, _ = rewrite_graph(graph, list(_ACTIVE), "inductor")
+            log.info("kernelgraft post-grad pass: replaced %d pattern matches", n)
+
+        def uuid(self) -> Any:
+            prev = None
+            if self.previous is not None:
+                prev = self.previous.uuid() if hasattr(self.previous, "uuid") else None
+                if prev is None:
+                    return None  # an uncacheable pass was configured before us
+            return ("kernelgraft", prev, tuple(p.uuid for p in _ACTIVE))
+
+    return KernelgraftPass
+
+
+_PASS_CLASS: Any = None
+
+
+def install(pattern: Pattern) -> None:
+    """Make ``pattern`` part of every Inductor compilation from now on."""
+    global _PASS_CLASS
+    import torch._inductor.config as config
+
+    with _LOCK:
+        if _PASS_CLASS is None:
+            _PASS_CLASS = _make_pass_class()
+        current = config.post_grad_custom_pre_pass
+        if not isinstance(current, _PASS_CLASS):
+            _PREVIOUS[:] = [current]
+            config.post_grad_custom_pre_pass = _PASS_CLASS(current)
+        _ACTIVE.append(pattern)
+
+
+def uninstall(pattern: Pattern) -> None:
+    import torch._inductor.config as config
+
+    with _LOCK:
+        if pattern in _ACTIVE:
+            _ACTIVE.remove(pattern)
+        current = config.post_grad_custom_pre_pass
+        if not _ACTIVE and _PASS_CLASS is not None and isinstance(current, _PASS_CLASS):
+            config.post_grad_custom_pre_pass = current.previous
+
+
+# ---------------------------------------------------------------------------- ExportedProgram
+def rewrite_exported(ep: Any, pattern: Pattern) -> int:
+    """Rewrite ``ep``'s graph in place; returns the number of replacements."""
+    gm = ep.graph_module
+    n, renamed = rewrite_graph(gm.graph, [pattern], "export")
+    if renamed:
+        for spec in ep.graph_signature.output_specs:
+            arg = getattr(spec, "arg", None)
+            if arg is not None and getattr(arg, "name", None) in renamed:
+                arg.name = renamed[arg.name]
+    if n:
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+    return n

@@ -1,0 +1,132 @@
+"""kg.graft(pattern=..., replacement=op): matching in export IR and Inductor IR, counts, checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernelgraft as kg
+from kernelgraft.examples.add_relu import add_relu
+from kernelgraft.examples.rmsnorm import rmsnorm
+from kernelgraft.examples.swiglu import swiglu, swiglu_pattern
+from kernelgraft.graft import _pattern
+
+
+def _targets(ep) -> list[str]:
+    return [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
+
+
+class AddRelu2(torch.nn.Module):
+    def forward(self, a, b, c):
+        return torch.relu(a + b) * torch.relu(c + a) + torch.relu(b + c)
+
+
+def test_exported_program_rewrite_counts_and_matches():
+    a, b, c = (torch.randn(6, 9) for _ in range(3))
+    ep = torch.export.export(AddRelu2(), (a, b, c))
+    report = kg.graft(ep, pattern=lambda x, y: torch.relu(x + y), replacement=add_relu,
+                      example_inputs=(a, b, c))
+    assert report.count == 3 and report.verified is True and report.program is ep
+    assert _targets(ep).count("kgexamples.add_relu.default") == 3
+    assert "aten.relu.default" not in _targets(ep)
+    torch.testing.assert_close(ep.module()(a, b, c), AddRelu2()(a, b, c))
+
+
+def test_pattern_output_that_is_the_program_output_keeps_the_signature():
+    class M(torch.nn.Module):
+        def forward(self, x, y):
+            return torch.relu(x + y)
+
+    x, y = torch.randn(4, 4), torch.randn(4, 4)
+    ep = torch.export.export(M(), (x, y))
+    assert kg.graft(ep, pattern=lambda p, q: torch.relu(p + q), replacement=add_relu).count == 1
+    out_names = [s.arg.name for s in ep.graph_signature.output_specs]
+    graph_outs = [n.name for n in next(n for n in ep.graph.nodes if n.op == "output").args[0]]
+    assert out_names == graph_outs
+    torch.testing.assert_close(ep.module()(x, y), torch.relu(x + y))
+
+
+def test_spelling_does_not_matter_but_eps_does():
+    def pattern(x, w, eps):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+
+    class Model(torch.nn.Module):
+        def __init__(self, eps):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(32))
+            self.eps = eps
+
+        def forward(self, x):
+            h = (x ** 2).mean(dim=-1, keepdim=True)  # same ops as .pow(2).mean(-1, keepdim=True)
+            return torch.tanh(x * torch.rsqrt(h + self.eps) * self.w)
+
+    x = torch.randn(3, 32)
+    sample = (torch.randn(4, 32), torch.randn(32), 1e-6)
+    ep = torch.export.export(Model(1e-6), (x,))
+    report = kg.graft(ep, pattern=pattern, replacement=rmsnorm, pattern_inputs=sample, example_inputs=(x,))
+    assert report.count == 1 and "kgexamples.rmsnorm.default" in _targets(ep)
+    ep2 = torch.export.export(Model(1e-5), (x,))
+    with pytest.warns(kg.GraftWarning, match="matched nothing"):
+        assert kg.graft(ep2, pattern=pattern, replacement=rmsnorm, pattern_inputs=sample).count == 0
+
+
+def test_bf16_graph_matches_a_pattern_given_fp32_examples():
+    class M(torch.nn.Module):
+        def forward(self, g, u):
+            return torch.nn.functional.silu(g) * u + 1
+
+    g, u = torch.randn(5, 8, dtype=torch.bfloat16), torch.randn(5, 8, dtype=torch.bfloat16)
+    ep = torch.export.export(M(), (g, u))
+    assert kg.graft(ep, pattern=swiglu_pattern, replacement=swiglu, example_inputs=(g, u)).count == 1
+
+
+def test_pattern_that_differs_from_the_op_is_refused():
+    with pytest.raises(kg.VerificationError, match="differ"):
+        kg.graft(torch.nn.Identity(), pattern=lambda x, y: torch.relu(x - y), replacement=add_relu)
+
+
+def test_module_pattern_counts_in_inductor_ir_and_uninstalls():
+    class MLP(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.g = torch.nn.Linear(16, 16)
+            self.u = torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            return torch.nn.functional.silu(self.g(x)) * self.u(x) + torch.nn.functional.silu(x * 2) * x
+
+    model = MLP().eval()
+    report = kg.graft(model, pattern=swiglu_pattern, replacement=swiglu, example_inputs=(torch.randn(3, 16),))
+    assert report.count == 2 and report.verified is True
+    import torch._inductor.config as config
+
+    assert isinstance(config.post_grad_custom_pre_pass, _pattern._PASS_CLASS)
+    uuid = config.post_grad_custom_pre_pass.uuid()
+    assert uuid is not None and report.pattern.uuid in uuid[2]
+    assert kg.ungraft(model) == 1
+    assert config.post_grad_custom_pre_pass is None and not _pattern.active()
+
+
+def test_pattern_inside_saved_activations_is_not_replaced_in_training_graphs():
+    """After autograd the backward needs silu's input and output; a match must not hide them."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+    from torch._inductor.decomposition import select_decomp_table
+
+    pat = _pattern.Pattern(swiglu_pattern, swiglu, (torch.randn(4, 8), torch.randn(4, 8)))
+    counts = []
+
+    def fw(gm, _):
+        counts.append(_pattern.rewrite_graph(gm.graph, [pat], "inductor")[0])
+        gm.recompile()
+        return make_boxed_func(gm.forward)
+
+    g = torch.randn(4, 8, requires_grad=True)
+    u = torch.randn(4, 8, requires_grad=True)
+    torch._dynamo.reset()
+    f = torch.compile(lambda a, b: (swiglu_pattern(a, b) * 2).sum(),
+                      backend=aot_autograd(fw_compiler=fw, decompositions=select_decomp_table()))
+    f(g, u).backward()
+    assert counts and sum(counts) == 0
+    torch.testing.assert_close(g.grad, torch.func.grad(lambda a: (swiglu_pattern(a, u) * 2).sum())(g))
