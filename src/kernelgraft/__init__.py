@@ -24,6 +24,7 @@ from ._errors import (
     VerificationError,
 )
 from ._op import KernelOp, op
+from .aot import Bundle, load_bundle
 from ._spec import Config, ImplSpec, triton
 from .graft import GraftReport, graft, lower_as, ungraft
 from . import tune  # noqa: E402  (installs the autotuner; kg.tune(...) is callable)
@@ -44,6 +45,8 @@ __all__ = [
     "CudaImpl",
     "driver",
     "KernelOp",
+    "load_bundle",
+    "Bundle",
     "ImplSpec",
     "Config",
     "Candidate",

@@ -15,6 +15,8 @@ from ._spec import Config, ImplSpec
 __all__ = ["Candidate", "LAYOUT", "evaluate", "capability"]
 
 LAYOUT = "layout"  # the reason category that turns into an InputError instead of a fallback
+# Fingerprints of impls an AOT bundle serves: available even where their backend cannot compile.
+BUNDLED: set[str] = set()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +78,7 @@ def evaluate(
 def _impl_reason(impl: ImplSpec, device: torch.device, tensors) -> tuple[str | None, str | None]:
     backend = backends.get(impl.backend)
     reason = backend.available()
-    if reason:
+    if reason and impl.fingerprint not in BUNDLED:
         return reason, "backend"
     reason = backend.device_reason(device)
     if reason:

@@ -1,0 +1,209 @@
+"""``build_bundle``: compile every candidate of every op for each arch and signature, without a GPU.
+
+A signature is one sample input tuple (default: the op's ``sample_inputs()``). With
+``dynamic=True`` (the default) every dimension becomes a symbol and the launch parameters become
+expressions of the sizes, valid wherever the recorded guards hold; when a launch function does
+something the expression grammar cannot hold, that signature is compiled for its static shapes
+instead. Other backends than Triton and CUDA C++ are listed under ``skipped`` with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._errors import BundleError
+from . import _cuda_aot, _manifest, _triton_aot
+from ._expr import Unsupported
+from ._trace import trace
+
+__all__ = ["build_bundle"]
+
+log = logging.getLogger(__name__)
+_BACKENDS = {"triton": _triton_aot, "cuda": _cuda_aot}
+
+
+def _normalize_arch(arch: str) -> str:
+    text = str(arch).lower().strip()
+    text = text if text.startswith("sm_") else f"sm_{text.replace('.', '')}"
+    if not text[3:].rstrip("a").isdigit():
+        raise BundleError(f"arch {arch!r} is not a CUDA arch; write sm_90, sm_100, ...")
+    return text
+
+
+def _param_entry(p) -> dict:
+    import inspect
+
+    default = None if p.default is inspect.Parameter.empty else p.default
+    if not isinstance(default, (int, float, bool, str, type(None))):
+        default = None
+    return {"name": p.name, "kind": p.kind, "optional": p.optional, "mutated": p.mutated,
+            "required": p.default is inspect.Parameter.empty, "default": default}
+
+
+def _scalar_guards(op, sample, untied: bool) -> list[str]:
+    """Non-tensor op arguments the record may have folded in: pinned to the sample's value."""
+    guards = []
+    for p, v in zip(op.signature.params, sample):
+        if p.kind in ("int", "bool") or (p.kind == "float" and untied):
+            if v is None:
+                continue
+            guards.append(f"({p.name} == {v!r})")
+        elif p.kind in ("str", "dtype") and v is not None:
+            raise Unsupported(f"argument {p.name} of kind {p.kind}")
+    return guards
+
+
+def _record(op, impl, config, sample, dynamic):
+    module = _BACKENDS[impl.backend]
+    target = impl.launch if impl.backend == "triton" else impl
+
+    def rec(ctx, args, kwargs):
+        return module.record(ctx, args, kwargs, target)
+
+    try:
+        return trace(op, impl, config, sample, rec, dynamic=dynamic), dynamic
+    except Exception as exc:
+        if not dynamic:
+            raise
+        log.info("%s %s: symbolic trace failed (%s: %s); compiling static shapes",
+                 op.name, impl.display_name, type(exc).__name__, exc)
+        return trace(op, impl, config, sample, rec, dynamic=False), False
+
+
+def build_bundle(
+    ops: Sequence[Any],
+    out: str | Path,
+    *,
+    archs: Sequence[str] = ("sm_90",),
+    inputs: Mapping[str, Callable[[], Iterable[tuple]] | Iterable[tuple]] | None = None,
+    dynamic: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
+    """Compile ``ops`` into a bundle directory ``out`` (manifest.json + bin/); returns the manifest.
+
+    ``inputs`` maps an op name to sample input tuples (CPU tensors are fine) that declare the
+    signatures to compile; without it the op's ``sample_inputs()`` are used.
+    """
+    archs = list(dict.fromkeys(_normalize_arch(a) for a in archs))
+    out = Path(out)
+    (out / "bin").mkdir(parents=True, exist_ok=True)
+    toolchain = {"torch": torch.__version__}
+    for name, module in _BACKENDS.items():
+        try:
+            toolchain[name] = module.toolchain_version()
+        except Exception as exc:  # a missing toolchain only matters if an op needs it
+            toolchain[name] = f"unavailable: {exc}"
+    manifest_ops = []
+    started = time.perf_counter()
+    for op in ops:
+        manifest_ops.append(_build_op(op, archs, out, inputs, dynamic, progress))
+    from .. import __version__
+
+    manifest = {
+        "format": _manifest.FORMAT, "version": _manifest.VERSION, "archs": archs,
+        "toolchain": {"kernelgraft": __version__, **toolchain},
+        "build_seconds": round(time.perf_counter() - started, 2), "ops": manifest_ops,
+    }
+    _manifest.write(out, manifest)
+    return manifest
+
+
+def _samples(op, inputs) -> list[tuple]:
+    given = (inputs or {}).get(op.name)
+    if given is None:
+        if op.sample_inputs is None:
+            raise BundleError(f"{op.name}: no sample_inputs and no inputs given; declare signatures")
+        given = op.sample_inputs
+    if callable(given):
+        given = given()
+    return [tuple(s) for s in given]
+
+
+def _build_op(op, archs, out: Path, inputs, dynamic, progress) -> dict:
+    samples = _samples(op, inputs)
+    candidates, skipped, compiled_cache = [], [], {}
+    for index, impl in enumerate(op.impls):
+        for config in impl.configs:
+            label = f"{impl.backend}:{impl.display_name}[{config.label()}]"
+            if impl.backend not in _BACKENDS:
+                skipped.append({"candidate": label, "reason": f"backend {impl.backend} has no AOT path yet"})
+                continue
+            variants: dict[str, dict] = {}
+            reasons = set()
+            for sample in samples:
+                try:
+                    result, was_dynamic = _record(op, impl, config, sample, dynamic)
+                except Exception as exc:
+                    reasons.add(f"{type(exc).__name__}: {exc}")
+                    continue
+                if isinstance(result, str):
+                    continue  # supports() refused this sample
+                call, guards, out_shapes, out_dtypes = result
+                try:
+                    guards = guards + call["guards"] + _scalar_guards(op, sample, call["untied_float"])
+                except Unsupported as exc:
+                    reasons.add(str(exc))
+                    continue
+                tensors = [(p.name, a) for p, a in zip(op.signature.params, sample) if isinstance(a, torch.Tensor)]
+                for arch in archs:
+                    key = json.dumps([arch, _identity(call)], sort_keys=True, default=str)
+                    if key not in compiled_cache:
+                        try:
+                            compiled_cache[key] = _compile(impl.backend, call, arch, out)
+                        except Exception as exc:
+                            compiled_cache[key] = exc
+                    kernel = compiled_cache[key]
+                    if isinstance(kernel, Exception):
+                        reasons.add(f"{arch}: {type(kernel).__name__}: {kernel}")
+                        continue
+                    variant = {
+                        "arch": arch, "dynamic": was_dynamic,
+                        "dtypes": {n: str(t.dtype).removeprefix("torch.") for n, t in tensors},
+                        "ranks": {n: t.dim() for n, t in tensors},
+                        "guards": list(dict.fromkeys(guards)),
+                        "outputs": {"shapes": out_shapes, "dtypes": out_dtypes},
+                        **kernel,
+                    }
+                    variants.setdefault(json.dumps(variant, sort_keys=True), variant)
+            if progress:
+                progress(f"{op.name} {label}: {len(variants)} kernels")
+            if not variants:
+                skipped.append({"candidate": label, "reason": "; ".join(sorted(reasons)) or "no sample is supported"})
+                continue
+            ordered = sorted(variants.values(), key=lambda v: (not v["dynamic"], -len(v["guards"])))
+            candidates.append({
+                "index": index, "backend": impl.backend, "impl": impl.display_name,
+                "impl_fingerprint": impl.fingerprint, "config": config.as_dict(), "label": label,
+                "contiguous": True, "kernels": ordered,
+            })
+    return {
+        "name": op.name, "module": getattr(op.reference, "__module__", None),
+        "schema": op.signature.schema, "params": [_param_entry(p) for p in op.signature.params],
+        "returns": op.signature.returns, "n_returns": op.signature.n_returns,
+        "mutates_args": list(op.mutates_args), "fingerprint": op.fingerprint,
+        "doc": (op.reference.__doc__ or "").strip()[:500],
+        "candidates": candidates, "skipped": skipped,
+    }
+
+
+def _identity(call: dict) -> Any:
+    out = {k: v for k, v in call.items() if k not in ("jit", "spec", "attrs")}
+    out["attrs"] = sorted((list(k), v) for k, v in call.get("attrs", {}).items())
+    return out
+
+
+def _compile(backend: str, call: dict, arch: str, out: Path) -> dict:
+    entry, images = _BACKENDS[backend].compile_call(call, arch)
+    files = {}
+    for kind, image in images.items():
+        files[kind] = _manifest.store_binary(out, image, kind)
+    entry["images"] = files
+    entry["scalar_order"] = [p["expr"] for p in entry["params"] if "expr" in p]
+    return entry

@@ -1,0 +1,130 @@
+"""Run a candidate's ``supports`` and launch function on fake tensors whose sizes are symbols, and
+keep what comes out as expressions of the inputs' sizes.
+
+``trace`` makes one fake tensor per input with a fresh symbol for every dimension (a ShapeEnv
+without duck sizing or 0/1 specialisation), runs the meta function, the predicate and the launch
+function under it, and returns the backend's record plus the ShapeEnv guards: the conditions under
+which the record holds (e.g. ``x.shape[1] % 16 == 0`` or the range that fixes a power-of-two
+block). With ``dynamic=False`` the sizes are the sample's own, and the guards pin them exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from ._expr import Unsupported, to_text
+
+__all__ = ["Context", "trace", "Unsupported"]
+
+
+@dataclasses.dataclass
+class Context:
+    """What a backend's recorder gets: the fake inputs and outputs by name, and expression text."""
+
+    names: list[str]                     # op parameter names, then out0, out1, ...
+    values: list[Any]                    # the fake values in that order
+    sample: list[Any]                    # the real sample values (inputs only)
+    symbols: dict[Any, str]
+    dynamic: bool
+
+    def text(self, value: Any) -> str:
+        """Expression text of an int/float/SymInt (a symbolic value must be sizes only)."""
+        if isinstance(value, torch.SymInt):
+            return to_text(value.node.expr, self.symbols)
+        if isinstance(value, (torch.SymFloat, torch.SymBool)):
+            raise Unsupported(f"symbolic {type(value).__name__} {value}")
+        if isinstance(value, bool) or isinstance(value, (int, float)):
+            return repr(value)
+        raise Unsupported(f"value {value!r} of type {type(value).__name__}")
+
+    def scalar(self, value: Any) -> tuple[str, bool]:
+        """(text, tied): a float that is an op argument by identity is written as that argument."""
+        if isinstance(value, float):
+            for name, v in zip(self.names, self.values):
+                if v is value:
+                    return name, True
+            return repr(value), False
+        return self.text(value), True
+
+    def tensor_source(self, t: torch.Tensor) -> str:
+        """The op input or output a tensor argument of the kernel points at (offset 0)."""
+        for name, v in zip(self.names, self.values):
+            if t is v:
+                return name
+            if isinstance(v, torch.Tensor) and t._base is not None and t._base is v:
+                if self.hint(t.storage_offset()) != 0:
+                    raise Unsupported(f"a view of {name} with a storage offset")
+                return name
+        raise Unsupported("a kernel tensor argument that is not an input or output of the op")
+
+    def hint(self, value: Any) -> Any:
+        """The sample's concrete value of a (possibly symbolic) int."""
+        if isinstance(value, torch.SymInt):
+            return value.node.hint if value.node.hint is not None else int(value)
+        return value
+
+
+def _fake_inputs(mode, env, args, params, dynamic):
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+    out = []
+    for param, a in zip(params, args):
+        if isinstance(a, torch.Tensor):
+            if not a.is_contiguous():
+                raise Unsupported(f"{param.name} is not contiguous")
+            if dynamic:
+                ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * a.dim())
+                out.append(mode.from_tensor(a, symbolic_context=ctx))
+            else:
+                out.append(mode.from_tensor(a, static_shapes=True))
+        elif isinstance(a, (list, tuple)):
+            raise Unsupported(f"{param.name} is a list of tensors")
+        else:
+            out.append(a)
+    return out
+
+
+def trace(op, impl, config, args: Sequence[Any], record: Callable[[Context, tuple], Any], *,
+          dynamic: bool) -> tuple[Any, list[str], list[list[str]], list[str]] | str:
+    """(record result, guards, output shapes, output dtypes), or the reason ``supports`` refused."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    env = ShapeEnv(duck_shape=False, specialize_zero_one=False) if dynamic else None
+    mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=False)
+    params = op.signature.params
+    names = [p.name for p in params]
+    with mode:
+        fakes = _fake_inputs(mode, env, args, params, dynamic)
+        symbols: dict[Any, str] = {}
+        for name, f in zip(names, fakes):
+            if isinstance(f, torch.Tensor):
+                for d, s in enumerate(f.shape):
+                    if isinstance(s, torch.SymInt):
+                        symbols.setdefault(s.node.expr, f"{name}.shape[{d}]")
+        outs = op._meta_fn(*fakes)
+        outs = () if outs is None else (outs,) if isinstance(outs, torch.Tensor) else tuple(outs)
+        outs = tuple(torch.empty(o.shape, dtype=o.dtype) for o in outs)
+        ctx = Context(names + [f"out{i}" for i in range(len(outs))], list(fakes) + list(outs),
+                      list(args), symbols, dynamic)
+        kwargs = config.as_dict()
+        if impl.supports is not None:
+            verdict = impl.supports(*fakes, **kwargs)
+            if verdict is not True:
+                return verdict if isinstance(verdict, str) and verdict else "supports() refused"
+        result = record(ctx, (*fakes, *outs), kwargs)
+        out_shapes = [[ctx.text(s) for s in o.shape] for o in outs]
+        out_dtypes = [str(o.dtype).removeprefix("torch.") for o in outs]
+    guards = []
+    if env is not None:
+        for g in env.guards:
+            guards.append(to_text(g.expr, symbols))
+    else:
+        for name, a in zip(names, args):
+            if isinstance(a, torch.Tensor):
+                guards += [f"({name}.shape[{d}] == {s})" for d, s in enumerate(a.shape)]
+    return result, list(dict.fromkeys(guards)), out_shapes, out_dtypes

@@ -1,0 +1,44 @@
+"""kernelgraft aot TARGET --arch sm_90 [--arch sm_100] -o DIR: an AOT bundle of every candidate."""
+
+from __future__ import annotations
+
+HELP = "compile every candidate of every op in TARGET into a bundle of cubins (no GPU needed)"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("target", nargs="+", help="a .py file or module defining ops (several allowed)")
+    parser.add_argument("--arch", action="append", help="target arch, e.g. sm_90 (repeatable; default sm_90)")
+    parser.add_argument("-o", "--out", required=True, help="bundle directory to write")
+    parser.add_argument("--op", action="append", help="only ops whose name contains this (repeatable)")
+    parser.add_argument("--static", action="store_true",
+                        help="compile each signature for its exact shapes (default: sizes as expressions)")
+
+
+def run(args) -> int:
+    import os
+
+    # Compiling needs Triton's real JIT objects: keep the interpreter off while TARGET imports.
+    os.environ["TRITON_INTERPRET"] = "0"
+    from ..aot import build_bundle
+    from ._common import load_target, ops_of
+
+    ops = []
+    for target in args.target:
+        for op in ops_of(load_target(target)):
+            if not args.op or any(s in op.name for s in args.op):
+                ops.append(op)
+    if not ops:
+        print("kernelgraft aot: no ops found in", " ".join(args.target))
+        return 1
+    manifest = build_bundle(ops, args.out, archs=args.arch or ["sm_90"], dynamic=not args.static,
+                            progress=lambda line: print("  " + line, flush=True))
+    total = 0
+    for entry in manifest["ops"]:
+        kernels = sum(len(c["kernels"]) for c in entry["candidates"])
+        total += kernels
+        print(f"{entry['name']}: {len(entry['candidates'])} candidates, {kernels} kernels")
+        for s in entry["skipped"]:
+            print(f"  skipped {s['candidate']}: {s['reason'][:200]}")
+    print(f"wrote {args.out}/manifest.json ({total} kernels for {', '.join(manifest['archs'])}, "
+          f"{manifest['build_seconds']} s)")
+    return 0 if total else 1

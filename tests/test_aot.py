@@ -1,0 +1,218 @@
+"""AOT bundles on a machine without a GPU: build for sm_90, manifest, tampering, arch, and loading
+in a process where ``import triton`` fails, up to the launch."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import kernelgraft as kg
+from kernelgraft.aot import _manifest
+from kernelgraft.aot._expr import compile_exprs, to_text
+from kernelgraft.examples import add_relu, rmsnorm  # registered before the per-test registry snapshot
+
+HERE = Path(__file__).parent
+
+
+def _env():
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory) -> Path:
+    pytest.importorskip("cuda.bindings")
+    out = tmp_path_factory.mktemp("bundle")
+    cmd = [sys.executable, "-m", "kernelgraft", "aot", "kernelgraft.examples.add_relu",
+           "kernelgraft.examples.rmsnorm", "--arch", "sm_90", "-o", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+def _copy(bundle: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "b"
+    shutil.copytree(bundle, dst)
+    return dst
+
+
+def _kernels(manifest):
+    for op in manifest["ops"]:
+        for cand in op["candidates"]:
+            for k in cand["kernels"]:
+                yield op, cand, k
+
+
+def test_every_triton_and_cuda_candidate_is_bundled_as_elf_cubins(bundle):
+    manifest = _manifest.read(bundle)
+    assert manifest["archs"] == ["sm_90"]
+    assert manifest["toolchain"]["triton"] and manifest["toolchain"]["torch"] == torch.__version__
+    for op in (add_relu.add_relu, rmsnorm.rmsnorm):
+        entry = next(e for e in manifest["ops"] if e["name"] == op.name)
+        want = {f"{i.backend}:{i.display_name}[{c.label()}]" for i in op.impls if i.backend in ("triton", "cuda")
+                for c in i.configs}
+        assert {c["label"] for c in entry["candidates"]} == want
+        assert entry["schema"] == op.signature.schema
+    seen = 0
+    for op, cand, k in _kernels(manifest):
+        cubin = (bundle / k["images"]["cubin"]["file"]).read_bytes()
+        assert cubin[:4] == b"\x7fELF" and int.from_bytes(cubin[18:20], "little") == 190  # EM_CUDA
+        assert hashlib.sha256(cubin).hexdigest() == k["images"]["cubin"]["sha256"]
+        assert k["arch"] == "sm_90" and k["kernel"] and len(k["grid"]) == 3 and len(k["block"]) == 3
+        if cand["backend"] == "triton":
+            ptx = (bundle / k["images"]["ptx"]["file"]).read_text()
+            assert ".target sm_90" in ptx and f".entry {k['kernel']}(" in ptx
+            assert k["block"][0] == 32 * cand["config"]["num_warps"]
+            assert [p.get("role") for p in k["params"][-2:]] == ["global_scratch", "profile_scratch"]
+        assert k["scalar_order"] == [p["expr"] for p in k["params"] if "expr" in p]
+        seen += 1
+    assert seen >= 20
+
+
+def test_sizes_become_expressions(bundle):
+    manifest = _manifest.read(bundle)
+    op = next(e for e in manifest["ops"] if e["name"] == "kgexamples::add_relu")
+    cand = next(c for c in op["candidates"] if c["config"] == {"BLOCK": 1024, "num_warps": 4})
+    k = next(k for k in cand["kernels"] if k["ranks"] == {"x": 1, "y": 1} and k["dynamic"]
+             and "(x.shape[0] >= 2)" in k["guards"])
+    assert k["grid"][0] == "((1023 + x.shape[0]) // 1024)"
+    assert [p.get("source", p.get("expr")) for p in k["params"][:4]] == ["x", "y", "out0", "x.shape[0]"]
+    assert k["outputs"] == {"shapes": [["x.shape[0]"]], "dtypes": ["float32"]}
+
+
+def test_manifest_round_trips(bundle, tmp_path):
+    manifest = _manifest.read(bundle)
+    assert json.loads((bundle / "manifest.json").read_text()) == manifest
+    _manifest.write(tmp_path, manifest)
+    assert _manifest.read(tmp_path) == manifest
+
+
+def test_tampered_cubin_is_refused(bundle, tmp_path):
+    b = _copy(bundle, tmp_path)
+    _, _, k = next(_kernels(_manifest.read(b)))
+    path = b / k["images"]["cubin"]["file"]
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(kg.BundleError, match="checksum mismatch for bin/"):
+        kg.load_bundle(b, arch="sm_90", import_modules=False)
+
+
+def test_tampered_manifest_is_refused(bundle, tmp_path):
+    b = _copy(bundle, tmp_path)
+    text = (b / "manifest.json").read_text().replace("// 1024)", "// 512)", 1)
+    (b / "manifest.json").write_text(text)
+    with pytest.raises(kg.BundleError, match="manifest.json checksum mismatch"):
+        kg.load_bundle(b, arch="sm_90")
+
+
+def test_code_in_an_expression_is_refused_even_with_a_valid_checksum(bundle, tmp_path):
+    b = _copy(bundle, tmp_path)
+    manifest = _manifest.read(b)
+    _, _, k = next(_kernels(manifest))
+    k["grid"][0] = "__import__('os').getpid()"
+    _manifest.write(b, manifest)
+    with pytest.raises(kg.BundleError, match="grammar does not allow"):
+        kg.load_bundle(b, arch="sm_90", import_modules=False)
+
+
+def test_other_arch_is_refused(bundle):
+    with pytest.raises(kg.BundleError, match=r"built for sm_90, not for sm_100"):
+        kg.load_bundle(bundle, arch="sm_100")
+
+
+@pytest.mark.parametrize("text,args,want", [
+    ("((1023 + x.shape[0]) // 1024)", (torch.empty(3000),), 3),
+    ("(max(16, x.shape[0]) % 7)", (torch.empty(5),), 2),
+    ("((x.shape[0] | 3) == 7) and not (x.shape[0] < 0)", (torch.empty(5),), True),
+], ids=["cdiv", "max-mod", "bool"])
+def test_expression_grammar(text, args, want):
+    assert compile_exprs(["x"], [text])(*args) == (want,)
+
+
+@pytest.mark.parametrize("text", ["x.data_ptr()", "x.__class__", "open('f')", "[1][0]", "'s'", "y"],
+                         ids=["method", "dunder", "call", "list", "str", "unknown-name"])
+def test_expression_grammar_refuses(text):
+    with pytest.raises(kg.BundleError):
+        compile_exprs(["x"], [text])
+
+
+def test_sympy_printing_of_floor_and_ceil():
+    import sympy
+    from torch.utils._sympy.functions import CeilDiv, FloorDiv
+
+    s = sympy.Symbol("s0", integer=True, positive=True)
+    names = {s: "x.shape[0]"}
+    f = compile_exprs(["x"], [to_text(FloorDiv(s + 1023, 1024), names), to_text(CeilDiv(s, 256), names)])
+    assert f(torch.empty(1025)) == (2, 5)
+
+
+def _child(bundle, mode, tmp_path):
+    out = tmp_path / f"{mode}.json"
+    proc = subprocess.run([sys.executable, str(HERE / "_aot_child.py"), str(bundle), mode, str(out)],
+                          capture_output=True, text=True, env=_env(), timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(out.read_text())
+
+
+def test_loads_without_triton_up_to_the_launch(bundle, tmp_path):
+    report = _child(bundle, "record", tmp_path)
+    assert report["triton_imported"] is False
+    assert sorted(report["rebuilt"]) == ["kgexamples::add_relu", "kgexamples::rmsnorm"]
+    runs = report["runs"]
+    labels = {r["label"] for r in runs}
+    manifest = _manifest.read(bundle)
+    assert labels == {c["label"] for op in manifest["ops"] for c in op["candidates"]}  # each ran once+
+    for r in runs:
+        assert r["error"] is None, r
+        call, shape = r["call"], r["shape"]
+        n_ptrs = len(r["ptrs"])
+        assert call["values"][:n_ptrs] == r["ptrs"]
+        if r["op"] == "kgexamples::add_relu":
+            n = 1
+            for s in shape:
+                n *= s
+            if r["label"].startswith("triton"):
+                block = int(r["label"].split("BLOCK=")[1].split(",")[0])
+                assert call["kernel"] == "_add_relu_kernel"
+                assert call["values"][n_ptrs:] == [n, 0, 0] and call["kinds"] == ["ptr"] * 3 + ["i32", "ptr", "ptr"]
+            else:
+                cfg = r["label"].split("[")[1]
+                block = int(cfg.split("BLOCK=")[1].split(",")[0]) * int(cfg.split("ITEMS=")[1].split("]")[0])
+                assert call["kernel"].startswith("_Z8add_relu") and call["values"][n_ptrs:] == [n]
+            assert call["grid"] == [(n + block - 1) // block, 1, 1]
+        else:
+            rows, cols = shape[0], shape[-1]
+            assert call["grid"] == [rows, 1, 1]
+            assert call["values"][n_ptrs] == cols and call["values"][n_ptrs + 1] == pytest.approx(1e-6)
+
+
+def test_without_a_gpu_the_launch_reaches_the_driver(bundle, tmp_path):
+    report = _child(bundle, "driver", tmp_path)
+    errors = [r["error"] for r in report["runs"]]
+    assert errors and all(e and e.startswith("LaunchError") for e in errors), errors
+    assert any("driver" in e or "cuda-bindings" in e for e in errors)
+
+
+def test_attaches_to_ops_in_this_process(bundle):
+    from kernelgraft.aot._runner import BundledRunner
+    op = add_relu.add_relu
+    loaded = kg.load_bundle(bundle, arch="sm_90")
+    try:
+        assert loaded.rebuilt == [] and len(loaded.attached["kgexamples::add_relu"]) == 5
+        cand = next(c for c in op.candidates(torch.randn(8), torch.randn(8)) if c.impl.backend == "triton")
+        assert isinstance(op._runner(cand), BundledRunner)
+        x, y = torch.randn(300), torch.randn(300)  # CPU tensors still run (Triton's interpreter)
+        torch.testing.assert_close(op.run(x, y, impl=0), torch.relu(x + y))
+    finally:
+        loaded.detach()
+    assert not op._bundled
