@@ -1,9 +1,27 @@
 """Ahead-of-time bundles: every candidate compiled to cubins on a machine without a GPU, loaded
 and launched through ``kernelgraft.driver`` where the kernel DSL is not even installed.
 
-Build (``kernelgraft aot TARGET --arch sm_90 -o DIR`` or ``build_bundle``) and load
-(``kg.load_bundle(DIR)``). See ``_build`` for what a signature is, ``_triton_aot`` for what a
-Triton binary assumes, ``_expr`` for the expression grammar.
+Build: ``kernelgraft aot TARGET --arch sm_90 [--arch sm_100] -o DIR [--static]`` (or
+``build_bundle(ops, DIR, archs=...)``). Load: ``kg.load_bundle(DIR)``.
+
+What is supported (and what is not):
+- Backends: Triton (``triton.compile`` for ``GPUTarget('cuda', cc, 32)``: cubin + PTX) and CUDA C++
+  (the NVRTC path: cubin). cuTile and CuTe DSL candidates are listed as skipped.
+- Signatures: the op's ``sample_inputs()`` (or ``inputs=``), one per dtype/rank/size regime. Sizes
+  become expressions (``(x.shape[0] + 1023) // 1024``) valid where the recorded ShapeEnv guards
+  hold (same-shape checks, ``% 16 == 0`` for ints compiled as divisible, int32 range, the range that
+  fixes a shape-dependent constexpr such as ``next_power_of_2``). A launch the grammar cannot
+  express (a view with an offset, data-dependent values) is compiled for its exact shapes.
+- Launch functions must make exactly one kernel launch (Triton) or return one ``kg.Launch``;
+  inputs must be contiguous; float scalars that are op arguments pass through by identity (anything
+  computed from them pins the op's float arguments to the sample); int/bool op arguments are pinned.
+- Triton binaries assume 16-byte aligned pointers (checked per call) and no global scratch, TMA
+  descriptors, clusters or PDL; ints are never specialised to constants.
+- A call no bundled kernel covers goes to the JIT when the op's module is importable, else raises
+  ``UnsupportedError``. A bundle for another arch or with a bad checksum raises ``BundleError``.
+- The manifest is JSON only; expressions are checked against a whitelisted grammar at load. Each
+  kernel entry carries what a TensorRT plugin's ``aot_impl`` needs: kernel name, binary, grid,
+  block and shared memory as expressions of input shapes, and ``scalar_order``.
 """
 
 from ._build import build_bundle
