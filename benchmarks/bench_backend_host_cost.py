@@ -78,6 +78,7 @@ def main() -> int:
     rows: dict[str, dict] = {}
 
     profiles: list[str] = []
+    paths: dict = {}
 
     def profile(name, fn, n=3000):
         """Where the host time of one path goes (cProfile, top functions by own time)."""
@@ -102,8 +103,11 @@ def main() -> int:
                 torch.cuda.synchronize()
                 if not torch.allclose(got, ref):
                     raise AssertionError(f"{name}: result differs from torch")
-            rows[name] = {"us": per_call_us(fn)}
-            profile(name, fn)
+            for _ in range(50):
+                fn()
+            torch.cuda.synchronize()
+            paths[name] = fn
+            rows[name] = {}
         except Exception as exc:
             traceback.print_exc()
             rows[name] = {"error": f"{type(exc).__name__}: {exc}"}
@@ -131,6 +135,23 @@ def main() -> int:
         traceback.print_exc()
         rows["naive cutedsl from_dlpack"] = {"error": f"{type(exc).__name__}: {exc}"}
 
+    # Interleaved rounds, median per path: drift and queue effects hit every path alike.
+    import statistics
+
+    samples: dict = {name: [] for name in paths}
+    for _ in range(15):
+        for name, fn in paths.items():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(1000):
+                fn()
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            samples[name].append((t1 - t0) / 1000 * 1e6)
+    for name, values in samples.items():
+        rows[name] = {"us": statistics.median(values), "min_us": min(values)}
+    for name, fn in paths.items():
+        profile(name, fn)
     base = rows.get("torch.add", {}).get("us")
     if args.out:
         import os

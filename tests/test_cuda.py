@@ -158,7 +158,7 @@ def test_cuda_candidates_refuse_cpu_tensors_with_a_reason():
 def _check_all_cuda_candidates(op):
     n = 0
     for inputs in op.sample_inputs("cuda"):
-        want = op.run(*[i.double() if isinstance(i, torch.Tensor) else i for i in inputs], impl="reference")
+        want = op.reference(*[i.double() if isinstance(i, torch.Tensor) else i for i in inputs])
         for cand in op.candidates(*inputs):
             if cand.impl.backend != "cuda" or not cand.supported:
                 continue

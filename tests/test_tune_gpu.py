@@ -52,7 +52,8 @@ def test_timer_graph_and_eager_agree_roughly():
     g = _timing.cuda_timer(trial, S)
     S.graph = False
     e = _timing.cuda_timer(trial, S)
-    assert 0.3 < g / e < 3.0
+    # eager timing carries per-launch latency that graph replay hides: only the scale must agree
+    assert 0.1 < g / e < 3.0
 
 
 def test_mutating_op_restored_between_timed_runs():
@@ -93,7 +94,7 @@ def test_capture_does_not_tune_and_warns():
         warnings.simplefilter("always")
         gemm(a, b)  # compile outside capture... this call tunes
         tuned_mid = kg.tune.stats().get("tuned", 0)
-        a2 = torch.randn(48, 64, device="cuda", dtype=torch.bfloat16)  # a new key, first met while capturing
+        a2 = torch.randn(200, 64, device="cuda", dtype=torch.bfloat16)  # another bucket (256): a new key, first met while capturing
         out = gemm.run(a2, b)  # compile the default outside capture
         with torch.cuda.graph(graph):
             out = gemm(a2, b)

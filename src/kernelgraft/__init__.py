@@ -27,8 +27,8 @@ from ._op import KernelOp, op
 from .aot import Bundle, load_bundle
 from ._spec import Config, ImplSpec, triton
 from .graft import GraftReport, graft, lower_as, ungraft
-from . import tune  # noqa: E402  (installs the autotuner; kg.tune(...) is callable)
 from ._spec_cute import CuteDSLImpl, CuTileImpl, cutedsl, cutile
+from . import tune  # noqa: E402  (installs the autotuner; kg.tune(...) is callable)
 
 __version__ = "0.1.0"
 

@@ -327,13 +327,13 @@ class _Runner:
             def entry(a: tuple) -> None:
                 fast(values_of(a))  # type: ignore[misc]
         else:
-            log.warning("%s: CuTe DSL fast call path unavailable (%s); using compiled(...)",
-                        self.where, reason)
-
-            def entry(a: tuple) -> None:
-                vals = [_slow_value(a[i]) for i in runtime]
-                compiled(*vals, _stream_obj(current_stream(index)))
-
+            # Calling compiled(...) with an argument list the compiled program does not expect was
+            # seen to crash the process (H200, cutlass-dsl 4.3.5, a program packing 6 arguments
+            # where the host function declares 7), so a mismatch refuses the candidate instead.
+            raise CompileError(
+                f"{self.where}: the compiled CuTe DSL program's argument layout does not match its "
+                f"host function ({reason}); refusing to call it"
+            )
         self.entries[key] = entry
         return entry
 
