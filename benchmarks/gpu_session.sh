@@ -16,6 +16,8 @@ fi
 export PYTHONPATH="/tmp/site/nvidia_cutlass_dsl/python_packages:/tmp/site:$ROOT/src:$ROOT/tests"
 [ -d .carry/cutile/cubins ] && export KERNELGRAFT_CUTILE_CUBINS="$ROOT/.carry/cutile/cubins"
 export KERNELGRAFT_CACHE_DIR=/tmp/kgcache
+[ -d .carry/bundle ] && export KERNELGRAFT_TEST_BUNDLE="$ROOT/.carry/bundle"
+[ -d .carry/bundle_bench ] && export KERNELGRAFT_BENCH_BUNDLE="$ROOT/.carry/bundle_bench"
 section() { echo; echo "=================== $1 ($(date +%T))"; }
 step() {  # step NAME SECONDS CMD...
     local name=$1 secs=$2; shift 2
@@ -40,7 +42,7 @@ for s in "$@"; do
     tune) step tune_gemm 330 python3 benchmarks/bench_tune_gemm.py --out "$R" ;;
     ranks) step tune_ranks 200 torchrun --nproc_per_node 2 benchmarks/bench_tune_ranks.py --out "$R" ;;
     graft) step graft_llama 240 python3 benchmarks/bench_graft_llama.py --out "$R" ;;
-    aot) step aot_startup 240 python3 benchmarks/bench_aot_startup.py --out "$R" ;;
+    aot) step aot_startup 240 python3 benchmarks/bench_aot_startup.py --repeats 3 --out "$R" ;;
     *) echo "unknown section $s" ;;
   esac
 done
