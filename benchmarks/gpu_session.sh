@@ -41,7 +41,7 @@ for s in "$@"; do
               step bench_b 300 python3 -m kernelgraft bench kernelgraft.examples.swiglu kernelgraft.examples.gemm kernelgraft.examples.fp8_kcache_scatter --json "$R/bench_b.json" --png "$R/bench_b.png" ;;
     tune) step tune_gemm 330 python3 benchmarks/bench_tune_gemm.py --out "$R" ;;
     ranks) step tune_ranks 200 torchrun --nproc_per_node 2 benchmarks/bench_tune_ranks.py --out "$R" ;;
-    graft) step graft_llama 240 python3 benchmarks/bench_graft_llama.py --out "$R" ;;
+    graft) step graft_llama 240 python3 benchmarks/bench_graft_llama.py --out "$R/graft_llama.json" ;;
     aot) step aot_startup 240 python3 benchmarks/bench_aot_startup.py --repeats 3 --out "$R" ;;
     *) echo "unknown section $s" ;;
   esac
