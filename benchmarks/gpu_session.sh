@@ -39,10 +39,12 @@ for s in "$@"; do
           step rmsnorm_backends 150 python3 benchmarks/bench_rmsnorm_backends.py --out "$R" ;;
     examples) step bench_a 300 python3 -m kernelgraft bench kernelgraft.examples.add_relu kernelgraft.examples.rmsnorm kernelgraft.examples.rmsnorm_residual kernelgraft.examples.softmax --json "$R/bench_a.json" --png "$R/bench_a.png"
               step bench_b 300 python3 -m kernelgraft bench kernelgraft.examples.swiglu kernelgraft.examples.gemm kernelgraft.examples.fp8_kcache_scatter --json "$R/bench_b.json" --png "$R/bench_b.png" ;;
-    tune) step tune_gemm 330 python3 benchmarks/bench_tune_gemm.py --out "$R" ;;
+    hostcost) step backend_host_cost 110 python3 benchmarks/bench_backend_host_cost.py --out "$R" ;;
+    tune) step tune_gemm 310 python3 benchmarks/bench_tune_gemm.py --out "$R" ;;
     ranks) step tune_ranks 200 torchrun --nproc_per_node 2 benchmarks/bench_tune_ranks.py --out "$R" ;;
     graft) step graft_llama 240 python3 benchmarks/bench_graft_llama.py --out "$R/graft_llama.json" ;;
-    aot) step aot_startup 240 python3 benchmarks/bench_aot_startup.py --repeats 3 --out "$R" ;;
+    aot) step test_gpu_aot 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_aot.py --tb=short
+         step aot_startup 150 python3 benchmarks/bench_aot_startup.py --repeats 3 --out "$R" ;;
     *) echo "unknown section $s" ;;
   esac
 done
