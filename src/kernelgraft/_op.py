@@ -117,6 +117,7 @@ class KernelOp:
         self.name = name or _registry.default_name(fn, self.fingerprint)
         _registry.split_name(self.name)
         self._meta_fn: Callable[..., Any] = fn
+        self._meta_shape_only = False
         self._plans: dict[Any, Plan] = {}
         self._forced: dict[Any, Plan] = {}
         self._runners: dict[Any, Callable[..., Any]] = {}
@@ -314,6 +315,10 @@ class KernelOp:
     def _output_specs(self, args: tuple) -> list[tuple[tuple[int, ...], torch.dtype, torch.device]]:
         if self.signature.returns == "none":
             return []
+        if self._meta_shape_only:
+            outs = self._meta_fn(*args)
+            outs = (outs,) if isinstance(outs, torch.Tensor) else outs
+            return [(tuple(int(s) for s in o.shape), o.dtype, o.device) for o in outs]
         with FakeTensorMode(allow_non_fake_inputs=False) as mode:
             fake_args = tuple(
                 mode.from_tensor(a) if isinstance(a, torch.Tensor)
@@ -355,14 +360,19 @@ class KernelOp:
         return fresh[0] if single else fresh
 
     # ---------------------------------------------------------------- public API
-    def register_meta(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def register_meta(self, fn: Callable[..., Any] | None = None, /, *, shape_only: bool = False) -> Any:
         """Use ``fn`` instead of the reference to compute output shapes and dtypes (fake tensors).
 
         Needed when the reference cannot run on fake tensors (data-dependent shapes, ``.item()``).
-        Usable as a decorator; returns ``fn``.
+        ``shape_only=True`` promises that ``fn`` reads only shapes, dtypes and devices, so
+        kernelgraft may call it on the real arguments to plan a call, skipping fake tensors (whose
+        first use costs torch about a second of lazy imports). Usable as a decorator.
         """
+        if fn is None:
+            return lambda f: self.register_meta(f, shape_only=shape_only)
         if not callable(fn):
             raise SpecError(f"{self.name}: register_meta needs a function, got {describe(fn)}")
+        self._meta_shape_only = shape_only
         self._meta_fn = fn
         self._plans.clear()
         return fn
