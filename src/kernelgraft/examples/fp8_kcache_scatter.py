@@ -110,7 +110,8 @@ def _fp8_kcache_scatter_kernel(
     mask = valid[:, None] & (lane[None, :] < QBLOCK)
     col = qb * QBLOCK + lane
     x = tl.load(k_ptr + tokens[:, None] * head_dim + col[None, :], mask=mask, other=0.0).to(tl.float32)
-    scale = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-4) / 448.0
+    # correctly rounded, like CUDA's '/' (a plain '/' may become a multiply by 1/448)
+    scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=1), 1e-4), tl.full([TOKENS], 448.0, tl.float32))
     if UE8M0:
         bits = scale.to(tl.int32, bitcast=True)
         exponent = (bits >> 23) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
@@ -343,7 +344,10 @@ def fp8_kcache_scatter(
     slots, k = slot_mapping[keep], k[keep]
     n, nqb = k.shape[0], head_dim // quant_block_size
     x = k.float().reshape(n, nqb, quant_block_size)
-    scale = x.abs().amax(-1).clamp_min(MIN_AMAX) / FP8_MAX
+    amax = x.abs().amax(-1).clamp_min(MIN_AMAX)
+    # tensor / tensor: correctly rounded on every device (torch on CUDA turns '/ python_scalar'
+    # into a multiply by the reciprocal, 1 ulp off vLLM's CUDA '/' for some values: seen on H200)
+    scale = amax / torch.full_like(amax, FP8_MAX)
     if scale_fmt == "ue8m0":
         scale = _ue8m0(scale)
     values = (x / scale[..., None]).to(torch.float8_e4m3fn).view(torch.uint8).reshape(n, head_dim)
