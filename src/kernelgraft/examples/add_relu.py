@@ -101,6 +101,15 @@ def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
         yield (torch.randn(33, 97, device=device, dtype=dt), torch.randn(33, 97, device=device, dtype=dt))
 
 
+def bench_inputs(device: str = "cuda"):
+    """Sizes for ``kernelgraft bench``: 2^16 to 2^28 bf16 elements (the largest fill the H200)."""
+    for n in (1 << 16, 1 << 20, 1 << 24, 1 << 28):
+        yield (
+            torch.randn(n, device=device, dtype=torch.bfloat16),
+            torch.randn(n, device=device, dtype=torch.bfloat16),
+        )
+
+
 @kg.op(
     "kgexamples::add_relu",
     impls=IMPLS,

@@ -130,6 +130,16 @@ def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
         yield (torch.randn(9, 768, device=device, dtype=dt), torch.randn(768, device=device, dtype=dt), 1e-6)
 
 
+def bench_inputs(device: str = "cuda"):
+    """LLM-like (tokens, hidden) bf16 activations for ``kernelgraft bench``."""
+    for rows, cols in ((512, 4096), (4096, 4096), (16384, 4096), (32768, 8192)):
+        yield (
+            torch.randn(rows, cols, device=device, dtype=torch.bfloat16),
+            torch.randn(cols, device=device, dtype=torch.bfloat16),
+            1e-6,
+        )
+
+
 @kg.op(
     "kgexamples::rmsnorm",
     impls=IMPLS,
