@@ -22,7 +22,16 @@ import torch
 import triton
 
 from _common import environment, write_json
-from kernelgraft.examples.add_relu import _add_relu_kernel, add_relu
+import kernelgraft as kg
+from kernelgraft.examples.add_relu import TRITON, _add_relu_kernel
+from kernelgraft.examples.add_relu import add_relu as example_add_relu
+
+# The op under test holds only the example's Triton impl, so (c) launches exactly the kernel and
+# config of (a): the example op itself also has CUDA C++, cuTile and CuTe DSL candidates, and the
+# tuner may pick one of those (an earlier run of this script measured the CuTe DSL candidate).
+# One config (the one (a) launches) so no tuning happens either.
+_ONE = kg.triton(TRITON.launch, configs=[{"BLOCK": 1024, "num_warps": 4}], supports=TRITON.supports)
+add_relu = kg.op("kgbench::add_relu_triton", impls=[_ONE])(example_add_relu.reference)
 
 BLOCK, WARPS = 1024, 4  # the example op's first config, which it runs by default
 
@@ -59,7 +68,7 @@ def main() -> int:
     def _(x, y):
         return torch.empty_like(x)
 
-    dispatcher = torch.ops.kgexamples.add_relu
+    dispatcher = torch.ops.kgbench.add_relu_triton
     variants = {
         "(a0) raw launch, preallocated out": raw_prealloc,
         "(a) raw launch + torch.empty_like": raw,
@@ -126,13 +135,17 @@ def main() -> int:
         "(c) < (b)": c < b,
         "graph replay (c) == (a) within 5% or the capture-to-capture spread": abs(gc - ga) <= max(0.05 * ga, spread),
     }
-    payload = {"env": environment(), "n": n, "calls": args.calls, "rounds": args.rounds,
+    plan = next(iter(add_relu._plans.values()))
+    chosen = plan.candidate.label if plan.candidate is not None else "reference"
+    assert chosen == f"triton:launch_add_relu[BLOCK={BLOCK},num_warps={WARPS}]", chosen
+    payload = {"env": environment(), "op_candidate": chosen, "n": n, "calls": args.calls, "rounds": args.rounds,
                "host_us_median": host, "host_us_all": samples, "graph_replay_us_per_call": graph_us,
                "graph_replay_us_per_capture": per_capture, "graph_capture_spread_us": spread,
                "checks": checks}
     path = write_json("host_overhead", payload, args.out)
     env = payload["env"]
     print(f"\n{env['device']} | torch {env['torch']} | triton {env.get('triton')} | {env['date']} | n={n}")
+    print(f"kernelgraft op runs {chosen}")
     print(f"{'variant':40s} {'us/call':>9s} {'vs (a)':>8s}")
     for name, value in host.items():
         print(f"{name:40s} {value:9.2f} {value / a:8.2f}x")
