@@ -173,7 +173,7 @@ def main() -> int:
         hooks = {"heuristic": G.prune_gemm}
         if kg.tune._prune._nvmmh() is not None:
             hooks["nvmatmulheuristics"] = kg.tune.matmul_heuristics(
-                lambda a, b: (a.shape[0], b.shape[1], a.shape[1]), keep=4)
+                lambda a, b: (a.shape[0], b.shape[1], a.shape[1]), keep=8)
         saved = op.prune
         try:
             for name, hook in hooks.items():
