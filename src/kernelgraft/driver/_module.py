@@ -236,10 +236,19 @@ class Launcher:
         shared_mem: int = 0,
         stream: Any = None,
     ) -> None:
-        gx, gy, gz = _dims(grid, "grid")
+        # 3-tuples of ints (what runners cache) skip normalisation: this is the per-call path
+        if type(grid) is tuple and len(grid) == 3:
+            gx, gy, gz = grid
+            if not (type(gx) is int and type(gy) is int and type(gz) is int):
+                gx, gy, gz = _dims(grid, "grid")
+        else:
+            gx, gy, gz = _dims(grid, "grid")
         if gx <= 0 or gy <= 0 or gz <= 0:
             return
-        bx, by, bz = _dims(block, "block")
+        if type(block) is tuple and len(block) == 3 and all(type(b) is int for b in block):
+            bx, by, bz = block
+        else:
+            bx, by, bz = _dims(block, "block")
         fn = self.function
         handle = fn._handles.get(device_index)
         if handle is None:
