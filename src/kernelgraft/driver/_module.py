@@ -245,8 +245,10 @@ class Launcher:
             gx, gy, gz = _dims(grid, "grid")
         if gx <= 0 or gy <= 0 or gz <= 0:
             return
-        if type(block) is tuple and len(block) == 3 and all(type(b) is int for b in block):
+        if type(block) is tuple and len(block) == 3:
             bx, by, bz = block
+            if not (type(bx) is int and type(by) is int and type(bz) is int):
+                bx, by, bz = _dims(block, "block")
         else:
             bx, by, bz = _dims(block, "block")
         fn = self.function
