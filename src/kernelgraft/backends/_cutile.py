@@ -179,10 +179,10 @@ def _arg_key(args: Sequence[Any], constants: tuple[bool, ...]) -> tuple:
     parts = []
     for i, a in enumerate(args):
         if type(a) is _Tensor:
-            shape, stride = a.shape, a.stride()
-            wide = a.numel() >= _INT32_LIMIT or any(s >= _INT32_LIMIT for s in stride)
-            parts.append((a.dtype, len(shape), bool(stride) and stride[-1] == 1,
-                          a.data_ptr() % 16 == 0, wide))
+            stride = a.stride()
+            wide = a.numel() >= _INT32_LIMIT or (bool(stride) and max(stride) >= _INT32_LIMIT)
+            parts.append((a.dtype, len(stride), bool(stride) and stride[-1] == 1,
+                          not a.data_ptr() & 15, wide))
         elif constants[i]:
             parts.append((type(a), a))
         else:
