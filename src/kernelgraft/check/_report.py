@@ -50,4 +50,6 @@ def render(report: CheckReport, console: Console | None = None) -> None:
         )
     console.print(table)
     failed = len(report.failures)
-    console.print(f"{len(report.results) - failed} checks passed, {failed} failed")
+    passed = sum(r.status == "pass" for r in report.results)
+    skipped = len(report.results) - passed - failed
+    console.print(f"checks: {passed} passed, {failed} failed, {skipped} skipped (candidate cannot run here)")
