@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+import time
 from collections.abc import Callable
 
 import torch
@@ -51,7 +52,7 @@ def measure(
     fn: Callable[[], object],
     *,
     device: torch.device | str = "cuda",
-    warmup_ms: float = 10.0,
+    warmup_ms: float = 100.0,
     rep_ms: float = 60.0,
     min_reps: int = 5,
     max_reps: int = 500,
@@ -70,10 +71,18 @@ def measure(
     end.record()
     torch.cuda.synchronize(device)
     estimate_ms = max(start.elapsed_time(end) / 3, 1e-3)
-    for _ in range(max(1, int(warmup_ms / estimate_ms))):
-        fn()
-    reps = int(min(max_reps, max(min_reps, rep_ms / estimate_ms)))
     flush = _flush(device) if cold_l2 else None
+    # Warm up for wall time, not a call count, with the same flush + call pattern as the timed
+    # loop: after an idle spell (a torch.compile of the reference, say) the GPU's clocks take tens
+    # of milliseconds to come back up, and per-call times of a few microseconds measured before
+    # that were seen at 2-4x their steady value on the H200.
+    deadline = time.perf_counter() + warmup_ms / 1e3
+    while time.perf_counter() < deadline:
+        if flush is not None:
+            flush.zero_()
+        fn()
+        torch.cuda.synchronize(device)
+    reps = int(min(max_reps, max(min_reps, rep_ms / estimate_ms)))
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for i in range(reps):
