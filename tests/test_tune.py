@@ -417,3 +417,26 @@ def test_isolated_trials_survive_a_candidate_that_kills_its_process():
     assert len(crash) == 1 and crash[0]["impl_name"] == "launch_die"
     assert "exit code 3" in crash[0]["reason"]
     assert len(d.ranking) == 3
+
+
+@pytest.mark.parametrize(
+    "timings, winner",
+    [
+        pytest.param({64: 1.01, 128: 1.00, 256: 3.0, 512: 3.0}, 64, id="within-2%-first-listed-wins"),
+        pytest.param({64: 1.05, 128: 1.00, 256: 3.0, 512: 3.0}, 128, id="clearly-faster-wins"),
+        pytest.param({64: 3.0, 128: 1.015, 256: 1.0, 512: 1.01}, 128, id="earliest-of-several-near-best"),
+    ],
+)
+def test_near_ties_go_to_the_first_listed_candidate(timings, winner):
+    scale = make_scale("kgtest_tune::ties")
+
+    def timer(trial, settings):
+        trial.run(0)
+        return timings[trial.candidate.config.as_dict()["BLOCK"]]
+
+    x = torch.randn(1000)
+    with kg.tune("on", timer=timer):
+        scale(x)
+    decision = kg.tune.decision(scale, x)
+    assert decision.ranking[0]["config"]["BLOCK"] == winner
+    assert {e["config"]["BLOCK"] for e in decision.ranking} == set(timings)
