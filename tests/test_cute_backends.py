@@ -178,6 +178,45 @@ def test_cutedsl_packed_abi_matches_library():
 
 
 @needs_cute
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cutedsl_parameter_weight_keys_and_packs_like_a_tensor(dtype):
+    """A module's weight reaches the backend as an nn.Parameter (eagerly and from a compiled
+    graph's runtime). It once keyed without its dtype and, passed raw to the library's packing
+    (whose adapter registry is keyed by exact type), packed nothing: 6 arguments for a program
+    declaring 7, and calling that crashed the process on an H200. It must key, probe and pack
+    exactly like a plain tensor, and a mismatched ABI must still be reported."""
+    from kernelgraft.backends import _cutedsl
+    from kernelgraft.examples import _cute_kernels as K
+
+    spec = K.CUTEDSL_IMPLS["rmsnorm"]
+    x = torch.randn(4, 64, 256, dtype=dtype)
+    w = torch.randn(256, dtype=dtype)
+    param = torch.nn.Parameter(w.clone(), requires_grad=False)
+    plain_args = (x, w, 1e-6, torch.empty_like(x))
+    param_args = (x, param, 1e-6, torch.empty_like(x))
+    compiled, host, largs = _cutedsl.compile_for(spec, spec.configs[0], param_args, "sm_90a")
+    plain, _, _ = _cutedsl.compile_for(spec, spec.configs[0], plain_args, "sm_90a")
+    assert plain is compiled  # same key: the Parameter keys by dtype and alignment
+    other = torch.nn.Parameter(torch.randn(256, dtype=torch.float16), requires_grad=False)
+    _, _, oargs = _cutedsl.compile_for(spec, spec.configs[0], (x, other, 1e-6, torch.empty_like(x)), "sm_90a")
+    assert _cutedsl.compile_key(spec, host, oargs, "sm_90a") != _cutedsl.compile_key(spec, host, largs, "sm_90a")
+
+    _, consts = _cutedsl._params(host)
+    runtime = tuple(i for i, c in enumerate(consts[:-1]) if not c)
+    values = [largs[i].data_ptr() if isinstance(largs[i], torch.Tensor) else largs[i] for i in runtime]
+    assert _cutedsl.abi_mismatch(compiled, largs, runtime, values + [0xBEEF]) is None
+    wrong = values[:3] + [values[3] + 1] + values[4:]
+    assert _cutedsl.abi_mismatch(compiled, largs, runtime, wrong + [0xBEEF]) == "argument 3: packed 256, expected 257"
+    exe_args, _ = compiled.generate_execution_args(*[_cutedsl._slow_value(largs[i]) for i in runtime],
+                                                   _cutedsl._stream_obj(0xBEEF))
+    assert len(exe_args) == len(_cutedsl.slot_kinds(compiled)) == 7
+    # the library itself packs nothing for a raw Parameter: the safety net sees the short layout
+    raw = [largs[i] if i == 1 else _cutedsl._slow_value(largs[i]) for i in runtime]
+    short, _ = compiled.generate_execution_args(*raw, _cutedsl._stream_obj(0xBEEF))
+    assert _cutedsl.check_abi(compiled, short, values + [0xBEEF]) == "6 packed arguments, expected 7"
+
+
+@needs_cute
 @pytest.mark.gpu
 def test_cutedsl_runs_needs_gpu():
     """Placeholder marker so a CPU run lists why CuTe DSL launches are not exercised here."""

@@ -11,7 +11,9 @@ function as ``cute.Pointer`` (the user builds layouts inside it from the sizes i
 compiled function's packed C ABI (one ``void*`` per runtime argument pointing at its value, then the
 executor's result slot and kernel handles, as ``JitExecutor._get_invoke_packed_args`` lays out in
 nvidia-cutlass-dsl 4.3) is filled from per-thread ctypes slots. The first launch checks that layout
-against the library's own packing and falls back to the library's call path if they differ. The
+against the library's own packing and refuses the candidate (``CompileError``) if they differ. Any
+``torch.Tensor`` subclass (an ``nn.Parameter`` weight) is a tensor here: keyed, compiled and packed
+as a pointer. The
 stream is torch's current raw stream, so a CUDA graph being captured records the launch.
 """
 
@@ -32,7 +34,7 @@ from .._errors import CompileError, LaunchError, describe
 from .._spec import Config, ImplSpec
 from ._base import register
 
-__all__ = ["CuteDSLBackend", "compile_key", "compile_for", "stats", "default_arch"]
+__all__ = ["CuteDSLBackend", "compile_key", "compile_for", "stats", "default_arch", "abi_mismatch"]
 
 log = logging.getLogger(__name__)
 _Tensor = torch.Tensor
@@ -118,7 +120,9 @@ def _params(host_fn: Any) -> tuple[tuple[str, ...], tuple[bool, ...]]:
 def _arg_key(args: Sequence[Any], constants: tuple[bool, ...]) -> tuple:
     parts = []
     for a, const in zip(args, constants):
-        if type(a) is _Tensor:
+        # isinstance, not ``type(a) is``: a module's weight arrives as an nn.Parameter (inside
+        # compiled graphs too) and must key, compile and pack exactly like a plain tensor.
+        if isinstance(a, _Tensor):
             parts.append((a.dtype, a.data_ptr() % 16 == 0))
         elif const:
             parts.append((type(a), a))
@@ -317,19 +321,17 @@ class _Runner:
 
         try:
             fast = _FastCall(compiled, index)
-            probe = [_slow_value(args[i]) for i in runtime] + [_stream_obj(current_stream(index))]
-            exe_args, adapted = compiled.generate_execution_args(*probe)
-            reason = check_abi(compiled, exe_args, values_of(args))
-            del probe, adapted
-        except Exception as exc:  # internals moved: use the library's own call path
+            reason = abi_mismatch(compiled, args, runtime, values_of(args))
+        except Exception as exc:  # internals moved: refuse below
             fast, reason = None, f"{type(exc).__name__}: {exc}"
         if reason is None:
             def entry(a: tuple) -> None:
                 fast(values_of(a))  # type: ignore[misc]
         else:
-            # Calling compiled(...) with an argument list the compiled program does not expect was
-            # seen to crash the process (H200, cutlass-dsl 4.3.5, a program packing 6 arguments
-            # where the host function declares 7), so a mismatch refuses the candidate instead.
+            # Calling compiled(...) with an argument list the compiled program does not expect
+            # crashed the process (H200, cutlass-dsl 4.3.5: an nn.Parameter weight, then passed
+            # raw, packed no pointer, 6 arguments where the host function declares 7), so a
+            # mismatch refuses the candidate instead.
             raise CompileError(
                 f"{self.where}: the compiled CuTe DSL program's argument layout does not match its "
                 f"host function ({reason}); refusing to call it"
@@ -338,8 +340,21 @@ class _Runner:
         return entry
 
 
+def abi_mismatch(compiled: Any, args: Sequence[Any], runtime: Sequence[int],
+                 values: Sequence[Any]) -> str | None:
+    """None when the library packs the runtime arguments ``args[i] for i in runtime`` plus the
+    stream (the last of ``values``, a raw address) the way ``_FastCall`` fills ``values``, else why
+    not."""
+    probe = [_slow_value(args[i]) for i in runtime] + [_stream_obj(values[-1])]
+    exe_args, _adapted = compiled.generate_execution_args(*probe)
+    return check_abi(compiled, exe_args, values)
+
+
 def _slow_value(v: Any) -> Any:
-    if type(v) is _Tensor:
+    # Every tensor, subclasses included, becomes a cute.Pointer: the library's packing finds no
+    # adapter for a tensor subclass (its registry is keyed by exact type) and packs nothing for it,
+    # which is how an nn.Parameter weight once made a 7-argument program pack 6.
+    if isinstance(v, _Tensor):
         _, cute = _cute()
         return cute.runtime.make_ptr(_dtype_map()[v.dtype], v.data_ptr(), cute.AddressSpace.gmem,
                                      assumed_align=16 if v.data_ptr() % 16 == 0 else v.element_size())
