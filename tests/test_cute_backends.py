@@ -282,3 +282,15 @@ def test_cuda_graph_capture(backend):
     g.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(out, torch.relu(x + y))
+
+
+def test_cutile_arg_key_treats_parameters_as_tensors():
+    """A module weight arrives as nn.Parameter: it must key (dtype, rank, layout, alignment) like
+    the tensor it is, not by its Python type (which would also skip it when packing)."""
+    from kernelgraft.backends import _cutile
+
+    w = torch.randn(64)
+    key_tensor = _cutile._arg_key((w, 3), (False, False))
+    key_param = _cutile._arg_key((torch.nn.Parameter(w.clone()), 3), (False, False))
+    assert key_param == key_tensor
+    assert key_param[0][0] == torch.float32

@@ -119,7 +119,7 @@ class BundledRunner:
         self._fallback(*args)
 
     def __call__(self, *args: Any) -> None:
-        key = tuple((a.shape, a.dtype, a.is_contiguous()) if type(a) is _Tensor else a for a in args)
+        key = tuple((a.shape, a.dtype, a.is_contiguous()) if isinstance(a, _Tensor) else a for a in args)
         plan = self._plans.get(key, False)
         if plan is False:
             plan = self._plan(args, key)

@@ -178,7 +178,7 @@ def _arg_key(args: Sequence[Any], constants: tuple[bool, ...]) -> tuple:
     """What of the arguments changes the compiled kernel; computed on every call, so kept lean."""
     parts = []
     for i, a in enumerate(args):
-        if type(a) is _Tensor:
+        if isinstance(a, _Tensor):  # nn.Parameter too (a module weight)
             stride = a.stride()
             wide = a.numel() >= _INT32_LIMIT or (bool(stride) and max(stride) >= _INT32_LIMIT)
             parts.append((a.dtype, len(stride), bool(stride) and stride[-1] == 1,
@@ -398,7 +398,7 @@ def _driver_entry(image: bytes, sig: Any) -> Callable[[tuple, tuple], None]:
         for a, const in zip(args, constant):
             if const:
                 continue
-            if type(a) is _Tensor:
+            if isinstance(a, _Tensor):  # nn.Parameter too
                 values.append(a.data_ptr())
                 values += a.shape
                 values += a.stride()
