@@ -171,3 +171,21 @@ def test_autograd_inputs_go_through_the_dispatcher():
     y = scale(x, 2.0)
     y.sum().backward()
     torch.testing.assert_close(x.grad, torch.full((4,), 2.0))
+
+
+def test_alignment_predicate_is_rechecked_for_a_misaligned_view_of_the_same_shape():
+    # The plan cache used to key on dtype/device/shape/strides only, so a plan made for an aligned
+    # tensor launched a kernel whose supports() rejects the misaligned one.
+    def aligned(x, alpha, BLOCK):
+        return x.data_ptr() % 16 == 0 or "x must be 16-byte aligned"
+
+    scale = make_op("kgtest::d_align", impls=[kg.triton(launch_scale, configs=[{"BLOCK": 64}], supports=aligned)])
+    base = torch.randn(65)
+    a, b = base[:64].clone(), base[1:]
+    assert a.stride() == b.stride() and b.data_ptr() % 16
+    LAUNCHES.clear()
+    scale(a, 2.0)
+    with pytest.warns(kg.FallbackWarning, match="16-byte aligned"):
+        out = scale(b, 2.0)
+    assert LAUNCHES == ["scale[64]"]
+    torch.testing.assert_close(out, b * 2.0)

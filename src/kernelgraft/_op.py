@@ -129,6 +129,9 @@ class KernelOp:
         self._tensor_params = tuple(
             i for i, p in enumerate(self.signature.params) if p.kind in ("tensor", "tensor_list")
         )
+        # A supports() predicate or the tuner (which keys on it) may decide by pointer alignment,
+        # so then plans are keyed on it too; a single unconditional candidate cannot care.
+        self._align = any(i.supports is not None for i in impls) or sum(len(i.configs) for i in impls) > 1
         self.__doc__ = fn.__doc__
         self.__name__ = getattr(fn, "__name__", "op")
         self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
@@ -194,12 +197,13 @@ class KernelOp:
         """A small hashable signature of the call, or None when the dispatcher must handle it
         (tensor subclasses, autograd, anything unusual)."""
         parts = []
+        align = self._align
         for a in args:
             t = type(a)
             if t in plain:
                 if grad and a.requires_grad:
                     return None
-                parts.append((a.dtype, a.device, a.shape, a.stride()))
+                parts.append((a.dtype, a.device, a.shape, a.stride(), a.data_ptr() & 15 if align else 0))
             elif t in _SCALAR_TYPES or a is None or t is torch.dtype:
                 parts.append((t, a))
             elif t is list or t is tuple:
@@ -207,7 +211,8 @@ class KernelOp:
                 for item in a:
                     if type(item) not in plain or (grad and item.requires_grad):
                         return None
-                    sub.append((item.dtype, item.device, item.shape, item.stride()))
+                    sub.append((item.dtype, item.device, item.shape, item.stride(),
+                                item.data_ptr() & 15 if align else 0))
                 parts.append(tuple(sub))
             else:
                 return None
