@@ -146,6 +146,36 @@ def test_expression_grammar_refuses(text):
         compile_exprs(["x"], [text])
 
 
+@pytest.mark.parametrize("names,text", [
+    (["lambda"], "1"), (["x", "x"], "1"), (["True"], "1"), ([1], "1"),
+    (["x"], "-" * 100_000 + "1"), (["x"], "1" + "+1" * 99_000), (["x"], "1\x00"),
+], ids=["keyword-name", "duplicate-name", "constant-name", "int-name", "deep-unary", "deep-binop", "nul"])
+def test_malformed_expressions_and_names_raise_bundle_errors(names, text):
+    with pytest.raises(kg.BundleError):
+        compile_exprs(names, [text])
+
+
+def test_overlong_expression_message_says_too_long():
+    with pytest.raises(kg.BundleError, match="longer than"):
+        compile_exprs(["x"], ["1" * 300_000])
+
+
+@pytest.mark.parametrize("edit", ["keyword-param", "no-params", "guards-not-a-list"])
+def test_malformed_manifest_with_a_valid_checksum_raises_bundle_error(bundle, tmp_path, edit):
+    b = _copy(bundle, tmp_path)
+    manifest = _manifest.read(b)
+    entry = manifest["ops"][0]
+    if edit == "keyword-param":
+        entry["params"][0]["name"] = "lambda"
+    elif edit == "no-params":
+        del entry["params"]
+    else:
+        entry["candidates"][0]["kernels"][0]["guards"] = 7
+    _manifest.write(b, manifest)
+    with pytest.raises(kg.BundleError):
+        kg.load_bundle(b, arch="sm_90", import_modules=False)
+
+
 def test_sympy_printing_of_floor_and_ceil():
     import sympy
     from torch.utils._sympy.functions import CeilDiv, FloorDiv

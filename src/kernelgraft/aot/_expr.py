@@ -15,6 +15,7 @@ loaded, so a manifest never runs code.
 from __future__ import annotations
 
 import ast
+import keyword
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -88,12 +89,15 @@ _FUNCS = {"min": min, "max": max}
 
 def check_expr(text: str, names: Sequence[str]) -> ast.Expression:
     """Parse ``text`` and refuse anything outside the grammar (BundleError)."""
-    if not isinstance(text, str) or len(text) > 200_000:
+    if not isinstance(text, str):
         raise BundleError(f"bundle expression must be a string, got {type(text).__name__}")
+    if len(text) > 200_000:
+        raise BundleError(f"bundle expression {text[:80]!r}... is longer than 200000 characters")
     try:
         tree = ast.parse(text, mode="eval")
-    except SyntaxError as exc:
-        raise BundleError(f"bundle expression {text[:80]!r} does not parse: {exc}") from None
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:  # nesting too deep, NUL
+        raise BundleError(f"bundle expression {text[:80]!r} does not parse: "
+                          f"{type(exc).__name__}: {exc}") from None
     allowed = set(names)
     for node in ast.walk(tree):
         ok = isinstance(node, (ast.Expression, ast.Load, ast.Tuple, ast.BoolOp, ast.And, ast.Or,
@@ -124,11 +128,18 @@ def check_expr(text: str, names: Sequence[str]) -> ast.Expression:
 def compile_exprs(names: Sequence[str], exprs: Sequence[str]) -> Callable[..., tuple]:
     """One function ``f(*values_for_names) -> tuple`` evaluating every expression."""
     for n in names:
-        if not n.isidentifier() or n in _FUNCS:
+        if not isinstance(n, str) or not n.isidentifier() or keyword.iskeyword(n) or n in _FUNCS:
             raise BundleError(f"bundle parameter name {n!r} is not a plain identifier")
+    if len(set(names)) != len(names):
+        raise BundleError(f"bundle parameter names {list(names)} repeat a name")
     for text in exprs:
         check_expr(text, names)
     body = "(" + "".join(f"{e}, " for e in exprs) + ")"
     source = f"lambda {', '.join(names)}: {body}"
     check_expr(source.split(": ", 1)[1], names)
-    return eval(compile(source, "<kernelgraft bundle>", "eval"), {"__builtins__": {}, **_FUNCS})  # noqa: S307
+    try:
+        code = compile(source, "<kernelgraft bundle>", "eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        raise BundleError(f"bundle expressions {body[:120]!r} do not compile: "
+                          f"{type(exc).__name__}: {exc}") from None
+    return eval(code, {"__builtins__": {}, **_FUNCS})  # noqa: S307

@@ -21,7 +21,7 @@ import torch
 
 from .. import _registry, _select
 from .._candidates import BUNDLED
-from .._errors import BundleError, KernelgraftWarning
+from .._errors import BundleError, KernelgraftError, KernelgraftWarning
 from .._spec import Config
 from ._manifest import read
 from ._runner import BundledRunner, Kernel
@@ -90,23 +90,29 @@ def load_bundle(path: str | Path, *, arch: str | None = None, import_modules: bo
             f"rebuild it with `kernelgraft aot TARGET --arch {arch} -o DIR`"
         )
     bundle_id = manifest["checksum"][:16]
-    prepared = [(entry, _runners(root, entry, arch)) for entry in manifest["ops"]]
-    ops, attached, rebuilt = {}, {}, []
-    for entry, runners in prepared:
-        name = entry["name"]
-        op = _existing(entry, import_modules)
-        if op is None or op.impls and all(i.backend == "bundle" for i in op.impls):
-            if op is None:
-                from ._bundled_op import make_op
+    try:
+        prepared = [(entry, _runners(root, entry, arch)) for entry in manifest["ops"]]
+        ops, attached, rebuilt = {}, {}, []
+        for entry, runners in prepared:
+            name = entry["name"]
+            op = _existing(entry, import_modules)
+            if op is None or op.impls and all(i.backend == "bundle" for i in op.impls):
+                if op is None:
+                    from ._bundled_op import make_op
 
-                op = make_op(entry, runners, bundle_id)
-                rebuilt.append(name)
+                    op = make_op(entry, runners, bundle_id)
+                    rebuilt.append(name)
+                else:
+                    _refresh(op, runners)
+                attached[name] = [c["label"] for _, c in runners.values()]
             else:
-                _refresh(op, runners)
-            attached[name] = [c["label"] for _, c in runners.values()]
-        else:
-            attached[name] = _attach(op, runners)
-        ops[name] = op
+                attached[name] = _attach(op, runners)
+            ops[name] = op
+    except KernelgraftError:
+        raise
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        raise BundleError(f"bundle {root}: manifest.json is malformed ({type(exc).__name__}: {exc}); "
+                          "rebuild the bundle") from None
     _select.bump_epoch()
     log.info("loaded bundle %s for %s: %s", root, arch, {k: len(v) for k, v in attached.items()})
     return Bundle(root, arch, manifest, ops, attached, rebuilt)
