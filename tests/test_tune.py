@@ -333,6 +333,23 @@ def test_corrupt_cache_warns_and_rebuilds(content):
     assert list(path.parent.glob("tune.json.corrupt-*"))
 
 
+@pytest.mark.parametrize("bad,want", [
+    ({"key": "oops"}, {"BLOCK": 256}),  # a miss: tuned again
+    ({"created": "yesterday"}, {"BLOCK": 256}),
+    ({"ranking": 5}, {"BLOCK": 256}),
+    ({"ranking": [], "excluded": [{"impl": "zero", "config": {}}]}, CONFIGS[0]),  # excludes nothing
+], ids=["key-not-object", "created-not-number", "ranking-not-list", "excluded-without-fields"])
+def test_cache_entry_that_does_not_load_is_a_miss(bad, want):
+    op = make_scale(f"tc::badentry{abs(hash(repr(bad))) % 1000}")
+    x = torch.randn(1000)
+    key = _key_of(op, x)
+    entry = {"key": key.as_json(), "ranking": [{"impl": 0, "config": {"BLOCK": 512}, "ms": 1}],
+             "excluded": [], **bad}
+    DiskCache().put({key.digest: entry})
+    with kg.tune("on", timer=fake_timer):
+        assert chosen(op, x) == want
+
+
 def test_cache_ignores_other_environment():
     op = make_scale("tc::env")
     x = torch.randn(1000)

@@ -130,7 +130,8 @@ class DiskCache:
         entry = self.entries().get(digest)
         if entry is None:
             return None
-        if entry.get("key", {}).get("env") != env:
+        key = entry.get("key")
+        if not isinstance(key, dict) or key.get("env") != env:
             log.debug("tuning cache entry %s is for another device or toolchain; ignored", digest[:12])
             return None
         return entry

@@ -60,10 +60,15 @@ class Decision:
     def from_json(cls, data: dict[str, Any], source: str) -> "Decision":
         if data.get("default") or "error" in data:
             source = "default"
+        ranking, excluded = data.get("ranking", []), data.get("excluded", [])
+        if not isinstance(ranking, list) or not isinstance(excluded, list) or not all(
+            isinstance(e, dict) for e in ranking + excluded
+        ):
+            raise ValueError("'ranking' and 'excluded' must be lists of objects")
         return cls(
             key=data.get("key", {}),
-            ranking=list(data.get("ranking", [])),
-            excluded=list(data.get("excluded", [])),
+            ranking=list(ranking),
+            excluded=list(excluded),
             source=source,
             created=float(data.get("created", time.time())),
             tune_s=float(data.get("tune_s", 0.0)),
@@ -165,8 +170,13 @@ class Tuner:
         def local() -> Decision:
             entry = self.disk.get(key.digest, env)
             if entry is not None:
-                self.stats["disk_hit"] += 1
-                return Decision.from_json(entry, "disk")
+                try:
+                    decision = Decision.from_json(entry, "disk")
+                except (TypeError, ValueError) as exc:  # an entry that does not load is a miss
+                    log.debug("tuning cache entry %s does not load (%s); ignored", key.digest[:12], exc)
+                else:
+                    self.stats["disk_hit"] += 1
+                    return decision
             if measure:
                 return self.measure(op, candidates, args, key, s)
             return Decision(key.as_json(), [], [], source="default")
@@ -197,14 +207,20 @@ class Tuner:
         if decision.ranking or not decision.excluded:
             return candidates[0]
         offered = {(c.index, c.config) for c in candidates}
-        failed = [e for e in decision.excluded
-                  if (int(e["impl"]), Config.of(e["config"], where=op.name)) in offered]
+        failed: dict[tuple, dict[str, Any]] = {}
+        for e in decision.excluded:
+            try:
+                ident = (int(e["impl"]), Config.of(e["config"], where=op.name))
+            except Exception:  # an entry that does not parse excludes nothing
+                continue
+            if ident in offered:
+                failed[ident] = e
         if len(failed) < len(candidates):  # some candidate was never measured: take it
-            failed_ids = {(int(e["impl"]), Config.of(e["config"], where=op.name)) for e in failed}
-            return next(c for c in candidates if (c.index, c.config) not in failed_ids)
+            return next(c for c in candidates if (c.index, c.config) not in failed)
         warnings.warn(
             f"{op.name}: every candidate failed the tuning gate ("
-            + "; ".join(f"{e['impl_name']}[{e['config']}]: {e['reason']}" for e in failed[:3])
+            + "; ".join(f"{e.get('impl_name')}[{e.get('config')}]: {e.get('reason')}"
+                        for e in list(failed.values())[:3])
             + "); running the PyTorch reference instead",
             FallbackWarning,
             stacklevel=5,
