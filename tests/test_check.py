@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import kernelgraft as kg
@@ -90,3 +91,39 @@ def test_cli_exit_codes(tmp_path):
     fail = subprocess.run([sys.executable, "-m", "kernelgraft", "check", str(bad), "--no-opcheck"],
                           capture_output=True, text=True, env=env)
     assert fail.returncode == 1 and "FAIL" in fail.stdout
+
+
+def test_broadcast_sample_inputs_are_checked_not_crashed():
+    # clone_args copied into empty_strided(..., stride 0), which torch refuses ("more than one
+    # element of the written-to tensor refers to a single memory location"): check_op crashed.
+    def expanded(device="cpu"):
+        yield torch.randn(1, 8, device=device).expand(4, 8), 1.5
+
+    dense = kg.triton(launch_scale, configs=[{"BLOCK": 64}], contiguous=False,
+                      supports=lambda x, alpha, BLOCK: x.is_contiguous() or "x is not contiguous")
+
+    @kg.op("kgtest::k_expand", impls=[dense], sample_inputs=expanded)
+    def scale(x: torch.Tensor, alpha: float) -> torch.Tensor:
+        return x * alpha
+
+    with pytest.warns(kg.FallbackWarning):
+        report = check_op(scale, opcheck=False, noncontiguous=False)
+    assert report.ok, report.results
+    assert {r.candidate: r.status for r in report.results} == {"triton:launch_scale[BLOCK=64]": "skip",
+                                                               "meta": "pass"}
+
+
+def test_a_reference_that_raises_on_a_sample_is_a_failure_not_a_crash():
+    def bad(device="cpu"):
+        yield torch.randn(8, device=device), 1.5
+
+    @kg.op("kgtest::k_refraise", impls=[kg.triton(launch_scale, configs=[{"BLOCK": 64}])], sample_inputs=bad)
+    def scale(x: torch.Tensor, alpha: float) -> torch.Tensor:
+        if not torch._C._get_tracing_state() and x.device.type != "meta" and not isinstance(
+                x, torch._subclasses.FakeTensor):
+            raise RuntimeError("reference blew up")
+        return x * alpha
+
+    report = check_op(scale, opcheck=False, noncontiguous=False)
+    assert not report.ok
+    assert any("reference blew up" in r.note for r in report.failures), report.results

@@ -195,6 +195,10 @@ def check_op(
             except KernelgraftError as exc:
                 report.results.append(Result(op.name, "-", sample, variant, "fail", note=str(exc)[:300]))
                 continue
+            except Exception as exc:  # the reference or meta raised: report it, check the other ops
+                report.results.append(Result(op.name, "-", sample, variant, "fail",
+                                             note=f"{type(exc).__name__}: {exc}"[:300]))
+                continue
             for candidate in candidates:
                 report.results.append(
                     _check_candidate(op, candidate, vargs, out_specs, refs, device, sample, variant)

@@ -56,10 +56,13 @@ def clone_args(args: tuple) -> tuple:
 
     def clone(v: Any) -> Any:
         if isinstance(v, torch.Tensor):
-            c = torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device)
-            if v.numel():
-                c.copy_(v)
-            return c
+            if not v.numel():
+                return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device)
+            # Copy the storage span the view covers and view it the same way: copy_ into
+            # empty_strided refuses overlapping layouts (expanded, stride 0) that a sample may use.
+            span = 1 + sum((size - 1) * stride for size, stride in zip(v.shape, v.stride()))
+            flat = v.detach().as_strided((span,), (1,)).clone()
+            return flat.as_strided(v.shape, v.stride(), 0)
         if isinstance(v, (list, tuple)):
             return type(v)(clone(x) for x in v)
         return v
