@@ -189,3 +189,31 @@ def test_alignment_predicate_is_rechecked_for_a_misaligned_view_of_the_same_shap
         out = scale(b, 2.0)
     assert LAUNCHES == ["scale[64]"]
     torch.testing.assert_close(out, b * 2.0)
+
+
+def test_a_plan_made_while_another_thread_changes_the_chooser_is_not_kept():
+    # Simulates a race: while one call plans, another thread installs a different chooser (as
+    # kg.tune(...), kg.tune.clear() or load_bundle do); the plan made under the old settings used
+    # to be stored under the new epoch and served from then on.
+    from kernelgraft import _select
+
+    scale = make_op("kgtest::d_race")
+    saved = _select._chooser
+
+    def last(op, candidates, args):
+        return candidates[-1]
+
+    def first_then_switch(op, candidates, args):
+        _select.set_chooser(last)  # "another thread", mid-planning: new settings, and it calls the op
+        scale(torch.randn(7), 2.0)
+        return candidates[0]
+
+    _select.set_chooser(first_then_switch)
+    try:
+        x = torch.randn(100)
+        LAUNCHES.clear()
+        scale(x, 2.0)
+        scale(x, 2.0)
+        assert LAUNCHES == ["scale[256]", "scale[64]", "scale[256]"]
+    finally:
+        _select.set_chooser(saved)

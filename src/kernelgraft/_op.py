@@ -230,17 +230,23 @@ class KernelOp:
         outs = self._meta_fn(*args)
         return self._fresh_outputs(outs, empty=True, args=args)
 
+    def _new_epoch(self) -> None:
+        # New dicts, not clear(): a plan another thread is still making under the old settings
+        # lands in the dict it started with, which no caller sees any more.
+        self._plans = {}
+        self._forced = {}
+        self._epoch = _select.epoch()
+
     def _execute(self, args: tuple, key: tuple) -> Any:
         if self._epoch != _select.epoch():
-            self._plans.clear()
-            self._forced.clear()
-            self._epoch = _select.epoch()
-        plan = self._plans.get(key)
+            self._new_epoch()
+        plans = self._plans
+        plan = plans.get(key)
         if plan is None:
             plan = self._make_plan(args)
-            if len(self._plans) >= _MAX_PLANS:
-                self._plans.clear()
-            self._plans[key] = plan
+            if len(plans) >= _MAX_PLANS:
+                plans.clear()
+            plans[key] = plan
         return plan(args)
 
     # ---------------------------------------------------------------- planning (once per signature)
@@ -421,10 +427,9 @@ class KernelOp:
         frozen = spec.config(0 if config is None else config)
         key = self._key(args, False, _ANY_TENSOR)
         if self._epoch != _select.epoch():
-            self._plans.clear()
-            self._forced.clear()
-            self._epoch = _select.epoch()
-        plan = self._forced.get((key, index, frozen)) if key is not None else None
+            self._new_epoch()
+        forced = self._forced
+        plan = forced.get((key, index, frozen)) if key is not None else None
         if plan is None:
             tensors = self._check(args)
             candidate = evaluate_one(index, spec, frozen, tensors, args)
@@ -434,9 +439,9 @@ class KernelOp:
                 )
             plan = kernel_plan(self, candidate, self._runner(candidate), self._output_specs(args), args)
             if key is not None:
-                if len(self._forced) >= _MAX_PLANS:
-                    self._forced.clear()
-                self._forced[(key, index, frozen)] = plan
+                if len(forced) >= _MAX_PLANS:
+                    forced.clear()
+                forced[(key, index, frozen)] = plan
         return plan(args)
 
     def _impl_index(self, impl: int | str | ImplSpec | None) -> int:
