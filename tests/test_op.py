@@ -76,6 +76,19 @@ def test_multiple_outputs():
     torch.testing.assert_close(d, x - y)
 
 
+def test_reference_outputs_that_alias_each_other_are_returned_as_separate_tensors():
+    # The reference path cloned outputs that alias an input, but not an output that is a view of
+    # another output: writing one changed the other (kernel plans always give fresh tensors).
+    @kg.op("kgtest::pair_views")
+    def pair(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = x * 2
+        return y, y[:1]
+
+    a, b = pair(torch.ones(3))
+    a.add_(1)
+    assert b.tolist() == [2.0]
+
+
 def test_register_meta_overrides_output_allocation():
     calls = []
 

@@ -367,12 +367,15 @@ class KernelOp:
         if empty:
             fresh = tuple(torch.empty(o.shape, dtype=o.dtype, device=o.device) for o in items)
         else:
+            # An output may alias an input or an earlier output (``return y, y[:1]``): copy it.
             storages = {t.untyped_storage().data_ptr() for _, t in self.signature.tensors(args)}
-            fresh = tuple(
-                o.clone(memory_format=torch.contiguous_format)
-                if o.untyped_storage().data_ptr() in storages else o.contiguous()
-                for o in items
-            )
+            copies = []
+            for o in items:
+                o = (o.clone(memory_format=torch.contiguous_format)
+                     if o.untyped_storage().data_ptr() in storages else o.contiguous())
+                storages.add(o.untyped_storage().data_ptr())
+                copies.append(o)
+            fresh = tuple(copies)
         return fresh[0] if single else fresh
 
     # ---------------------------------------------------------------- public API
