@@ -55,6 +55,7 @@ def _rank_main(rank: int, world: int, port: int, root: str, out: str) -> None:
     with open(os.path.join(out, f"rank{rank}.json"), "w") as fh:
         json.dump({"picks": {str(k): v for k, v in picks.items()}, "all": [
             {str(k): v for k, v in p.items()} for p in everyone], "stats": kg.tune.stats()}, fh)
+    dist.barrier()  # both ranks done with the group before either tears it down
     dist.destroy_process_group()
 
 
