@@ -134,13 +134,16 @@ def test_other_arch_is_refused(bundle):
     ("((1023 + x.shape[0]) // 1024)", (torch.empty(3000),), 3),
     ("(max(16, x.shape[0]) % 7)", (torch.empty(5),), 2),
     ("((x.shape[0] | 3) == 7) and not (x.shape[0] < 0)", (torch.empty(5),), True),
-], ids=["cdiv", "max-mod", "bool"])
+    ("(x.shape[0] ** 2) + (1 << 4)", (torch.empty(5),), 41),
+], ids=["cdiv", "max-mod", "bool", "small-pow-shift"])
 def test_expression_grammar(text, args, want):
     assert compile_exprs(["x"], [text])(*args) == (want,)
 
 
-@pytest.mark.parametrize("text", ["x.data_ptr()", "x.__class__", "open('f')", "[1][0]", "'s'", "y"],
-                         ids=["method", "dunder", "call", "list", "str", "unknown-name"])
+@pytest.mark.parametrize("text", ["x.data_ptr()", "x.__class__", "open('f')", "[1][0]", "'s'", "y",
+                                  "9 ** 9 ** 9", "1 << x.shape[0]", "2 ** 100"],
+                         ids=["method", "dunder", "call", "list", "str", "unknown-name",
+                              "tower-of-powers", "shift-by-size", "huge-power"])
 def test_expression_grammar_refuses(text):
     with pytest.raises(kg.BundleError):
         compile_exprs(["x"], [text])

@@ -104,6 +104,11 @@ def check_expr(text: str, names: Sequence[str]) -> ast.Expression:
                                ast.Not, ast.USub, ast.UAdd, ast.Compare, *_BINOPS, *_CMPOPS))
         if isinstance(node, ast.BinOp):
             ok = isinstance(node.op, _BINOPS)
+            # '**' and '<<' only by a small literal: '9**9**9' in a manifest would hang the loader
+            if ok and isinstance(node.op, (ast.Pow, ast.LShift)):
+                right = node.right
+                ok = (isinstance(right, ast.Constant) and type(right.value) is int
+                      and 0 <= right.value <= 64)
         elif isinstance(node, ast.UnaryOp):
             ok = isinstance(node.op, (ast.USub, ast.UAdd, ast.Not))
         elif isinstance(node, ast.Constant):
