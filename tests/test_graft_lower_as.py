@@ -100,3 +100,22 @@ def test_context_manager_is_refused_with_an_explanation():
     with pytest.raises(kg.UnsupportedError, match="decorate it with @kg.lower_as"):
         with kg.lower_as(add_relu):
             pass
+
+
+def test_sample_inputs_taking_a_device_without_default_work_for_verification():
+    """The documented convention is sample_inputs(device); verification must pass one."""
+    import kernelgraft as kg
+
+    def samples(device):
+        yield (torch.randn(3, 5, device=device),)
+
+    @kg.op("kgtest_lower::triple_dev", sample_inputs=samples)
+    def triple(x: torch.Tensor) -> torch.Tensor:
+        return x * 3
+
+    @kg.lower_as(triple)
+    def times_three(t):
+        return t + t + t
+
+    x = torch.randn(4)
+    torch.testing.assert_close(times_three(x), x * 3)

@@ -393,7 +393,8 @@ class KernelOp:
             raise SpecError(f"{self.name}: register_meta needs a function, got {describe(fn)}")
         self._meta_shape_only = shape_only
         self._meta_fn = fn
-        self._plans.clear()
+        self._plans = {}  # new dicts rather than clear(): a plan being made now must not land here
+        self._forced = {}  # op.run plans hold output shapes from the old meta too
         return fn
 
     def register_autograd(

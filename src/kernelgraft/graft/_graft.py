@@ -13,6 +13,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from .._errors import GraftWarning, SpecError, VerificationError, describe
+from ..check import _inputs
 from . import _modules, _pattern, _verify
 
 __all__ = ["GraftReport", "graft", "ungraft"]
@@ -169,10 +170,10 @@ def _samples_for(module: torch.nn.Module, binding: Any) -> list[tuple[tuple, dic
         return []
     p = next(iter(module.parameters()), None)
     try:
-        it = op.sample_inputs(device=p.device, dtype=p.dtype) if p is not None else op.sample_inputs()
-        samples = list(it)
-    except TypeError:
-        samples = list(op.sample_inputs())
+        it = op.sample_inputs(device=p.device, dtype=p.dtype) if p is not None else None
+        samples = list(it) if it is not None else _inputs.samples(op, "cpu")
+    except TypeError:  # sample_inputs(device) without a dtype keyword
+        samples = _inputs.samples(op, str(p.device) if p is not None else "cpu")
     out = []
     for sample in samples:
         fn_args: dict[int, Any] = {}
@@ -269,8 +270,7 @@ def _pattern_example(op: Any, pattern_inputs: tuple | None) -> tuple:
         raise SpecError(f"kg.graft: {op.name} has no sample_inputs; pass pattern_inputs=(...) to "
                         "trace the pattern with")
     first = None
-    for sample in op.sample_inputs():
-        sample = tuple(sample)
+    for sample in _inputs.samples(op, "cpu"):
         first = first or sample
         tensors = [a for a in sample if isinstance(a, torch.Tensor)]
         if all(t.dim() >= 1 and all(s > 1 for s in t.shape) and t.dtype == torch.float32 for t in tensors):
@@ -284,7 +284,7 @@ def _check_pattern_vs_op(pattern: _pattern.Pattern, tolerance) -> None:
     op = pattern.op
     samples = [pattern.example]
     if op.sample_inputs is not None:
-        samples += [tuple(s) for s in op.sample_inputs()][:_MAX_SAMPLES]
+        samples += _inputs.samples(op, "cpu")[:_MAX_SAMPLES]
     for sample in samples:
         scalars_match = all(
             isinstance(a, torch.Tensor) or a == b for a, b in zip(sample, pattern.example)

@@ -138,10 +138,11 @@ class lower_as:  # noqa: N801 (used as a decorator, like torch.no_grad)
             log.info("%s: the op has no sample_inputs; verified on first use only by kg.graft", where)
             return
         n = 0
-        for sample in op.sample_inputs():
+        from ..check._inputs import samples
+
+        for sample in samples(op, "cpu"):
             if n >= _MAX_SAMPLES:
                 break
-            sample = tuple(sample)
             fn_args: list[Any] = [None] * len(binding.forward_names)
             given = set()
             for value, (kind, src) in zip(sample, binding.sources):
