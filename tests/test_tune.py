@@ -457,3 +457,18 @@ def test_near_ties_go_to_the_first_listed_candidate(timings, winner):
     decision = kg.tune.decision(scale, x)
     assert decision.ranking[0]["config"]["BLOCK"] == winner
     assert {e["config"]["BLOCK"] for e in decision.ranking} == set(timings)
+
+
+def test_cache_cli_survives_foreign_and_mistyped_data(tmp_path, monkeypatch, capsys):
+    from kernelgraft.cli import main
+    from kernelgraft.tune._cache import DiskCache
+
+    monkeypatch.setenv("KERNELGRAFT_CACHE_DIR", str(tmp_path / "cache"))
+    bad = tmp_path / "list.json"
+    bad.write_text("[1, 2]")
+    assert main(["cache", "import", str(bad)]) == 1
+    assert "not a kernelgraft tuning cache export" in capsys.readouterr().out
+    DiskCache().put({"a": {"key": "oops", "ranking": 5, "created": "yesterday", "excluded": 3},
+                     "b": {"key": {"op": "x::y"}, "ranking": [{"config": {"B": 1}, "ms": "fast"}]}})
+    assert main(["cache", "show"]) == 0
+    assert "x::y" in capsys.readouterr().out

@@ -14,8 +14,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--op", help="only entries of ops whose name contains this")
 
 
+def _key_of(entry: dict) -> dict:
+    key = entry.get("key") if isinstance(entry, dict) else None
+    return key if isinstance(key, dict) else {}
+
+
 def _matches(entry: dict, op: str | None) -> bool:
-    return op is None or op in str(entry.get("key", {}).get("op", ""))
+    return op is None or op in str(_key_of(entry).get("op", ""))
 
 
 def run(args) -> int:
@@ -34,16 +39,22 @@ def run(args) -> int:
         for col in ("op", "inputs", "device", "winner", "ms", "excluded", "age"):
             table.add_column(col)
         now = datetime.datetime.now().timestamp()
-        for digest, e in sorted(entries.items(), key=lambda kv: str(kv[1].get("key", {}).get("op"))):
-            key = e.get("key", {})
-            w = (e.get("ranking") or [None])[0]
+        for digest, e in sorted(entries.items(), key=lambda kv: str(_key_of(kv[1]).get("op"))):
+            key = _key_of(e)
+            ranking = e.get("ranking") if isinstance(e.get("ranking"), list) else []
+            w = ranking[0] if ranking and isinstance(ranking[0], dict) and "config" in ranking[0] else None
             args_desc = "; ".join(
-                f"{a[1].replace('torch.', '')}{a[2]}" for a in key.get("args", [])
-                if isinstance(a, list) and a and a[0] == "T")
-            age = now - float(e.get("created", now))
-            table.add_row(str(key.get("op")), args_desc, str(key.get("env", {}).get("device")),
-                          json.dumps(w["config"]) if w else "default", f"{w['ms']:.4f}" if w else "-",
-                          str(len(e.get("excluded", []))), f"{age / 3600:.1f}h")
+                f"{str(a[1]).replace('torch.', '')}{a[2]}" for a in (key.get("args") or [])
+                if isinstance(a, list) and len(a) > 2 and a[0] == "T")
+            try:
+                age = f"{(now - float(e.get('created', now))) / 3600:.1f}h"
+                ms = f"{float(w['ms']):.4f}" if w and w.get("ms") is not None else "-"
+            except (TypeError, ValueError):  # a mistyped entry: shown, marked, not a crash
+                age, ms = "?", "?"
+            env = key.get("env") if isinstance(key.get("env"), dict) else {}
+            excluded = e.get("excluded") if isinstance(e.get("excluded"), list) else []
+            table.add_row(str(key.get("op")), args_desc, str(env.get("device")),
+                          json.dumps(w["config"]) if w else "default", ms, str(len(excluded)), age)
         console.print(table)
         return 0
     if args.action == "clear":
@@ -62,7 +73,7 @@ def run(args) -> int:
     try:
         with open(args.path, encoding="utf-8") as fh:
             data = json.load(fh)
-        if data.get("format") != _FORMAT or not isinstance(data.get("entries"), dict):
+        if not isinstance(data, dict) or data.get("format") != _FORMAT or not isinstance(data.get("entries"), dict):
             raise ValueError("not a kernelgraft tuning cache export")
         if data.get("schema") != _KEY_SCHEMA_VERSION:
             raise ValueError(f"key schema {data.get('schema')}, this kernelgraft uses {_KEY_SCHEMA_VERSION}")
