@@ -204,6 +204,11 @@ def _device_index(device: int | torch.device | None) -> int:
 
 
 def _dims(value: int | Sequence[int], what: str) -> tuple[int, int, int]:
+    # 3-tuples of ints (what runners cache) come back as they are: this is on the per-call path
+    if type(value) is tuple and len(value) == 3:
+        x, y, z = value
+        if type(x) is int and type(y) is int and type(z) is int:
+            return value  # type: ignore[return-value]
     if isinstance(value, int):
         return value, 1, 1
     dims = tuple(int(v) for v in value)
@@ -236,21 +241,10 @@ class Launcher:
         shared_mem: int = 0,
         stream: Any = None,
     ) -> None:
-        # 3-tuples of ints (what runners cache) skip normalisation: this is the per-call path
-        if type(grid) is tuple and len(grid) == 3:
-            gx, gy, gz = grid
-            if not (type(gx) is int and type(gy) is int and type(gz) is int):
-                gx, gy, gz = _dims(grid, "grid")
-        else:
-            gx, gy, gz = _dims(grid, "grid")
+        gx, gy, gz = _dims(grid, "grid")
         if gx <= 0 or gy <= 0 or gz <= 0:
             return
-        if type(block) is tuple and len(block) == 3:
-            bx, by, bz = block
-            if not (type(bx) is int and type(by) is int and type(bz) is int):
-                bx, by, bz = _dims(block, "block")
-        else:
-            bx, by, bz = _dims(block, "block")
+        bx, by, bz = _dims(block, "block")
         fn = self.function
         handle = fn._handles.get(device_index)
         if handle is None:
