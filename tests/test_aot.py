@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,24 +16,14 @@ from kernelgraft.aot import _manifest
 from kernelgraft.aot._expr import compile_exprs, to_text
 from kernelgraft.examples import add_relu, rmsnorm  # registered before the per-test registry snapshot
 
-HERE = Path(__file__).parent
+from _aot_helpers import build_bundle, run_child
 
-
-def _env():
-    env = dict(os.environ)
-    env.pop("TRITON_INTERPRET", None)
-    return env
 
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory) -> Path:
     pytest.importorskip("cuda.bindings")
-    out = tmp_path_factory.mktemp("bundle")
-    cmd = [sys.executable, "-m", "kernelgraft", "aot", "kernelgraft.examples.add_relu",
-           "kernelgraft.examples.rmsnorm", "--arch", "sm_90", "-o", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return out
+    return build_bundle(tmp_path_factory.mktemp("bundle"), "sm_90", timeout=600)
 
 
 def _copy(bundle: Path, tmp_path: Path) -> Path:
@@ -190,11 +177,7 @@ def test_sympy_printing_of_floor_and_ceil():
 
 
 def _child(bundle, mode, tmp_path):
-    out = tmp_path / f"{mode}.json"
-    proc = subprocess.run([sys.executable, str(HERE / "_aot_child.py"), str(bundle), mode, str(out)],
-                          capture_output=True, text=True, env=_env(), timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return json.loads(out.read_text())
+    return run_child(bundle, mode, tmp_path / f"{mode}.json", timeout=300)
 
 
 def test_loads_without_triton_up_to_the_launch(bundle, tmp_path):

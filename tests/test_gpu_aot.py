@@ -6,23 +6,17 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 import kernelgraft as kg
+from kernelgraft.check._compare import tolerance
 
-HERE = Path(__file__).parent
+from _aot_helpers import build_bundle, run_child
+
 pytestmark = pytest.mark.gpu
-
-
-def _env():
-    env = dict(os.environ)
-    env.pop("TRITON_INTERPRET", None)
-    return env
 
 
 @pytest.fixture(scope="module")
@@ -31,12 +25,7 @@ def bundle(tmp_path_factory) -> Path:
     if given:
         return Path(given)
     major, minor = torch.cuda.get_device_capability()
-    out = tmp_path_factory.mktemp("bundle")
-    cmd = [sys.executable, "-m", "kernelgraft", "aot", "kernelgraft.examples.add_relu",
-           "kernelgraft.examples.rmsnorm", "--arch", f"sm_{major}{minor}", "-o", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=900)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return out
+    return build_bundle(tmp_path_factory.mktemp("bundle"), f"sm_{major}{minor}", timeout=900)
 
 
 def _reference(op_name, args):
@@ -48,16 +37,9 @@ def _reference(op_name, args):
     return op.reference(*wide)
 
 
-def _tol(dtype):
-    return {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
-
-
 def test_bundle_runs_without_triton_and_matches_reference(bundle, tmp_path):
     out = tmp_path / "run.json"
-    proc = subprocess.run([sys.executable, str(HERE / "_aot_child.py"), str(bundle), "run", str(out)],
-                          capture_output=True, text=True, env=_env(), timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads(out.read_text())
+    report = run_child(bundle, "run", out, timeout=600)
     assert report["triton_imported"] is False and report["op_call_ok"] is True
     saved = torch.load(str(out) + ".pt")
     manifest = json.loads((bundle / "manifest.json").read_text())
@@ -68,7 +50,7 @@ def test_bundle_runs_without_triton_and_matches_reference(bundle, tmp_path):
         args, result = saved[r["key"]]
         assert not torch.isnan(result).any(), f"{r['key']}: output left unwritten"
         want = _reference(r["op"], args)
-        tol = _tol(result.dtype)
+        tol = tolerance(result.dtype)  # the same per-dtype rule as kernelgraft check
         torch.testing.assert_close(result.double(), want, rtol=tol, atol=tol, msg=r["key"])
         ran.add((r["op"], r["label"]))
     assert ran == labels, f"candidates never run: {labels - ran}"
@@ -96,6 +78,6 @@ def test_bundle_attached_to_ops_in_process(bundle):
                         continue
                     got = op.run(*args, impl=cand.index, config=cand.config)
                     want = op.reference(*[a.double() if isinstance(a, torch.Tensor) else a for a in args])
-                    torch.testing.assert_close(got.double(), want, rtol=_tol(dt), atol=_tol(dt), msg=cand.label)
+                    torch.testing.assert_close(got.double(), want, rtol=tolerance(dt), atol=tolerance(dt), msg=cand.label)
     finally:
         loaded.detach()
