@@ -126,9 +126,6 @@ class KernelOp:
         self._epoch = -1
         self._warned: set[Any] = set()
         self._nparams = len(self.signature.params)
-        self._tensor_params = tuple(
-            i for i, p in enumerate(self.signature.params) if p.kind in ("tensor", "tensor_list")
-        )
         # A supports() predicate or the tuner (which keys on it) may decide by pointer alignment,
         # so then plans are keyed on it too; a single unconditional candidate cannot care.
         self._align = any(i.supports is not None for i in impls) or sum(len(i.configs) for i in impls) > 1

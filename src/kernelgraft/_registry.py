@@ -74,7 +74,7 @@ def register(op: "KernelOp") -> "KernelOp":
 
 def _define(op: "KernelOp") -> None:
     ns, name = split_name(op.name)
-    if _exists_in_torch(ns, name):
+    if _has_schema(op.name):
         raise RegistrationError(
             f"op name {op.name!r} is already defined in torch.ops by code outside kernelgraft"
         )
@@ -89,10 +89,6 @@ def _define(op: "KernelOp") -> None:
     if autograd is not None:  # an unregister rebuilt the namespace: keep the op's backward
         torch.library.register_autograd(op.name, autograd[0], setup_context=autograd[1], lib=lib)
     op._bind_overload(getattr(getattr(torch.ops, ns), name).default, lib)
-
-
-def _exists_in_torch(ns: str, name: str) -> bool:
-    return _has_schema(f"{ns}::{name}")
 
 
 def _has_schema(qualname: str) -> bool:
