@@ -78,8 +78,9 @@ def main() -> int:
     os.environ["KERNELGRAFT_CACHE_DIR"] = cache
     import kernelgraft as kg
     from kernelgraft.examples import gemm as G
+    from _tune_gemm_op import gemm_triton
 
-    op = G.gemm
+    op = gemm_triton  # the example's Triton configs alone (see _tune_gemm_op.py)
     shapes = QUICK if args.quick else SHAPES
     torch.manual_seed(0)
     inputs = {s: (torch.randn(s[0], s[2], device="cuda", dtype=torch.bfloat16),
@@ -268,7 +269,8 @@ def main() -> int:
             return {"error": "the quality section made no decisions to reuse"}
         code = r"""
 import json, sys, time, torch, kernelgraft as kg
-from kernelgraft.examples.gemm import gemm
+sys.path.insert(0, sys.argv[2])
+from _tune_gemm_op import gemm_triton as gemm
 shapes = json.loads(sys.argv[1]); out = {}
 t0 = time.perf_counter()
 for m, n, k in shapes:
@@ -279,7 +281,8 @@ for m, n, k in shapes:
 torch.cuda.synchronize()
 print(json.dumps({"choices": out, "stats": kg.tune.stats(), "wall_s": time.perf_counter() - t0}))
 """
-        proc = subprocess.run([sys.executable, "-c", code, json.dumps([json.loads(k.replace("(", "[").replace(")", "]")) for k in parent])],
+        proc = subprocess.run([sys.executable, "-c", code, json.dumps([json.loads(k.replace("(", "[").replace(")", "]")) for k in parent]),
+                               os.path.dirname(os.path.abspath(__file__))],
                               capture_output=True, text=True, timeout=240,
                               env={**os.environ, "KERNELGRAFT_CACHE_DIR": cache, "KERNELGRAFT_TUNE": "on"})
         if proc.returncode != 0:

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # One batched run on the GPU machine: installs carried wheels, runs the selected sections with
 # time limits, and packs every result into $OUT/results.tar.gz (plus the log).
-#   bash benchmarks/gpu_session.sh SECTION...     sections: tests core cute examples tune graft aot
+#   bash benchmarks/gpu_session.sh SECTION...     sections: tests core cute hostcost rmsnorm
+#                                                 examples tune tunequick ranks graft aot
+# A "0:tests,aot|1:tune,rmsnorm" argument runs lanes side by side, each on its own GPU
+# (CUDA_VISIBLE_DEVICES) with its own kernelgraft cache; the next argument starts when all end.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -25,16 +28,14 @@ step() {  # step NAME SECONDS CMD...
     timeout "$secs" "$@" 2>&1 | tee "$R/$name.txt" | tail -40
     echo "[$name] exit ${PIPESTATUS[0]}"
 }
-{
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-for s in "$@"; do
-  case $s in
+run_section() {
+  case $1 in
     tests) for f in $(grep -l "mark.gpu" tests/test_*.py); do  # one process per file: a crash costs one file
              n=$(basename "$f" .py)
              step "$n" 150 python3 -m pytest -q -p no:cacheprovider -m gpu "$f" -rs --tb=short -o log_cli=true --log-cli-level=WARNING
            done ;;
     core) step host_overhead 120 python3 benchmarks/bench_host_overhead.py --out "$R" ;;
+    rmsnorm) step rmsnorm_backends 150 python3 benchmarks/bench_rmsnorm_backends.py --out "$R" ;;
     cute) step backend_host_cost 150 python3 benchmarks/bench_backend_host_cost.py --out "$R"
           step rmsnorm_backends 150 python3 benchmarks/bench_rmsnorm_backends.py --out "$R" ;;
     examples) step bench_a 300 python3 -m kernelgraft bench kernelgraft.examples.add_relu kernelgraft.examples.rmsnorm kernelgraft.examples.rmsnorm_residual kernelgraft.examples.softmax --json "$R/bench_a.json" --png "$R/bench_a.png"
@@ -46,8 +47,30 @@ for s in "$@"; do
     graft) step graft_llama 240 python3 benchmarks/bench_graft_llama.py --out "$R/graft_llama.json" ;;
     aot) step test_gpu_aot 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_aot.py --tb=short
          step aot_startup 150 python3 benchmarks/bench_aot_startup.py --repeats 3 --out "$R" ;;
-    *) echo "unknown section $s" ;;
+    *) echo "unknown section $1" ;;
   esac
+}
+run_lane() {  # run_lane GPU SECTION,SECTION...
+  local gpu=$1 list=$2
+  export CUDA_VISIBLE_DEVICES=$gpu KERNELGRAFT_CACHE_DIR=/tmp/kgcache$gpu
+  for sec in ${list//,/ }; do run_section "$sec"; done
+}
+{
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+for s in "$@"; do
+  if [[ $s == *:* ]]; then
+    section "lanes $s"
+    IFS='|' read -ra lanes <<<"$s"
+    for lane in "${lanes[@]}"; do
+      run_lane "${lane%%:*}" "${lane#*:}" >"$R/lane_${lane%%:*}.log" 2>&1 &
+    done
+    wait
+    for lane in "${lanes[@]}"; do echo "--- lane ${lane%%:*}"; grep -E "^\[.*\] exit|^=====" "$R/lane_${lane%%:*}.log"; done
+  else
+    run_section "$s"
+  fi
 done
 } 2>&1 | tee -a "$LOG"
-tar -czf "${OUT:-/tmp/out}/results.tar.gz" -C "$R" . 2>/dev/null
+tar -czf "${OUT:-/tmp/out}/results.tmp.tar.gz" -C "$R" . 2>/dev/null
+mv "${OUT:-/tmp/out}/results.tmp.tar.gz" "${OUT:-/tmp/out}/results.tar.gz"

@@ -15,7 +15,9 @@ from kernelgraft.examples import fp8_kcache_scatter as fp8
 from kernelgraft.examples.rmsnorm_residual import rmsnorm_residual
 from kernelgraft.examples.softmax import softmax
 
-MODULES = ["rmsnorm_residual", "softmax", "fp8_kcache_scatter"]
+MODULES = ["rmsnorm_residual", "softmax", "fp8_kcache_scatter", "swiglu", "gemm"]
+# dtypes each module's CUDA C++ kernel is instantiated for (the GEMM is a 16-bit WMMA kernel)
+CUDA_DTYPES = {"gemm": (torch.float16, torch.bfloat16), "swiglu": (torch.float32, torch.float16, torch.bfloat16, torch.float64)}
 
 
 def _nvrtc_missing():
@@ -120,7 +122,7 @@ def test_cuda_sources_compile_for_sm90(module):
 
     spec = importlib.import_module(f"kernelgraft.examples.{module}").CUDA
     for config in spec.configs:
-        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for dtype in CUDA_DTYPES.get(module, (torch.float32, torch.float16, torch.bfloat16)):
             compiled = CudaRunner(spec, config).compile("sm_90", {"T": kg.ctype(dtype)})
             assert compiled.image[:4] == b"\x7fELF", (config, dtype)
 
@@ -158,7 +160,7 @@ def test_fp8_scatter_every_candidate_byte_exact_on_gpu():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("module", ["rmsnorm_residual", "softmax"])
+@pytest.mark.parametrize("module", ["rmsnorm_residual", "softmax", "swiglu"])
 def test_every_candidate_matches_reference_on_gpu(module):
     mod = importlib.import_module(f"kernelgraft.examples.{module}")
     op = getattr(mod, module)
@@ -178,3 +180,32 @@ def test_every_candidate_matches_reference_on_gpu(module):
             n += 1
     backends = {c.impl.backend for c in op.candidates(*next(iter(op.sample_inputs("cuda"))))}
     assert {"triton", "cuda"} <= backends and n > 10
+
+
+@pytest.mark.gpu
+def test_gemm_cuda_and_triton_candidates_match_on_gpu():
+    """Every CUDA C++ (WMMA) config and the first Triton configs, on odd and LLM-like shapes,
+    strided inputs included, against a float64 reference (relative Frobenius error)."""
+    from kernelgraft.examples.gemm import gemm
+
+    n, backends = 0, set()
+    for m, nn, k in [(1, 8, 8), (37, 129, 70), (16, 4096, 4096), (512, 512, 512), (2048, 11008, 4096)]:
+        for dtype in (torch.bfloat16, torch.float16):
+            a = torch.randn(m, k, device="cuda", dtype=dtype)
+            b = torch.randn(k, nn + 8, device="cuda", dtype=dtype)[:, :nn]  # row stride != N
+            want = a.double() @ b.double()
+            cands = [c for c in gemm.candidates(a, b) if c.supported]
+            triton_seen = 0
+            for cand in cands:
+                if cand.impl.backend == "triton":
+                    triton_seen += 1
+                    if triton_seen > 3:
+                        continue
+                out = torch.full((m, nn), float("nan"), device="cuda", dtype=dtype)
+                got = gemm.run(a, b, impl=cand.index, config=cand.config.as_dict())
+                out.copy_(got)
+                err = ((out.double() - want).norm() / want.norm().clamp_min(1e-30)).item()
+                assert err < 1e-2, f"{cand.label} {(m, nn, k)} {dtype}: relative error {err:.3g}"
+                backends.add(cand.impl.backend)
+                n += 1
+    assert backends == {"triton", "cuda"} and n >= 50

@@ -92,7 +92,135 @@ def _shapes_fit(a, b, **config):
 
 
 TRITON = kg.triton(launch_gemm, configs=CONFIGS, supports=_shapes_fit, name="triton_gemm")
-IMPLS = [TRITON]
+
+_CUDA_SOURCE = r"""
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <mma.h>
+using namespace nvcuda;
+// C = A @ B on tensor cores (WMMA 16x16x16, float accumulators). A block computes a BM x BN tile of
+// C with WARPS_M x WARPS_N warps; each K step of 32 stages A and B tiles in padded shared memory
+// (16-byte vector loads where a chunk is in bounds and aligned, zero fill outside). The epilogue
+// goes through a per-warp 16x16 staging tile, so any M, N, K and row strides work.
+template <typename T>
+__global__ void __launch_bounds__(WARPS_M * WARPS_N * 32)
+gemm_wmma(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C, int M, int N, int K,
+          long long lda, long long ldb, long long ldc) {
+    constexpr int BK = 32, THREADS = WARPS_M * WARPS_N * 32;
+    constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N, FM = WM / 16, FN = WN / 16;
+    constexpr int PA = BK + 8, PB = BN + 8;  // padding against shared-memory bank conflicts
+    static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tile must be a multiple of 16");
+    __shared__ __align__(128) T sA[BM * PA];
+    __shared__ __align__(128) T sB[BK * PB];
+    __shared__ __align__(128) float sC[WARPS_M * WARPS_N][256];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    const long long row0 = (long long)blockIdx.y * BM, col0 = (long long)blockIdx.x * BN;
+    const T zero = T(0.0f);
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[FM][FN];
+#pragma unroll
+    for (int i = 0; i < FM; ++i)
+#pragma unroll
+        for (int j = 0; j < FN; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+    for (int k0 = 0; k0 < K; k0 += BK) {
+        for (int c = threadIdx.x; c < BM * BK / 8; c += THREADS) {
+            const int r = c / (BK / 8), kc = (c % (BK / 8)) * 8;
+            const long long gr = row0 + r;
+            const int gk = k0 + kc;
+            T* dst = &sA[r * PA + kc];
+            const T* src = A + gr * lda + gk;
+            if (gr < M && gk + 8 <= K && (reinterpret_cast<unsigned long long>(src) & 15) == 0) {
+                *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+            } else {
+                for (int e = 0; e < 8; ++e) dst[e] = (gr < M && gk + e < K) ? src[e] : zero;
+            }
+        }
+        for (int c = threadIdx.x; c < BK * BN / 8; c += THREADS) {
+            const int r = c / (BN / 8), nc = (c % (BN / 8)) * 8;
+            const int gk = k0 + r;
+            const long long gn = col0 + nc;
+            T* dst = &sB[r * PB + nc];
+            const T* src = B + (long long)gk * ldb + gn;
+            if (gk < K && gn + 8 <= N && (reinterpret_cast<unsigned long long>(src) & 15) == 0) {
+                *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+            } else {
+                for (int e = 0; e < 8; ++e) dst[e] = (gk < K && gn + e < N) ? src[e] : zero;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa[FM];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb[FN];
+#pragma unroll
+            for (int i = 0; i < FM; ++i) wmma::load_matrix_sync(fa[i], &sA[(wm * WM + i * 16) * PA + kk], PA);
+#pragma unroll
+            for (int j = 0; j < FN; ++j) wmma::load_matrix_sync(fb[j], &sB[kk * PB + wn * WN + j * 16], PB);
+#pragma unroll
+            for (int i = 0; i < FM; ++i)
+#pragma unroll
+                for (int j = 0; j < FN; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+    float* stage = sC[warp];
+#pragma unroll
+    for (int i = 0; i < FM; ++i) {
+#pragma unroll
+        for (int j = 0; j < FN; ++j) {
+            wmma::store_matrix_sync(stage, acc[i][j], 16, wmma::mem_row_major);
+            __syncwarp();
+            for (int e = lane; e < 256; e += 32) {
+                const long long r = row0 + wm * WM + i * 16 + e / 16, c = col0 + wn * WN + j * 16 + e % 16;
+                if (r < M && c < N) C[r * ldc + c] = T(stage[e]);
+            }
+            __syncwarp();
+        }
+    }
+}
+"""
+
+
+def launch_gemm_cuda(a, b, c, *, BM, BN, WARPS_M, WARPS_N):
+    M, K = a.shape
+    N = b.shape[1]
+    return kg.Launch(
+        grid=((N + BN - 1) // BN, (M + BM - 1) // BM),
+        block=WARPS_M * WARPS_N * 32,
+        args=(a, b, c, kg.driver.i32(M), kg.driver.i32(N), kg.driver.i32(K),
+              kg.driver.i64(a.stride(0)), kg.driver.i64(b.stride(0)), kg.driver.i64(c.stride(0))),
+        template={"T": kg.ctype(a.dtype)},
+    )
+
+
+def _wmma_fits(a, b, **config):
+    fit = _shapes_fit(a, b)
+    if fit is not True:
+        return fit
+    if a.dtype not in (torch.float16, torch.bfloat16):
+        return f"the WMMA kernel takes float16/bfloat16, got {a.dtype}"
+    if a.stride(1) != 1 or b.stride(1) != 1:
+        return f"needs unit column strides, got a.stride()={a.stride()}, b.stride()={b.stride()}"
+    if max(a.shape[0], b.shape[1], a.shape[1]) >= 2**31 or (a.shape[0] + config["BM"] - 1) // config["BM"] > 65535:
+        return f"shape {tuple(a.shape)} x {tuple(b.shape)} exceeds the kernel's int32 sizes or grid"
+    return True
+
+
+CUDA = kg.cuda(
+    _CUDA_SOURCE,
+    "gemm_wmma<{T}>",
+    launch=launch_gemm_cuda,
+    configs=[
+        {"BM": 128, "BN": 128, "WARPS_M": 2, "WARPS_N": 4},
+        {"BM": 64, "BN": 128, "WARPS_M": 2, "WARPS_N": 2},
+        {"BM": 64, "BN": 64, "WARPS_M": 2, "WARPS_N": 2},
+        {"BM": 32, "BN": 64, "WARPS_M": 1, "WARPS_N": 2},
+    ],
+    supports=_wmma_fits,
+    name="cuda_gemm_wmma",
+)
+
+IMPLS = [TRITON, CUDA]
 
 
 def _sm_count(device: torch.device) -> int:
@@ -143,6 +271,14 @@ def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.bfloat16):
                   (128, 4096, 11008), (8192, 1024, 1024), (127, 333, 515)]
     for m, n, k in shapes:
         yield (torch.randn(m, k, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype))
+
+
+def bench_inputs(device: str = "cuda"):
+    """Sizes for ``kernelgraft bench``: decode, LLM projections and square, bf16 (M, N, K)."""
+    for m, n, k in [(16, 4096, 4096), (128, 4096, 11008), (2048, 11008, 4096), (4096, 4096, 4096),
+                    (8192, 8192, 8192)]:
+        yield (torch.randn(m, k, device=device, dtype=torch.bfloat16),
+               torch.randn(k, n, device=device, dtype=torch.bfloat16))
 
 
 @kg.op(

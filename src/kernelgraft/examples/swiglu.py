@@ -58,7 +58,50 @@ TRITON = kg.triton(
     supports=_same_shape,
 )
 
-IMPLS = [TRITON]
+_CUDA_SOURCE = r"""
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+template <typename T> struct Acc { typedef float type; };
+template <> struct Acc<double> { typedef double type; };
+// BLOCK threads per block, each handling ITEMS elements BLOCK apart (coalesced); math in float
+// (double for double inputs), one rounding at the store.
+template <typename T>
+__global__ void swiglu(const T* __restrict__ gate, const T* __restrict__ up, T* __restrict__ out,
+                       long long n) {
+    typedef typename Acc<T>::type A;
+    long long base = (long long)blockIdx.x * BLOCK * ITEMS + threadIdx.x;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        long long i = base + (long long)k * BLOCK;
+        if (i < n) {
+            A g = (A)gate[i];
+            out[i] = (T)(g / ((A)1 + exp(-g)) * (A)up[i]);
+        }
+    }
+}
+"""
+
+
+def launch_swiglu_cuda(gate, up, out, *, BLOCK, ITEMS):
+    n = gate.numel()
+    per_block = BLOCK * ITEMS
+    return kg.Launch(
+        grid=(n + per_block - 1) // per_block,
+        block=BLOCK,
+        args=(gate, up, out, kg.driver.i64(n)),
+        template={"T": kg.ctype(gate.dtype)},
+    )
+
+
+CUDA = kg.cuda(
+    _CUDA_SOURCE,
+    "swiglu<{T}>",
+    launch=launch_swiglu_cuda,
+    configs=[{"BLOCK": 256, "ITEMS": 4}, {"BLOCK": 512, "ITEMS": 2}],
+    supports=_same_shape,
+)
+
+IMPLS = [TRITON, CUDA]
 
 
 def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
@@ -70,6 +113,15 @@ def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
         )
     for dt in (torch.float16, torch.bfloat16):
         yield (torch.randn(33, 97, device=device, dtype=dt) * 3, torch.randn(33, 97, device=device, dtype=dt))
+
+
+def bench_inputs(device: str = "cuda"):
+    """Sizes for ``kernelgraft bench``: (tokens, intermediate) bf16, decode to long prefill."""
+    for tokens, inter in [(16, 4096), (1024, 11008), (8192, 11008), (32768, 14336)]:
+        yield (
+            torch.randn(tokens, inter, device=device, dtype=torch.bfloat16) * 3,
+            torch.randn(tokens, inter, device=device, dtype=torch.bfloat16),
+        )
 
 
 @kg.op(

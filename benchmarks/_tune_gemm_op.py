@@ -1,0 +1,19 @@
+"""The example GEMM's 30 Triton configs as an op of their own, for bench_tune_gemm.py.
+
+The example op also holds a CUDA C++ (WMMA) candidate; issue #3's must-holds compare the tuner
+with an exhaustive sweep and with ``triton.autotune`` over the same Triton configs, so the benchmark
+tunes this Triton-only op (same kernel, configs and pruning hook). Imported by the benchmark and by
+its child process that checks a new process reuses the decisions.
+"""
+
+import torch
+
+import kernelgraft as kg
+from kernelgraft.examples import gemm as G
+
+
+@kg.op("kgbench::gemm_triton", impls=[G.TRITON], prune=G.PRUNE,
+       dtypes=(torch.bfloat16, torch.float16, torch.float32), ndim={"a": 2, "b": 2})
+def gemm_triton(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b, accumulated in float32, returned in a's dtype."""
+    return (a.float() @ b.float()).to(a.dtype)
