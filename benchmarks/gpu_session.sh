@@ -2,7 +2,7 @@
 # One batched run on the GPU machine: installs carried wheels, runs the selected sections with
 # time limits, and packs every result into $OUT/results.tar.gz (plus the log).
 #   bash benchmarks/gpu_session.sh SECTION...     sections: tests core cute hostcost rmsnorm
-#                                                 examples tune tunequick ranks graft aot
+#                                                 examples tune tunequick ranks graft aot test_FILE
 # A "0:tests,aot|1:tune,rmsnorm" argument runs lanes side by side, each on its own GPU
 # (CUDA_VISIBLE_DEVICES) with its own kernelgraft cache; the next argument starts when all end.
 set -uo pipefail
@@ -38,8 +38,9 @@ run_section() {
     rmsnorm) step rmsnorm_backends 150 python3 benchmarks/bench_rmsnorm_backends.py --out "$R" ;;
     cute) step backend_host_cost 150 python3 benchmarks/bench_backend_host_cost.py --out "$R"
           step rmsnorm_backends 150 python3 benchmarks/bench_rmsnorm_backends.py --out "$R" ;;
-    examples) step bench_a 300 python3 -m kernelgraft bench kernelgraft.examples.add_relu kernelgraft.examples.rmsnorm kernelgraft.examples.rmsnorm_residual kernelgraft.examples.softmax --json "$R/bench_a.json" --png "$R/bench_a.png"
-              step bench_b 300 python3 -m kernelgraft bench kernelgraft.examples.swiglu kernelgraft.examples.gemm kernelgraft.examples.fp8_kcache_scatter --json "$R/bench_b.json" --png "$R/bench_b.png" ;;
+    examples) run_section examples_a; run_section examples_b ;;
+    examples_a) step bench_a 420 python3 -m kernelgraft bench kernelgraft.examples.add_relu kernelgraft.examples.rmsnorm kernelgraft.examples.rmsnorm_residual kernelgraft.examples.softmax --json "$R/bench_a.json" --png "$R/bench_a.png" ;;
+    examples_b) step bench_b 420 python3 -m kernelgraft bench kernelgraft.examples.swiglu kernelgraft.examples.gemm kernelgraft.examples.fp8_kcache_scatter --json "$R/bench_b.json" --png "$R/bench_b.png" ;;
     hostcost) step backend_host_cost 110 python3 benchmarks/bench_backend_host_cost.py --out "$R" ;;
     tunequick) step tune_gemm 120 python3 benchmarks/bench_tune_gemm.py --quick --out "$R" ;;
     tune) step tune_gemm 310 python3 benchmarks/bench_tune_gemm.py --out "$R" ;;
@@ -47,6 +48,7 @@ run_section() {
     graft) step graft_llama 240 python3 benchmarks/bench_graft_llama.py --out "$R/graft_llama.json" ;;
     aot) step test_gpu_aot 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_aot.py --tb=short
          step aot_startup 150 python3 benchmarks/bench_aot_startup.py --repeats 3 --out "$R" ;;
+    test_*) step "$1" 150 python3 -m pytest -q -p no:cacheprovider -m gpu "tests/$1.py" -rs --tb=short ;;  # one GPU test file
     *) echo "unknown section $1" ;;
   esac
 }

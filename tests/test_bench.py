@@ -80,8 +80,8 @@ def test_runner_rows_per_shape(softmax_rows):
         mine = [r for r in rows if r.size == size]
         kinds = [r.kind for r in mine]
         cands = [r for r in mine if r.kind == CANDIDATE]
-        # every supported candidate is timed (6 here: all fit these widths)
-        assert len(cands) == len([c for c in op.candidates(torch.randn(n, cols)) if c.supported]) == 6
+        # every supported candidate is timed (8 here: all fit these widths)
+        assert len(cands) == len([c for c in op.candidates(torch.randn(n, cols)) if c.supported]) == 8
         assert {EAGER, DEFAULT, TUNED, BACKEND} <= set(kinds) and COMPILE not in kinds
         best = min(cands, key=lambda r: r.time_us)
         tuned = next(r for r in mine if r.kind == TUNED)
@@ -197,7 +197,47 @@ def test_summarize_script_checks_must_hold_items(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "PASS add_relu: 90% of copy bandwidth" in out
     assert "PASS add_relu `s0`: tuned 9.05 us vs best cuda 9.00 us" in out
-    assert "PASS add_relu `s0`: tuned 9.05 us vs torch.compile 12.0 us (1.33x)" in out
+    assert "PASS add_relu `s0`: tuned / torch.compile = 0.754 (9.05 vs 12.0 us)" in out
     assert "FAIL softmax: 80% of copy bandwidth" in out
     assert "FAIL softmax `s0`: tuned 11.0 us vs best triton 10.0 us" in out
+    # head-to-head ratios, when the bench recorded them, decide instead of the separate timings
+    rows[3]["vs_best"], rows[3]["vs_compile"] = 1.031, 0.70
+    rows[5]["vs_best"] = 1.004
+    path.write_text(json.dumps({"schema": "kernelgraft.bench/1", "environment": {"device": "H200"},
+                                "ceilings": {"copy_gbps": 4000, "bf16_tflops": 800}, "rows": rows}))
+    assert mod.main([str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL add_relu `s0`: tuned / best cuda = 1.031 head to head (separately: 9.05 vs 9.00 us)" in out
+    assert "PASS add_relu `s0`: tuned / torch.compile = 0.700 head to head (9.05 vs 12.0 us)" in out
+    assert "PASS softmax `s0`: tuned / best triton = 1.004 head to head" in out
     assert "| add_relu | `s0` | cuda 9.00, triton 10.0 |" in (tmp_path / "s.md").read_text()
+
+
+def test_head_to_head_alternates_and_takes_the_median_ratio():
+    from kernelgraft.bench._run import head_to_head
+
+    order = []
+    drift = iter(range(100))
+
+    def timer(fn):  # a clock that drifts upward: whichever runs second looks slower
+        order.append(fn())
+        return Timing(10.0 + next(drift), 0, 0, 0, 1)
+
+    ratio = head_to_head(lambda: "a", lambda: "b", timer, pairs=3)
+    assert order == ["a", "b", "b", "a"] * 3
+    # equal kernels on a drifting clock: each pair's geometric mean is close to 1, unlike the
+    # single-order ratios (10/11, 13/12, ...)
+    assert ratio == pytest.approx(1.0, abs=0.005)
+
+    drift = iter(range(100))
+    slower = head_to_head(lambda: "a", lambda: "b", lambda fn: Timing((1.1 if fn() == "a" else 1.0) * (10 + next(drift)), 0, 0, 0, 1))
+    assert slower == pytest.approx(1.1, abs=0.01)
+
+
+def test_tuned_row_records_head_to_head_ratios():
+    from kernelgraft.examples.softmax import softmax
+
+    rows = bench_op(softmax, [(torch.randn(4, 64),)], ceilings=CEIL, timer=FakeTimer(), compile=False, tune=True)
+    tuned = next(r for r in rows if r.kind == TUNED)
+    assert tuned.variant == "tuned (kg.tune)" and tuned.vs_best is not None and tuned.vs_best > 0
+    assert tuned.vs_compile is None  # compile=False

@@ -92,3 +92,23 @@ def test_config_lookup_by_index_and_value():
         spec.config(5)
     with pytest.raises(kg.SpecError, match="BLOCKX"):
         spec.config({"BLOCKX": 1})
+
+
+def test_reference_hints_resolve_torch_imported_locally():
+    # A reference defined where torch is imported inside a function, under
+    # ``from __future__ import annotations``: its hints are strings naming a non-global ``torch``.
+    import torch
+
+    from kernelgraft._errors import SpecError
+    from kernelgraft._schema import parse_signature
+
+    ns: dict = {}
+    exec("from __future__ import annotations\n"
+         "def ref(x: torch.Tensor, n: int) -> torch.Tensor:\n    return x * n\n", {"__name__": "m"}, ns)
+    sig = parse_signature(ns["ref"], (), "kg.op('t::ref')")
+    assert sig.returns == "tensor" and [p.name for p in sig.params] == ["x", "n"]
+    exec("from __future__ import annotations\n"
+         "def bad(x: Tensr) -> torch.Tensor:\n    return x\n", {"__name__": "m"}, ns)
+    with pytest.raises(SpecError, match=r"kg.op\('t::ref'\): could not read the type hints of bad.*Tensr"):
+        parse_signature(ns["bad"], (), "kg.op('t::ref')")
+    assert isinstance(torch.ones(1), torch.Tensor)

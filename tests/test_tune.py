@@ -181,6 +181,27 @@ def test_mutating_op_gate_and_user_tensor_untouched():
     assert d.excluded[0]["kind"] == "wrong" and "mutated argument 'x'" in d.excluded[0]["reason"]
 
 
+def test_finalists_are_retimed_and_keep_their_fastest_median():
+    # A first pass skewed against a candidate must not decide a near-tie: BLOCK=128 looks 2% slower
+    # than BLOCK=64 once (a tie, which the first-listed 64 would win), then is 3% faster.
+    op = make_scale("tg::retime")
+    calls: dict = {}
+    first = {64: 1.03, 128: 1.05, 256: 3.0, 512: 4.0}
+    later = {64: 1.03, 128: 1.00, 256: 3.0, 512: 4.0}
+
+    def timer(trial, settings):
+        block = trial.candidate.config.as_dict()["BLOCK"]
+        calls[block] = calls.get(block, 0) + 1
+        return (first if calls[block] == 1 else later)[block]
+
+    with kg.tune("on", timer=timer):
+        op(torch.randn(300))
+    d = kg.tune.decision(op, torch.randn(300))
+    assert d.winner["config"] == {"BLOCK": 128} and d.winner["ms"] == 1.0
+    # only the finalists (within 4% of the fastest first pass) were timed again, once
+    assert calls == {64: 2, 128: 2, 256: 1, 512: 1}
+
+
 # ---------------------------------------------------------------- modes
 def test_mode_off_and_cached_do_not_measure():
     op = make_scale("tm::a")

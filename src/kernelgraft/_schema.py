@@ -129,7 +129,9 @@ def _kind(hint: Any, where: str) -> str:
 
 def parse_signature(fn: Callable, mutates_args: Sequence[str], where: str) -> Signature:
     try:
-        hints = typing.get_type_hints(fn)
+        # ``torch`` resolves even where the reference's module imports it only locally (string
+        # annotations under ``from __future__ import annotations`` look names up in globals).
+        hints = typing.get_type_hints(fn, localns={"torch": torch})
     except Exception as exc:  # unresolved forward references and the like
         raise SpecError(f"{where}: could not read the type hints of {fn.__qualname__}: {exc}") from exc
     sig = inspect.signature(fn)
@@ -165,7 +167,18 @@ def parse_signature(fn: Callable, mutates_args: Sequence[str], where: str) -> Si
             f"{where}: return annotation {ret!r} is not supported; use Tensor, tuple[Tensor, ...] or None"
         )
     try:
-        schema = torch.library.infer_schema(fn, mutates_args=tuple(mutates_args))
+        # torch evaluates string annotations itself, in the function's globals: hand it the
+        # signature with the hints resolved above instead.
+        resolved = sig.replace(
+            parameters=[p.replace(annotation=hints[p.name]) for p in sig.parameters.values()],
+            return_annotation=None if hints.get("return") is type(None) else hints.get("return", sig.return_annotation),
+        )
+
+        def prototype(*args, **kwargs):  # only its signature is read
+            raise NotImplementedError
+
+        prototype.__signature__ = resolved  # type: ignore[attr-defined]
+        schema = torch.library.infer_schema(prototype, mutates_args=tuple(mutates_args))
     except Exception as exc:
         raise SpecError(f"{where}: torch could not infer a schema: {exc}") from exc
     mutated = tuple(i for i, p in enumerate(params) if p.mutated)

@@ -43,6 +43,8 @@ class Row:
     reps: int = 0
     detail: str = ""
     error: str | None = None
+    vs_best: float | None = None  # tuned rows: time / fastest candidate's, timed head to head
+    vs_compile: float | None = None  # tuned rows: time / torch.compile's, timed head to head
 
     def fill(self, timing: Timing | None, ceilings: Ceilings | None) -> "Row":
         if timing is None:
@@ -94,6 +96,26 @@ def _timed(row: Row, fn: Callable[[], object] | None, timer: Timer, ceilings: Ce
     return row
 
 
+HEAD_TO_HEAD_PAIRS = 3
+
+
+def head_to_head(fn: Callable[[], object], other: Callable[[], object], timer: Timer,
+                 pairs: int = HEAD_TO_HEAD_PAIRS) -> float:
+    """time(fn) / time(other): the median over ``pairs`` of the geometric mean of two rounds, one
+    timing ``fn`` first and one ``other`` first.
+
+    Separate timings of two kernels of a few microseconds differ by a few percent from clock and
+    queue drift alone, and the fastest of many candidates is biased low by that noise. Alternating
+    the order within a pair cancels a steady drift; the median drops an outlying pair."""
+    values = []
+    for _ in range(pairs):
+        a1, b1 = timer(fn).median_us, timer(other).median_us
+        b2, a2 = timer(other).median_us, timer(fn).median_us
+        if b1 > 0 and b2 > 0:
+            values.append(math.sqrt((a1 / b1) * (a2 / b2)))
+    return sorted(values)[len(values) // 2] if values else math.nan
+
+
 def _compiled(reference: Callable[..., Any]) -> Callable[..., Any]:
     import torch._dynamo
 
@@ -115,6 +137,8 @@ def bench_op(
     on_row: Callable[[Row], None] | None = None,
 ) -> list[Row]:
     """All rows for ``op`` over ``inputs`` (tuples of arguments, small to large)."""
+    # head-to-head rounds follow a full timing of both sides: a short warm-up suffices
+    quick = timer or (lambda fn: measure(fn, warmup_ms=20.0, rep_ms=30.0))
     timer = timer or (lambda fn: measure(fn))
     rows: list[Row] = []
     compiled = None
@@ -137,7 +161,7 @@ def bench_op(
                      error=f"{type(exc).__name__}: {exc}".splitlines()[0][:300]))
             continue
         base = dict(op=op.name, shape=shape, size=size, bytes=nbytes, flops=flops)
-        cand_rows = []
+        cand_rows, cand_fns = [], {}
         for cand in op.candidates(*args):
             if not cand.supported:
                 continue
@@ -147,12 +171,14 @@ def bench_op(
             except Exception as exc:
                 row.error, fn = f"{type(exc).__name__}: {exc}".splitlines()[0][:300], None
             cand_rows.append(emit(_timed(row, fn, timer, ceilings)))
+            cand_fns[id(cand_rows[-1])] = fn
         timed = [r for r in cand_rows if r.time_us is not None]
         for backend in sorted({r.backend for r in timed}):
             best = min((r for r in timed if r.backend == backend), key=lambda r: r.time_us)
             emit(dataclasses.replace(best, kind=BACKEND, variant=f"best {backend}", detail=best.variant))
         emit(_timed(Row(**base, kind=EAGER, variant="torch eager", backend="torch"),
                     lambda: op.reference(*args), timer, ceilings))
+        compile_fn = None
         if compile:
             row = Row(**base, kind=COMPILE, variant="torch.compile", backend="torch")
             try:
@@ -161,6 +187,7 @@ def bench_op(
             except Exception as exc:
                 row.error, fn = f"{type(exc).__name__}: {exc}".splitlines()[0][:300], None
             emit(_timed(row, fn, timer, ceilings))
+            compile_fn = fn if row.time_us is not None else None
         with _mode("off"):
             emit(_timed(Row(**base, kind=DEFAULT, variant="kg op (untuned default)", backend="kg"),
                         lambda: op(*args), timer, ceilings))
@@ -176,6 +203,8 @@ def bench_op(
                     _timed(tuned, lambda: op(*args), timer, ceilings)
                     plan = op._plans.get(op._key(args, False))
                     tuned.detail = getattr(getattr(plan, "candidate", None), "label", "") or ""
+                    if tuned.time_us is not None:
+                        _compare(tuned, lambda: op(*args), timed, cand_fns, compile_fn, quick)
                 emit(tuned)
             except Exception as exc:
                 tuned.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
@@ -188,6 +217,18 @@ def bench_op(
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     return rows
+
+
+def _compare(tuned: Row, fn, timed: list[Row], cand_fns: dict, compile_fn, timer: Timer) -> None:
+    """Fill ``tuned.vs_best`` and ``tuned.vs_compile`` from head-to-head timings."""
+    try:
+        if timed:
+            best = min(timed, key=lambda r: r.time_us)
+            tuned.vs_best = head_to_head(fn, cand_fns[id(best)], timer)
+        if compile_fn is not None:
+            tuned.vs_compile = head_to_head(fn, compile_fn, timer)
+    except Exception as exc:  # a failed comparison leaves the plain timings to judge by
+        log.warning("%s %s: head-to-head timing failed: %s", tuned.op, tuned.shape, exc)
 
 
 def summary_rows(rows: Sequence[Row], *, all_candidates: bool = False) -> list[Row]:

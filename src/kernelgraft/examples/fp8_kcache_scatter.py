@@ -298,11 +298,16 @@ def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.bfloat16):
 
 
 def bench_inputs(device: str = "cuda"):
-    """Prefill-sized scatters of DeepSeek-V3.2 indexer keys (head_dim 128, page of 64 tokens)."""
-    for n_tokens in (256, 4096, 32768, 131072):
+    """Prefill-sized scatters of DeepSeek-V3.2 indexer keys (head_dim 128, page of 64 tokens).
+
+    Slots as a prefill produces them: each sequence's tokens fill its pages in order, the pages
+    come from anywhere in a cache twice the needed size (a random block table)."""
+    for n_tokens in (256, 4096, 32768, 131072, 524288):
         num_blocks = 2 * n_tokens // 64
         cache = torch.zeros(num_blocks, 64, 132, dtype=torch.uint8, device=device)
-        slots = torch.randperm(num_blocks * 64, device=device)[:n_tokens]
+        pages = torch.randperm(num_blocks, device=device)[: n_tokens // 64]
+        t = torch.arange(n_tokens, device=device)
+        slots = pages[t // 64] * 64 + t % 64
         k = torch.randn(n_tokens, 128, device=device, dtype=torch.bfloat16)
         yield (k, cache, slots, 128, "ue8m0")
 

@@ -91,7 +91,9 @@ def _shapes_fit(a, b, **config):
     return True
 
 
-TRITON = kg.triton(launch_gemm, configs=CONFIGS, supports=_shapes_fit, name="triton_gemm")
+# Both kernels take row strides (the Triton one any strides), so views reach them without a copy.
+TRITON = kg.triton(launch_gemm, configs=CONFIGS, supports=_shapes_fit, name="triton_gemm",
+                   contiguous=False)
 
 _CUDA_SOURCE = r"""
 #include <cuda_fp16.h>
@@ -218,6 +220,7 @@ CUDA = kg.cuda(
     ],
     supports=_wmma_fits,
     name="cuda_gemm_wmma",
+    contiguous=False,
 )
 
 IMPLS = [TRITON, CUDA]
@@ -281,6 +284,13 @@ def bench_inputs(device: str = "cuda"):
                torch.randn(k, n, device=device, dtype=torch.bfloat16))
 
 
+def cost(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
+    """(bytes, flops) of one call for ``kernelgraft bench``: A and B read, C written; 2*M*N*K."""
+    M, K = a.shape
+    N = b.shape[1]
+    return float((M * K + K * N + M * N) * a.element_size()), 2.0 * M * N * K
+
+
 @kg.op(
     "kgexamples::gemm",
     impls=IMPLS,
@@ -288,6 +298,7 @@ def bench_inputs(device: str = "cuda"):
     dtypes=(torch.bfloat16, torch.float16, torch.float32),
     ndim={"a": 2, "b": 2},
     prune=PRUNE,
+    cost=cost,
 )
 def gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b, accumulated in float32, returned in a's dtype."""

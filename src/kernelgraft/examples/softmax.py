@@ -101,6 +101,7 @@ TRITON_ROWS = kg.triton(
         {"rows_per_program": 1, "num_warps": 16},
         {"rows_per_program": 4, "num_warps": 4},
         {"rows_per_program": 16, "num_warps": 4},
+        {"rows_per_program": 1, "num_warps": 32},  # long rows (32K): 32 elements per thread
     ],
     supports=_fits_rows,
     name="softmax_rows",
@@ -108,7 +109,8 @@ TRITON_ROWS = kg.triton(
 
 TRITON_ONLINE = kg.triton(
     launch_softmax_online,
-    configs=[{"BLOCK": 1024, "num_warps": 4}, {"BLOCK": 4096, "num_warps": 8}],
+    configs=[{"BLOCK": 1024, "num_warps": 4}, {"BLOCK": 4096, "num_warps": 8},
+             {"BLOCK": 8192, "num_warps": 16}],
     supports=_fits_online,
     name="softmax_online",
 )
