@@ -1,7 +1,8 @@
 """Trials: run every candidate once through the correctness gate, then time the ones that pass.
 
 Phases: (1) gate every candidate (compilation happens here: seconds of host work with the GPU
-idle); (2) keep the GPU busy for ``WARM_MS`` so its clocks are up, then time every candidate back to
+idle); (2) keep the GPU busy for ``WARM_MS`` so its clocks are up (when phase 1 took long enough
+for them to drop), then time every candidate back to
 back; (3) re-time the finalists (within ``FINAL_MARGIN`` of the fastest, at most ``MAX_FINALISTS``)
 in ``FINAL_ROUNDS`` more rounds and keep each one's fastest median. Timing right after
 each compile let clock ramp-up decide: on the H200 the candidate timed first (right after the
@@ -30,7 +31,8 @@ __all__ = ["Result", "run_trials"]
 
 log = logging.getLogger(__name__)
 _MAX_COLD_SETS = 16
-WARM_MS = 30.0  # GPU busy time before the first timing
+WARM_MS = 30.0  # GPU busy time before the first timing...
+IDLE_S = 0.1  # ...when the gate phase took longer than this (compiles: the GPU sat idle)
 # Finalists: first-pass times within 4% of the fastest (twice the tuner's tie margin), where
 # noise, not the kernels, would decide; re-timed once more each. Kept small: every extra timing
 # costs tuning wall time, which pruning is meant to cut (issue 3: >= 5x).
@@ -130,8 +132,8 @@ def run_trials(
             continue
         results.append(_gate(op, cand, sets, restore if mutated else None, oracle, mutated, device))
     trials = [r for r in results if isinstance(r, Trial)]
-    if trials and settings.timer is None:
-        _warm_up(trials[0], device)
+    if trials and settings.timer is None and time.perf_counter() - started > IDLE_S:
+        _warm_up(trials[0], device)  # the gate phase compiled or otherwise left the GPU idle
     where = {id(r): i for i, r in enumerate(results)}
     times: dict[int, float] = {}
     for n, trial in enumerate(trials):
