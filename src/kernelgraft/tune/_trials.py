@@ -1,12 +1,15 @@
 """Trials: run every candidate once through the correctness gate, then time the ones that pass.
 
 Phases: (1) gate every candidate (compilation happens here: seconds of host work with the GPU
-idle); (2) keep the GPU busy for ``WARM_MS`` so its clocks are up (when phase 1 took long enough
-for them to drop), then time every candidate back to
-back; (3) re-time the finalists (within ``FINAL_MARGIN`` of the fastest, at most ``MAX_FINALISTS``)
-in ``FINAL_ROUNDS`` more rounds and keep each one's fastest median. Timing right after
-each compile let clock ramp-up decide: on the H200 the candidate timed first (right after the
-reference ran, clocks high) won large GEMMs it was 10% slower at.
+idle); (2) keep the GPU busy for ``WARM_MS``, then time every candidate back to back; (3) re-time
+the finalists (within ``FINAL_MARGIN`` of the fastest, at most ``MAX_FINALISTS``) in
+``FINAL_ROUNDS`` more rounds and keep each one's fastest median.
+
+Why the warm-up, on every key: without it the candidate timed first won large GEMMs it was 10%
+slower at (most likely it ran on the power headroom an idle GPU builds up, the others at the
+sustained clock; H200, 2026-11-30: with the warm-up the 22-shape sweep's worst choice was 1.033x the best,
+at a 3 us kernel; skipping it when no compile had happened gave 1.099x on two large shapes; both
+runs are in benchmarks/results/2026-11-30-h200-s2/).
 
 The caller's tensors are never written: mutating ops get private copies, restored from a pristine
 copy before every launch. Outputs are preallocated (poisoned for the gate run), so timing sees
@@ -31,8 +34,7 @@ __all__ = ["Result", "run_trials"]
 
 log = logging.getLogger(__name__)
 _MAX_COLD_SETS = 16
-WARM_MS = 30.0  # GPU busy time before the first timing...
-IDLE_S = 0.1  # ...when the gate phase took longer than this (compiles: the GPU sat idle)
+WARM_MS = 30.0  # GPU busy time before the first timing, every key (see the module docstring)
 # Finalists: first-pass times within 4% of the fastest (twice the tuner's tie margin), where
 # noise, not the kernels, would decide; re-timed once more each. Kept small: every extra timing
 # costs tuning wall time, which pruning is meant to cut (issue 3: >= 5x).
@@ -132,8 +134,8 @@ def run_trials(
             continue
         results.append(_gate(op, cand, sets, restore if mutated else None, oracle, mutated, device))
     trials = [r for r in results if isinstance(r, Trial)]
-    if trials and settings.timer is None and time.perf_counter() - started > IDLE_S:
-        _warm_up(trials[0], device)  # the gate phase compiled or otherwise left the GPU idle
+    if trials and settings.timer is None:
+        _warm_up(trials[0], device)
     where = {id(r): i for i, r in enumerate(results)}
     times: dict[int, float] = {}
     for n, trial in enumerate(trials):
