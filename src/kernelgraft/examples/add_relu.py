@@ -15,6 +15,8 @@ import triton.language as tl
 
 import kernelgraft as kg
 
+from ._elementwise import launch_binary_cuda
+
 
 @triton.jit
 def _add_relu_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
@@ -63,21 +65,10 @@ __global__ void add_relu(const T* __restrict__ x, const T* __restrict__ y, T* __
 """
 
 
-def launch_add_relu_cuda(x, y, out, *, BLOCK, ITEMS):
-    n = x.numel()
-    per_block = BLOCK * ITEMS
-    return kg.Launch(
-        grid=(n + per_block - 1) // per_block,
-        block=BLOCK,
-        args=(x, y, out, kg.driver.i64(n)),
-        template={"T": kg.ctype(x.dtype)},
-    )
-
-
 CUDA = kg.cuda(
     _CUDA_SOURCE,
     "add_relu<{T}>",
-    launch=launch_add_relu_cuda,
+    launch=launch_binary_cuda,
     configs=[{"BLOCK": 256, "ITEMS": 4}, {"BLOCK": 512, "ITEMS": 2}],
     supports=_same_shape,
 )

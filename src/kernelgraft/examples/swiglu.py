@@ -18,6 +18,8 @@ import triton.language as tl
 
 import kernelgraft as kg
 
+from ._elementwise import launch_binary_cuda
+
 
 @triton.jit
 def _swiglu_kernel(gate_ptr, up_ptr, out_ptr, n, BLOCK: tl.constexpr, F64: tl.constexpr):
@@ -82,21 +84,10 @@ __global__ void swiglu(const T* __restrict__ gate, const T* __restrict__ up, T* 
 """
 
 
-def launch_swiglu_cuda(gate, up, out, *, BLOCK, ITEMS):
-    n = gate.numel()
-    per_block = BLOCK * ITEMS
-    return kg.Launch(
-        grid=(n + per_block - 1) // per_block,
-        block=BLOCK,
-        args=(gate, up, out, kg.driver.i64(n)),
-        template={"T": kg.ctype(gate.dtype)},
-    )
-
-
 CUDA = kg.cuda(
     _CUDA_SOURCE,
     "swiglu<{T}>",
-    launch=launch_swiglu_cuda,
+    launch=launch_binary_cuda,
     configs=[{"BLOCK": 256, "ITEMS": 4}, {"BLOCK": 512, "ITEMS": 2}],
     supports=_same_shape,
 )

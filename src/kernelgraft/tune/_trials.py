@@ -161,8 +161,8 @@ def _over_budget(cand: Any, settings: Any) -> Result:
 
 
 def _warm_up(trial: Trial, device: torch.device, ms: float = WARM_MS) -> None:
-    """Launch ``trial`` until the GPU has been busy for ``ms``, so no candidate is timed while
-    clocks ramp up after the compile phase."""
+    """Launch ``trial`` until the GPU has been busy for ``ms``, so every candidate is timed at the
+    GPU's sustained clock (see the module docstring)."""
     if device.type != "cuda":
         return
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -183,7 +183,7 @@ def _warm_up(trial: Trial, device: torch.device, ms: float = WARM_MS) -> None:
 
 
 def _refine(trials: list[Trial], times: dict[int, float], timer: Any, settings: Any) -> None:
-    """Re-time the finalists interleaved; each keeps the fastest of its medians."""
+    """Re-time the finalists, in turn, ``FINAL_ROUNDS`` times; each keeps its fastest median."""
     if len(trials) < 2:
         return
     best = min(times[id(t)] for t in trials)
