@@ -206,12 +206,31 @@ def main() -> int:
             return (t1 - t0) / n * 1e6
 
         kg.tune.pretune(op, a, b)
-        tuned, default = [], []
-        for _ in range(7):  # interleaved; each mode switch re-plans once, outside the timed loop
-            with kg.tune("on"):
-                tuned.append(per_call_us())
-            with kg.tune("off"):
-                default.append(per_call_us())
+        # The difference sought (<= 1 us) is far below this host's run-to-run spread (whole
+        # rounds of 27 and 38 us were seen): one core, no GC during a round, and the judgement
+        # by the median of paired differences of adjacent rounds in ABBA order, so slow drift
+        # and one-off stalls cancel instead of landing on one side.
+        import gc
+
+        cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+        if cores:
+            os.sched_setaffinity(0, {max(cores)})
+        tuned, default, diffs = [], [], []
+        gc.collect()
+        gc.disable()
+        try:
+            for r in range(16):
+                pair = {}
+                for mode in (("on", "off") if r % 2 == 0 else ("off", "on")):
+                    with kg.tune(mode):  # each switch re-plans once, before the timed loop
+                        pair[mode] = per_call_us(1500)
+                tuned.append(pair["on"])
+                default.append(pair["off"])
+                diffs.append(pair["on"] - pair["off"])
+        finally:
+            gc.enable()
+            if cores:
+                os.sched_setaffinity(0, cores)
         # a fresh plan on a warm in-memory decision: the per-new-signature cost
         from kernelgraft import _select
 
@@ -222,9 +241,11 @@ def main() -> int:
             op(a, b)
             replans.append((time.perf_counter() - t0) * 1e6)
         t_med, d_med = statistics.median(tuned), statistics.median(default)
-        return {"tuned_us": t_med, "default_us": d_med, "extra_us": t_med - d_med,
-                "ok": t_med - d_med <= 1.0, "replan_us_median": statistics.median(replans),
-                "tuned_all": tuned, "default_all": default}
+        extra = statistics.median(diffs)
+        return {"tuned_us": t_med, "default_us": d_med, "extra_us": extra,
+                "extra_us_of_medians": t_med - d_med, "ok": extra <= 1.0,
+                "replan_us_median": statistics.median(replans),
+                "tuned_all": tuned, "default_all": default, "paired_diffs": diffs}
 
     # ------------------------------------------------------------------ triton.autotune
     def autotune():

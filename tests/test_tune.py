@@ -460,9 +460,10 @@ def test_isolated_trials_survive_a_candidate_that_kills_its_process():
 @pytest.mark.parametrize(
     "timings, winner",
     [
-        pytest.param({64: 1.01, 128: 1.00, 256: 3.0, 512: 3.0}, 64, id="within-2%-first-listed-wins"),
-        pytest.param({64: 1.05, 128: 1.00, 256: 3.0, 512: 3.0}, 128, id="clearly-faster-wins"),
-        pytest.param({64: 3.0, 128: 1.015, 256: 1.0, 512: 1.01}, 128, id="earliest-of-several-near-best"),
+        pytest.param({64: 1.008, 128: 1.00, 256: 3.0, 512: 3.0}, 64, id="within-1%-first-listed-wins"),
+        pytest.param({64: 1.02, 128: 1.00, 256: 3.0, 512: 3.0}, 128, id="2%-faster-wins"),
+        pytest.param({64: 3.0, 128: 1.009, 256: 1.0, 512: 1.005}, 128, id="earliest-of-several-near-best"),
+        pytest.param({64: 3.0, 128: 1.015, 256: 1.0, 512: 1.005}, 256, id="beyond-the-margin-not-a-tie"),
     ],
 )
 def test_near_ties_go_to_the_first_listed_candidate(timings, winner):

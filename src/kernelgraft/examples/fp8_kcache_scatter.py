@@ -116,7 +116,13 @@ def _fp8_kcache_scatter_kernel(
         bits = scale.to(tl.int32, bitcast=True)
         exponent = (bits >> 23) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
         scale = (exponent << 23).to(tl.float32, bitcast=True)
-    y = tl.math.div_rn(x, scale[:, None])
+        # x / 2^e is exactly x * 2^-e, rounded once: the same bits as a correctly rounded
+        # division at a fraction of its cost. 1 / scale covers inf and nan scales.
+        inv = tl.where((exponent >= 1) & (exponent < 254),
+                       ((254 - exponent) << 23).to(tl.float32, bitcast=True), 1.0 / scale)
+        y = x * inv[:, None]
+    else:
+        y = tl.math.div_rn(x, scale[:, None])
     if SOFT_FP8:
         q = _e4m3_bits(y)
     else:
@@ -177,6 +183,8 @@ TRITON = kg.triton(
         {"TOKENS": 4, "num_warps": 4},
         {"TOKENS": 16, "num_warps": 4},
         {"TOKENS": 1, "num_warps": 1},
+        {"TOKENS": 32, "num_warps": 4},  # prefill-sized scatters: fewer, larger programs
+        {"TOKENS": 64, "num_warps": 8},
     ],
     supports=_fits,
     contiguous=_DENSE,
@@ -206,22 +214,29 @@ __global__ void fp8_kcache_scatter(const T* __restrict__ k, unsigned char* __res
     for (int e = lane; e < qbs; e += 32) amax = fmaxf(amax, fabsf((float)src[e]));
     for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
     float scale = __fdiv_rn(fmaxf(amax, 1e-4f), 448.0f);
+    float inv = 0.0f;  // nonzero: an exact 1 / scale, so x * inv == x / scale correctly rounded
     if (ue8m0) {  // round up to a power of two on the bits: exact 2^ceil(log2(scale))
         int bits = __float_as_int(scale);
         int e = (bits >> 23) + ((bits & 0x7FFFFF) != 0);
         scale = __int_as_float(e << 23);
+        if (e >= 1 && e < 254) inv = __int_as_float((254 - e) << 23);
     }
     const long long page = slot / block_size, row = slot % block_size;
     unsigned char* pg = cache + page * s_page;
+    // the usual dense page: byte i at pg + i, no 64-bit division per byte
+    const bool dense = s_col == 1 && s_row == cache_stride;
     for (int e = lane; e < qbs; e += 32) {
         long long flat = row * head_dim + (long long)qb * qbs + e;
-        __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(__fdiv_rn((float)src[e], scale), __NV_SATFINITE, __NV_E4M3);
-        pg[(flat / cache_stride) * s_row + (flat % cache_stride) * s_col] = (unsigned char)q;
+        float x = (float)src[e];
+        __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(inv != 0.0f ? x * inv : __fdiv_rn(x, scale),
+                                                     __NV_SATFINITE, __NV_E4M3);
+        pg[dense ? flat : (flat / cache_stride) * s_row + (flat % cache_stride) * s_col] = (unsigned char)q;
     }
     if (lane < 4) {
         long long flat = (long long)block_size * head_dim + (row * nqb + qb) * 4 + lane;
         unsigned int bits = (unsigned int)__float_as_int(scale);
-        pg[(flat / cache_stride) * s_row + (flat % cache_stride) * s_col] = (unsigned char)(bits >> (8 * lane));
+        pg[dense ? flat : (flat / cache_stride) * s_row + (flat % cache_stride) * s_col] =
+            (unsigned char)(bits >> (8 * lane));
     }
 }
 """

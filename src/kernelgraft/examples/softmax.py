@@ -29,30 +29,35 @@ def _softmax_rows_kernel(x_ptr, out_ptr, n_rows, n_cols, ROWS: tl.constexpr, BLO
     m = tl.max(x, axis=1)
     # Rows that are all -inf would give nan - nan; the reference gives nan too, keep it consistent.
     e = tl.exp(x - m[:, None])
-    y = e / tl.sum(e, axis=1)[:, None]
+    y = e * (1.0 / tl.sum(e, axis=1))[:, None]
     tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _softmax_online_kernel(x_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
+    # Pass 1 keeps one running max per row (a scalar) and per-lane sums rescaled to it: one exp per
+    # element. A running max per lane would need two (rescale and add) and, on the H200, made this
+    # kernel bound by the exp unit rather than memory. Pass 2 re-reads the row (from L2).
     row = tl.program_id(0).to(tl.int64)
     base = row * n_cols
     cols = tl.arange(0, BLOCK)
-    m = tl.full([BLOCK], -float("inf"), tl.float32)
+    m = tl.max(tl.full([BLOCK], -float("inf"), tl.float32), axis=0)
     d = tl.zeros([BLOCK], tl.float32)
     for start in range(0, n_cols, BLOCK):
         mask = start + cols < n_cols
         x = tl.load(x_ptr + base + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
-        m_new = tl.maximum(m, x)
-        # Lanes that have seen only -inf keep d = 0 (avoid exp(-inf - -inf) = nan).
-        d = tl.where(m_new == -float("inf"), 0.0, d * tl.exp(m - m_new) + tl.exp(x - m_new))
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        # While every element seen is -inf, the sums stay 0 (avoid exp(-inf - -inf) = nan).
+        alive = m_new != -float("inf")
+        scale = tl.where(alive, tl.exp(m - m_new), 0.0)
+        d = d * scale + tl.where(alive, tl.exp(x - m_new), 0.0)
         m = m_new
-    m_row = tl.max(m, axis=0)
-    d_row = tl.sum(tl.where(m == -float("inf"), 0.0, d * tl.exp(m - m_row)), axis=0)
+    # an all -inf row: 1 / 0 and exp(nan) give nan, as the reference does
+    inv = 1.0 / tl.sum(d, axis=0)
     for start in range(0, n_cols, BLOCK):
         mask = start + cols < n_cols
         x = tl.load(x_ptr + base + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
-        y = tl.exp(x - m_row) / d_row
+        y = tl.exp(x - m) * inv
         tl.store(out_ptr + base + start + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -109,7 +114,7 @@ TRITON_ROWS = kg.triton(
 
 TRITON_ONLINE = kg.triton(
     launch_softmax_online,
-    configs=[{"BLOCK": 1024, "num_warps": 4}, {"BLOCK": 4096, "num_warps": 8},
+    configs=[{"BLOCK": 1024, "num_warps": 4}, {"BLOCK": 2048, "num_warps": 4}, {"BLOCK": 4096, "num_warps": 8},
              {"BLOCK": 8192, "num_warps": 16}],
     supports=_fits_online,
     name="softmax_online",

@@ -2,7 +2,8 @@
 
 Kernels are timed by replaying a CUDA graph of launches (as many as fill about 1 ms), so the
 host launch cost (~10 us for Triton) neither hides a kernel of a few microseconds nor is added to
-some candidates and not others. Cold-L2 timing rotates over
+some candidates and not others. Timed eagerly (mutating ops), each launch has GPU work queued
+ahead of it for twice its host cost, for the same reason. Cold-L2 timing rotates over
 copies of the inputs that together exceed the L2 cache. Mutating ops get their inputs restored
 before every launch, outside the timed region (and without graphs, so the copy is not timed).
 
@@ -20,6 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from .._gpu_busy import cover
 
 __all__ = ["Trial", "Timer", "cuda_timer", "default_timer"]
 
@@ -52,16 +55,24 @@ def _events(n: int):
     return [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
 
 
-def _eager(trial: Trial, reps: int) -> list[float]:
+def _eager(trial: Trial, reps: int, lead_us: float = 0.0) -> tuple[list[float], float]:
+    """Per-launch times (ms) and the host's cost per launch (us). ``lead_us`` of GPU work is
+    queued before each start event so the launch is enqueued before the GPU reaches it (see
+    kernelgraft._gpu_busy); without it a short kernel is timed by its host launch cost."""
     pairs = _events(reps)
+    host = []
     for i, (start, end) in enumerate(pairs):
         k = i % trial.n_sets
         if trial.restore is not None:
             trial.restore(k)
+        if lead_us:
+            cover(lead_us)
         start.record()
+        t = time.perf_counter()
         trial.run(k)
+        host.append(time.perf_counter() - t)
         end.record()
-    return _elapsed(pairs)
+    return _elapsed(pairs), statistics.median(host) * 1e6
 
 
 def _graphed(trial: Trial, reps: int, est_ms: float) -> list[float] | None:
@@ -98,7 +109,8 @@ def cuda_timer(trial: Trial, settings: Any) -> float:
     use_graph = bool(getattr(settings, "graph", True))
     started = time.perf_counter()
     torch.cuda.synchronize()
-    est = statistics.median(_eager(trial, warmup))
+    warm, host_us = _eager(trial, warmup)
+    est = statistics.median(warm)
     # as many repeats as fit in this trial's share of the budget (at least 3)
     spent = time.perf_counter() - started
     room_ms = max(0.0, (trial.budget_s - spent) * 1e3) if math.isfinite(trial.budget_s) else math.inf
@@ -110,7 +122,7 @@ def cuda_timer(trial: Trial, settings: Any) -> float:
         times = _graphed(trial, reps, est)
         if times is not None:
             return statistics.median(times)
-    return statistics.median(_eager(trial, reps))
+    return statistics.median(_eager(trial, reps, lead_us=2.0 * host_us + 20.0)[0])
 
 
 def default_timer() -> Timer:

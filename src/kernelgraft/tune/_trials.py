@@ -35,11 +35,11 @@ __all__ = ["Result", "run_trials"]
 log = logging.getLogger(__name__)
 _MAX_COLD_SETS = 16
 WARM_MS = 30.0  # GPU busy time before the first timing, every key (see the module docstring)
-# Finalists: first-pass times within 4% of the fastest (twice the tuner's tie margin), where
-# noise, not the kernels, would decide; re-timed once more each. Kept small: every extra timing
-# costs tuning wall time, which pruning is meant to cut (issue 3: >= 5x).
-FINAL_MARGIN = 0.04
-MAX_FINALISTS = 3
+# Finalists: first-pass times within 3% of the fastest (three times the tuner's tie margin),
+# where noise, not the kernels, would decide; the two fastest are re-timed once more each. Kept
+# small: every extra timing costs tuning wall time, which pruning is meant to cut (issue 3: >= 5x).
+FINAL_MARGIN = 0.03
+MAX_FINALISTS = 2
 FINAL_ROUNDS = 1
 
 
