@@ -127,6 +127,35 @@ def main() -> int:
                        check=lambda r=runner, o=out: (r(x, y, o), o)[1])
             except Exception as exc:
                 rows[f"runner {spec.backend}"] = {"error": f"{type(exc).__name__}: {exc}"}
+    # Where a CUDA C++ launch's host time goes: the driver launcher with its values packed
+    # already, the bare ctypes cuLaunchKernel, and the stream lookup alone.
+    try:
+        from kernelgraft.driver import _cu
+        from kernelgraft.driver._module import current_stream
+        from kernelgraft.driver._params import value_of
+
+        spec = next(s for s in ex.IMPLS if s.backend == "cuda")
+        op = kg.op("kgbench_host::add_relu_cuda_parts", impls=[spec], fallback="error")(ex.add_relu.reference)
+        cand = next(c for c in op.candidates(x, y) if c.supported)
+        runner = op._runner(cand)
+        out = torch.empty_like(x)
+        runner(x, y, out)
+        (launcher,) = runner._launchers.values()
+        launch = spec.launch(x, y, out, **cand.config.as_dict())
+        values = [value_of(a) for a in launch.args]
+        dev = x.device.index or 0
+        record("cuda launcher, values packed", lambda: launcher(dev, launch.grid, launch.block, values))
+        fn = launcher.function
+        raw, handle = _cu.raw_launch(), fn._raw_handle(dev, fn.handle(dev))
+        params = launcher.buffer.address(values)
+        stream = current_stream(dev)
+        g = launch.grid if isinstance(launch.grid, int) else launch.grid[0]
+        b = launch.block if isinstance(launch.block, int) else launch.block[0]
+        record("ctypes cuLaunchKernel alone", lambda: raw(handle, g, 1, 1, b, 1, 1, 0, stream or None, params, None))
+        record("current_stream lookup", lambda: current_stream(dev))
+    except Exception as exc:
+        traceback.print_exc()
+        rows["cuda launcher, values packed"] = {"error": f"{type(exc).__name__}: {exc}"}
     try:
         out = torch.empty_like(x)
         call = naive_cutedsl(x, y, out)
