@@ -144,14 +144,16 @@ def main() -> int:
         launch = spec.launch(x, y, out, **cand.config.as_dict())
         values = [value_of(a) for a in launch.args]
         dev = x.device.index or 0
-        record("cuda launcher, values packed", lambda: launcher(dev, launch.grid, launch.block, values))
+        record("cuda launcher, values packed",
+               lambda v=values, g=launch.grid, b=launch.block: launcher(dev, g, b, v))
         fn = launcher.function
         raw, handle = _cu.raw_launch(), fn._raw_handle(dev, fn.handle(dev))
         params = launcher.buffer.address(values)
         stream = current_stream(dev)
         g = launch.grid if isinstance(launch.grid, int) else launch.grid[0]
         b = launch.block if isinstance(launch.block, int) else launch.block[0]
-        record("ctypes cuLaunchKernel alone", lambda: raw(handle, g, 1, 1, b, 1, 1, 0, stream or None, params, None))
+        record("ctypes cuLaunchKernel alone",
+               lambda g=g, b=b, p=params: raw(handle, g, 1, 1, b, 1, 1, 0, stream or None, p, None))
         record("current_stream lookup", lambda: current_stream(dev))
     except Exception as exc:
         traceback.print_exc()
@@ -177,8 +179,8 @@ def main() -> int:
             t1 = time.perf_counter()
             torch.cuda.synchronize()
             samples[name].append((t1 - t0) / 1000 * 1e6)
-    for name, values in samples.items():
-        rows[name] = {"us": statistics.median(values), "min_us": min(values)}
+    for name, times in samples.items():
+        rows[name] = {"us": statistics.median(times), "min_us": min(times)}
     for name, fn in paths.items():
         profile(name, fn)
     base = rows.get("torch.add", {}).get("us")

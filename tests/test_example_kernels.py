@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 import kernelgraft as kg
+from kernelgraft.examples import softmax as softmax_mod
 from kernelgraft.examples import fp8_kcache_scatter as fp8
 from kernelgraft.examples.rmsnorm_residual import rmsnorm_residual
 from kernelgraft.examples.softmax import softmax
@@ -126,6 +127,24 @@ def test_cuda_sources_compile_for_sm90(module):
         for dtype in CUDA_DTYPES.get(module, (torch.float32, torch.float16, torch.bfloat16)):
             compiled = CudaRunner(spec, config).compile("sm_90", {"T": kg.ctype(dtype)})
             assert compiled.image[:4] == b"\x7fELF", (config, dtype)
+
+
+@pytest.mark.skipif(_nvrtc_missing() is not None, reason="NVRTC not installed")
+def test_softmax_cluster_kernel_compiles_and_claims_the_right_rows():
+    from kernelgraft.backends._cuda import CudaRunner
+
+    spec = softmax_mod.CUDA_CLUSTER
+    for config in spec.configs:
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            assert CudaRunner(spec, config).compile("sm_90", {"T": kg.ctype(dtype)}).image[:4] == b"\x7fELF"
+    fits = lambda x, i: softmax_mod._fits_cluster(x, **spec.configs[i].as_dict())  # noqa: E731
+    wide = torch.empty(2, 32768, dtype=torch.bfloat16)
+    assert fits(wide, 0) is True and fits(wide, 1) is True and fits(wide, 2) is True
+    assert "exceed" in fits(torch.empty(2, 65536, dtype=torch.bfloat16), 0)
+    assert "idle" in fits(torch.empty(2, 4096, dtype=torch.bfloat16), 0)
+    assert "16-byte" in fits(torch.empty(2, 32760, dtype=torch.bfloat16), 0)
+    assert "aligned" in fits(torch.empty(2, 32769, dtype=torch.bfloat16)[:, 1:], 0)
+    assert spec.min_capability == (9, 0)
 
 
 def test_bench_inputs_are_declared():

@@ -178,7 +178,152 @@ CUDA = kg.cuda(
     supports=_fits_online,
 )
 
-IMPLS = [TRITON_ROWS, TRITON_ONLINE, CUDA]
+_CLUSTER_SOURCE = r"""
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#define NEG_INF (-__int_as_float(0x7f800000))
+#define LOG2E 1.4426950408889634f
+
+// Cluster primitives in PTX (cooperative_groups' cluster API needs libcu++ headers NVRTC may lack).
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// ``*p`` in the shared memory of the cluster's block ``rank`` (distributed shared memory)
+__device__ __forceinline__ float peer_load(const float* p, unsigned rank) {
+    unsigned local = (unsigned)__cvta_generic_to_shared(p), remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+    return v;
+}
+
+// Sum (or max) over the block; every thread gets the result. ``red`` holds one float per warp.
+template <int THREADS, bool MAX>
+__device__ __forceinline__ float block_reduce(float v, float* red) {
+    for (int off = 16; off > 0; off >>= 1) {
+        float o = __shfl_xor_sync(0xffffffffu, v, off);
+        v = MAX ? fmaxf(v, o) : v + o;
+    }
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads();  // the previous reduction's readers are done with red
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = lane < THREADS / 32 ? red[lane] : (MAX ? NEG_INF : 0.0f);
+    for (int off = 16; off > 0; off >>= 1) {
+        float o = __shfl_xor_sync(0xffffffffu, v, off);
+        v = MAX ? fmaxf(v, o) : v + o;
+    }
+    return v;
+}
+
+// One row per thread-block cluster (Hopper): each of the CLUSTER blocks holds a contiguous
+// 1/CLUSTER of the row in registers (CHUNKS 16-byte vectors per thread), and the blocks swap their
+// partial max and sum through distributed shared memory. The row is read once and written once,
+// and a 32K-wide row is spread over CLUSTER SMs' worth of loads instead of one block's.
+template <typename T, int CLUSTER, int THREADS, int CHUNKS>
+__global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(THREADS)
+softmax_cluster(const T* __restrict__ x, T* __restrict__ out, int n_cols) {
+    constexpr int VEC = 16 / sizeof(T);
+    const int rank = (int)cluster_rank();
+    const int slice = n_cols / CLUSTER;  // a multiple of VEC (the op's supports() checks)
+    const long long start = (long long)(blockIdx.x / CLUSTER) * n_cols + (long long)rank * slice;
+    const uint4* src = reinterpret_cast<const uint4*>(x + start);
+    uint4* dst = reinterpret_cast<uint4*>(out + start);
+    const int nvec = slice / VEC;
+    float v[CHUNKS][VEC];
+    float m = NEG_INF;
+#pragma unroll
+    for (int k = 0; k < CHUNKS; ++k) {
+        const int j = threadIdx.x + k * THREADS;
+        if (j < nvec) {
+            uint4 raw = src[j];
+            const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) { v[k][i] = (float)e[i]; m = fmaxf(m, v[k][i]); }
+        } else {
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) v[k][i] = NEG_INF;
+        }
+    }
+    __shared__ float red[THREADS / 32];
+    __shared__ float mine[2];  // this block's max and sum, read by the whole cluster
+    m = block_reduce<THREADS, true>(m, red);
+    if (threadIdx.x == 0) mine[0] = m;
+    cluster_sync();
+    m = NEG_INF;
+#pragma unroll
+    for (int r = 0; r < CLUSTER; ++r) m = fmaxf(m, peer_load(&mine[0], r));
+    // an all -inf row gives nan here (-inf - -inf), as the reference does
+    const float ml = m * LOG2E;
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < CHUNKS; ++k)
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) { v[k][i] = exp2f(fmaf(v[k][i], LOG2E, -ml)); s += v[k][i]; }
+    s = block_reduce<THREADS, false>(s, red);
+    if (threadIdx.x == 0) mine[1] = s;
+    cluster_sync();
+    s = 0.0f;
+#pragma unroll
+    for (int r = 0; r < CLUSTER; ++r) s += peer_load(&mine[1], r);
+    cluster_sync();  // no block leaves (freeing its shared memory) while another still reads it
+    const float inv = 1.0f / s;
+#pragma unroll
+    for (int k = 0; k < CHUNKS; ++k) {
+        const int j = threadIdx.x + k * THREADS;
+        if (j < nvec) {
+            uint4 raw;
+            T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) e[i] = (T)(v[k][i] * inv);
+            dst[j] = raw;
+        }
+    }
+}
+"""
+
+
+def launch_softmax_cluster(x, out, *, CLUSTER, THREADS, CHUNKS):
+    n_rows, n_cols = _rows_cols(x)
+    return kg.Launch(grid=n_rows * CLUSTER, block=THREADS, args=(x, out, kg.driver.i32(n_cols)),
+                     template={"T": kg.ctype(x.dtype)})
+
+
+def _fits_cluster(x, *, CLUSTER, THREADS, CHUNKS):
+    why = _nonempty(x)
+    if why:
+        return why
+    vec = 16 // x.element_size()
+    n_cols = x.shape[-1]
+    if n_cols % (CLUSTER * vec):
+        return f"rows of {n_cols} elements do not split into {CLUSTER} slices of 16-byte vectors"
+    if n_cols > CLUSTER * THREADS * CHUNKS * vec:
+        return f"rows of {n_cols} elements exceed this config's {CLUSTER * THREADS * CHUNKS * vec}"
+    if n_cols < CLUSTER * THREADS * CHUNKS * vec // 2:
+        return "rows this short leave half of this config's threads idle"
+    if x.data_ptr() % 16:
+        return "x is not 16-byte aligned"
+    return True
+
+
+CUDA_CLUSTER = kg.cuda(
+    _CLUSTER_SOURCE,
+    "softmax_cluster<{T}, {CLUSTER}, {THREADS}, {CHUNKS}>",
+    launch=launch_softmax_cluster,
+    # 32K bf16 columns: 4 blocks of 256 threads x 32 elements, or 8 x 128 x 32, or 2 x 512 x 32
+    configs=[{"CLUSTER": 4, "THREADS": 256, "CHUNKS": 4}, {"CLUSTER": 8, "THREADS": 128, "CHUNKS": 4},
+             {"CLUSTER": 2, "THREADS": 512, "CHUNKS": 4}, {"CLUSTER": 2, "THREADS": 256, "CHUNKS": 2}],
+    supports=_fits_cluster,
+    min_capability=(9, 0),  # thread-block clusters and distributed shared memory
+    name="softmax_cluster",
+)
+
+IMPLS = [TRITON_ROWS, TRITON_ONLINE, CUDA, CUDA_CLUSTER]
 
 
 def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
@@ -191,6 +336,12 @@ def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
     yield (masked,)
     for dt in (torch.float16, torch.bfloat16):
         yield (torch.randn(9, 768, device=device, dtype=dt),)
+    # vocab-wide rows (the cluster kernel's shapes), one masked across its slices, and a width
+    # that leaves some of its threads without a vector
+    wide = torch.randn(3, 32768, device=device, dtype=torch.bfloat16)
+    wide[1, 5000:] = float("-inf")
+    yield (wide,)
+    yield (torch.randn(4, 6144, device=device, dtype=torch.float16) * 10,)
 
 
 def bench_inputs(device: str = "cuda"):
