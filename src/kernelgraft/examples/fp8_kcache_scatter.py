@@ -96,12 +96,15 @@ def _e4m3_bits(x):
 
 @triton.jit
 def _fp8_kcache_scatter_kernel(
-    k_ptr, cache_ptr, slot_ptr, n_tokens, head_dim, block_size, cache_stride,
+    k_ptr, cache_ptr, slot_ptr, n_tokens, cache_stride,
     stride_page, stride_row, stride_col,
+    HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     QBLOCK: tl.constexpr, QPAD: tl.constexpr, TOKENS: tl.constexpr,
-    UE8M0: tl.constexpr, PAGE_CONTIGUOUS: tl.constexpr, SOFT_FP8: tl.constexpr,
+    UE8M0: tl.constexpr, PAGE_CONTIGUOUS: tl.constexpr, SCALE32: tl.constexpr, SOFT_FP8: tl.constexpr,
 ):
-    # Program (i, j): TOKENS tokens x quantisation block j.
+    # Program (i, j): TOKENS tokens x quantisation block j. The head size and page size are
+    # compile-time (a model has one of each): slot // BLOCK_SIZE is then a shift, not a 64-bit
+    # division per token, and row offsets are known multiples of 16 for vector stores.
     tokens = tl.program_id(0).to(tl.int64) * TOKENS + tl.arange(0, TOKENS)
     qb = tl.program_id(1)
     lane = tl.arange(0, QPAD)
@@ -109,7 +112,7 @@ def _fp8_kcache_scatter_kernel(
     valid = slot >= 0
     mask = valid[:, None] & (lane[None, :] < QBLOCK)
     col = qb * QBLOCK + lane
-    x = tl.load(k_ptr + tokens[:, None] * head_dim + col[None, :], mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(k_ptr + tokens[:, None] * HEAD_DIM + col[None, :], mask=mask, other=0.0).to(tl.float32)
     # correctly rounded, like CUDA's '/' (a plain '/' may become a multiply by 1/448)
     scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=1), 1e-4), tl.full([TOKENS], 448.0, tl.float32))
     if UE8M0:
@@ -127,25 +130,30 @@ def _fp8_kcache_scatter_kernel(
         q = _e4m3_bits(y)
     else:
         q = y.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-    page = tl.where(valid, slot // block_size, 0)
-    row = tl.where(valid, slot % block_size, 0)
-    flat = row[:, None] * head_dim + col[None, :]
+    page = tl.where(valid, slot // BLOCK_SIZE, 0)
+    row = tl.where(valid, slot % BLOCK_SIZE, 0)
+    flat = row[:, None] * HEAD_DIM + col[None, :]
     if PAGE_CONTIGUOUS:
         dst = page[:, None] * stride_page + flat
     else:
         dst = page[:, None] * stride_page + (flat // cache_stride) * stride_row + (flat % cache_stride) * stride_col
     tl.store(cache_ptr + dst, q, mask=mask)
     # The scale's four bytes, little-endian, after the page's fp8 values.
-    nqb = head_dim // QBLOCK
-    byte = tl.arange(0, 4)
+    nqb = HEAD_DIM // QBLOCK
     sbits = scale.to(tl.int32, bitcast=True)
-    sbytes = ((sbits[:, None] >> (byte[None, :] * 8)) & 0xFF).to(tl.uint8)
-    sflat = block_size * head_dim + (row[:, None] * nqb + qb) * 4 + byte[None, :]
-    if PAGE_CONTIGUOUS:
-        sdst = page[:, None] * stride_page + sflat
+    if SCALE32:  # dense, 4-byte aligned pages: one 32-bit store per scale (GPUs are little-endian)
+        sword = (page * stride_page + BLOCK_SIZE * HEAD_DIM + (row * nqb + qb) * 4) // 4
+        tl.store(cache_ptr.to(tl.pointer_type(tl.int32)) + sword, sbits, mask=valid)
     else:
-        sdst = page[:, None] * stride_page + (sflat // cache_stride) * stride_row + (sflat % cache_stride) * stride_col
-    tl.store(cache_ptr + sdst, sbytes, mask=valid[:, None])
+        byte = tl.arange(0, 4)
+        sbytes = ((sbits[:, None] >> (byte[None, :] * 8)) & 0xFF).to(tl.uint8)
+        sflat = BLOCK_SIZE * HEAD_DIM + (row[:, None] * nqb + qb) * 4 + byte[None, :]
+        if PAGE_CONTIGUOUS:
+            sdst = page[:, None] * stride_page + sflat
+        else:
+            sdst = (page[:, None] * stride_page + (sflat // cache_stride) * stride_row
+                    + (sflat % cache_stride) * stride_col)
+        tl.store(cache_ptr + sdst, sbytes, mask=valid[:, None])
 
 
 def launch_fp8_kcache_scatter(k, kv_cache, slot_mapping, quant_block_size, scale_fmt, *, TOKENS, num_warps):
@@ -153,11 +161,15 @@ def launch_fp8_kcache_scatter(k, kv_cache, slot_mapping, quant_block_size, scale
     _, block_size, cache_stride = kv_cache.shape
     s_page, s_row, s_col = kv_cache.stride()
     grid = (triton.cdiv(n_tokens, TOKENS), head_dim // quant_block_size)
+    dense = s_col == 1 and s_row == cache_stride
     _fp8_kcache_scatter_kernel[grid](
-        k, kv_cache, slot_mapping, n_tokens, head_dim, block_size, cache_stride,
+        k, kv_cache, slot_mapping, n_tokens, cache_stride,
         s_page, s_row, s_col,
+        HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         QBLOCK=quant_block_size, QPAD=triton.next_power_of_2(quant_block_size), TOKENS=TOKENS,
-        UE8M0=scale_fmt == "ue8m0", PAGE_CONTIGUOUS=(s_col == 1 and s_row == cache_stride),
+        UE8M0=scale_fmt == "ue8m0", PAGE_CONTIGUOUS=dense,
+        SCALE32=(dense and kv_cache.data_ptr() % 4 == 0 and s_page % 4 == 0
+                 and block_size * head_dim % 4 == 0),
         SOFT_FP8=interpreting(),
         num_warps=num_warps,
     )
