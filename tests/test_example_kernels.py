@@ -147,6 +147,24 @@ def test_softmax_cluster_kernel_compiles_and_claims_the_right_rows():
     assert spec.min_capability == (9, 0)
 
 
+@pytest.mark.skipif(_nvrtc_missing() is not None, reason="NVRTC not installed")
+def test_softmax_stream_kernel_compiles_and_claims_long_rows():
+    from kernelgraft.backends._cuda import CudaRunner
+
+    spec = softmax_mod.CUDA_STREAM
+    for config in spec.configs:
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            assert CudaRunner(spec, config).compile("sm_90", {"T": kg.ctype(dtype)}).image[:4] == b"\x7fELF"
+    fits = lambda x, i: softmax_mod._fits_stream(x, **spec.configs[i].as_dict())  # noqa: E731
+    assert fits(torch.empty(2, 32768, dtype=torch.bfloat16), 0) is True  # 3 x 64 KiB ring
+    assert "227 KiB" in fits(torch.empty(2, 32768, dtype=torch.float32), 0)
+    assert fits(torch.empty(2, 16384, dtype=torch.float32), 0) is True
+    assert "8192" in fits(torch.empty(2, 4096, dtype=torch.bfloat16), 0)
+    assert "16-byte" in fits(torch.empty(2, 9001, dtype=torch.bfloat16), 0)
+    launch = softmax_mod.launch_softmax_stream
+    assert spec.min_capability == (8, 0) and callable(launch)
+
+
 def test_bench_inputs_are_declared():
     for module in MODULES:
         assert callable(importlib.import_module(f"kernelgraft.examples.{module}").bench_inputs)

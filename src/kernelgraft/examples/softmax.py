@@ -12,6 +12,8 @@ True
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -225,8 +227,11 @@ __device__ __forceinline__ float block_reduce(float v, float* red) {
 // 1/CLUSTER of the row in registers (CHUNKS 16-byte vectors per thread), and the blocks swap their
 // partial max and sum through distributed shared memory. The row is read once and written once,
 // and a 32K-wide row is spread over CLUSTER SMs' worth of loads instead of one block's.
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 1
+#endif
 template <typename T, int CLUSTER, int THREADS, int CHUNKS>
-__global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(THREADS)
+__global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(THREADS, MIN_BLOCKS)
 softmax_cluster(const T* __restrict__ x, T* __restrict__ out, int n_cols) {
     constexpr int VEC = 16 / sizeof(T);
     const int rank = (int)cluster_rank();
@@ -288,13 +293,13 @@ softmax_cluster(const T* __restrict__ x, T* __restrict__ out, int n_cols) {
 """
 
 
-def launch_softmax_cluster(x, out, *, CLUSTER, THREADS, CHUNKS):
+def launch_softmax_cluster(x, out, *, CLUSTER, THREADS, CHUNKS, MIN_BLOCKS=1):
     n_rows, n_cols = _rows_cols(x)
     return kg.Launch(grid=n_rows * CLUSTER, block=THREADS, args=(x, out, kg.driver.i32(n_cols)),
                      template={"T": kg.ctype(x.dtype)})
 
 
-def _fits_cluster(x, *, CLUSTER, THREADS, CHUNKS):
+def _fits_cluster(x, *, CLUSTER, THREADS, CHUNKS, MIN_BLOCKS=1):
     why = _nonempty(x)
     if why:
         return why
@@ -323,7 +328,142 @@ CUDA_CLUSTER = kg.cuda(
     name="softmax_cluster",
 )
 
-IMPLS = [TRITON_ROWS, TRITON_ONLINE, CUDA, CUDA_CLUSTER]
+_STREAM_SOURCE = r"""
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#define NEG_INF (-__int_as_float(0x7f800000))
+#define LOG2E 1.4426950408889634f
+
+template <int THREADS, bool MAX>
+__device__ __forceinline__ float block_reduce(float v, float* red) {
+    for (int off = 16; off > 0; off >>= 1) {
+        float o = __shfl_xor_sync(0xffffffffu, v, off);
+        v = MAX ? fmaxf(v, o) : v + o;
+    }
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = lane < THREADS / 32 ? red[lane] : (MAX ? NEG_INF : 0.0f);
+    for (int off = 16; off > 0; off >>= 1) {
+        float o = __shfl_xor_sync(0xffffffffu, v, off);
+        v = MAX ? fmaxf(v, o) : v + o;
+    }
+    return v;
+}
+
+// Start copying one row (nvec 16-byte vectors) into shared memory, asynchronously (cp.async).
+__device__ __forceinline__ void prefetch_row(uint4* dst, const uint4* src, int nvec) {
+    for (int j = threadIdx.x; j < nvec; j += blockDim.x) {
+        unsigned s = (unsigned)__cvta_generic_to_shared(dst + j);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(s), "l"(src + j) : "memory");
+    }
+}
+
+// Persistent blocks, one per SM, each walking rows with a STAGES-deep ring of row buffers in
+// shared memory: while a block normalises row i, rows i+1 .. i+STAGES-1 are already on their
+// way, so the memory system sees one continuous stream of loads (a block that loads, then
+// computes, then loads again leaves it idle in between; with a 32K-wide row only one such block
+// fits an SM).
+template <typename T, int THREADS, int STAGES>
+__global__ void __launch_bounds__(THREADS, 1)
+softmax_stream(const T* __restrict__ x, T* __restrict__ out, int n_rows, int n_cols) {
+    constexpr int VEC = 16 / sizeof(T);
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ float red[THREADS / 32];
+    const int nvec = n_cols / VEC;  // n_cols is a multiple of VEC (the op's supports() checks)
+    uint4* ring = reinterpret_cast<uint4*>(smem);
+    const uint4* src = reinterpret_cast<const uint4*>(x);
+    int row = blockIdx.x;
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        const int r = row + s * gridDim.x;
+        if (r < n_rows) prefetch_row(ring + s * nvec, src + (long long)r * nvec, nvec);
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+    for (int it = 0; row < n_rows; ++it, row += gridDim.x) {
+        const int ahead = row + (STAGES - 1) * gridDim.x;
+        if (ahead < n_rows) prefetch_row(ring + ((it + STAGES - 1) % STAGES) * nvec, src + (long long)ahead * nvec, nvec);
+        asm volatile("cp.async.commit_group;" ::: "memory");  // one group per iteration, maybe empty
+        asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 1) : "memory");  // this row's group is done
+        __syncthreads();  // ... for every thread's copies
+        const uint4* cur = ring + (it % STAGES) * nvec;
+        float m = NEG_INF;
+        for (int j = threadIdx.x; j < nvec; j += THREADS) {
+            uint4 raw = cur[j];
+            const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) m = fmaxf(m, (float)e[i]);
+        }
+        m = block_reduce<THREADS, true>(m, red);
+        const float ml = m * LOG2E;  // an all -inf row gives nan, as the reference does
+        float s = 0.0f;
+        for (int j = threadIdx.x; j < nvec; j += THREADS) {
+            uint4 raw = cur[j];
+            const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) s += exp2f(fmaf((float)e[i], LOG2E, -ml));
+        }
+        s = block_reduce<THREADS, false>(s, red);
+        const float shift = ml + log2f(s);  // y = 2^(x log2e - max log2e - log2 sum)
+        uint4* dst = reinterpret_cast<uint4*>(out + (long long)row * n_cols);
+        for (int j = threadIdx.x; j < nvec; j += THREADS) {
+            uint4 raw = cur[j], packed;
+            const T* e = reinterpret_cast<const T*>(&raw);
+            T* o = reinterpret_cast<T*>(&packed);
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) o[i] = (T)exp2f(fmaf((float)e[i], LOG2E, -shift));
+            dst[j] = packed;
+        }
+        __syncthreads();  // every thread is done with this buffer before it is refilled
+    }
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+}
+"""
+
+_SMEM_LIMIT = 227 * 1024  # Hopper's opt-in dynamic shared memory per block
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def launch_softmax_stream(x, out, *, THREADS, STAGES):
+    n_rows, n_cols = _rows_cols(x)
+    grid = min(n_rows, _sm_count(x.device.index if x.device.index is not None else torch.cuda.current_device()))
+    return kg.Launch(grid=grid, block=THREADS,
+                     args=(x, out, kg.driver.i32(n_rows), kg.driver.i32(n_cols)),
+                     shared_mem=STAGES * n_cols * x.element_size(), template={"T": kg.ctype(x.dtype)})
+
+
+def _fits_stream(x, *, THREADS, STAGES):
+    why = _nonempty(x)
+    if why:
+        return why
+    n_cols = x.shape[-1]
+    if n_cols % (16 // x.element_size()):
+        return f"rows of {n_cols} elements are not whole 16-byte vectors"
+    if STAGES * n_cols * x.element_size() > _SMEM_LIMIT:
+        return f"{STAGES} rows of {n_cols} {x.dtype} elements exceed 227 KiB of shared memory"
+    if n_cols < 8192:
+        return "rows under 8192 elements: the one-pass kernels keep them in registers"
+    if x.data_ptr() % 16:
+        return "x is not 16-byte aligned"
+    return True
+
+
+CUDA_STREAM = kg.cuda(
+    _STREAM_SOURCE,
+    "softmax_stream<{T}, {THREADS}, {STAGES}>",
+    launch=launch_softmax_stream,
+    configs=[{"THREADS": 1024, "STAGES": 3}, {"THREADS": 512, "STAGES": 3}, {"THREADS": 1024, "STAGES": 2}],
+    supports=_fits_stream,
+    min_capability=(8, 0),  # cp.async, and dynamic shared memory above 48 KiB
+    name="softmax_stream",
+)
+
+IMPLS = [TRITON_ROWS, TRITON_ONLINE, CUDA, CUDA_CLUSTER, CUDA_STREAM]
 
 
 def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
@@ -342,6 +482,8 @@ def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
     wide[1, 5000:] = float("-inf")
     yield (wide,)
     yield (torch.randn(4, 6144, device=device, dtype=torch.float16) * 10,)
+    # more rows than an H200 has SMs: the streaming kernel's blocks each walk several rows
+    yield (torch.randn(140, 8200, device=device, dtype=torch.float32),)
 
 
 def bench_inputs(device: str = "cuda"):
