@@ -1,5 +1,7 @@
 """Diagnose the bench's tuned-row anomaly: same kernel as the best candidate, several times slower."""
-import time, sys, json, importlib
+import importlib
+import json
+import time
 import torch
 import kernelgraft as kg
 from kernelgraft.bench._timing import measure

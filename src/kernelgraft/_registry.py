@@ -7,7 +7,6 @@ an error. Double-checked locking keeps the common path lock-free.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import threading
 from typing import TYPE_CHECKING

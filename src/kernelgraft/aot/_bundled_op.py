@@ -44,8 +44,6 @@ class BundleBackend:
     name = "bundle"
 
     def available(self) -> str | None:
-        from .. import driver
-
         return None if _has_bindings() else "bundled kernels need cuda-bindings (pip install 'kernelgraft[cuda]')"
 
     def device_reason(self, device: torch.device) -> str | None:

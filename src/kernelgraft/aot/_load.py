@@ -10,7 +10,6 @@ chosen arch is read and its sha256 checked here, before anything is attached.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib
 import logging
 import warnings

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
 
 from .._errors import GraftWarning, SpecError, VerificationError, describe
 from ..check import _inputs
