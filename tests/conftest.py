@@ -41,13 +41,16 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _clean_registry():
-    """Ops created inside a test are removed from torch.ops when it ends."""
+    """Ops created inside a test are removed from torch.ops when it ends. Ops that kernelgraft's
+    own modules define on import (the examples) stay: their module, imported once, keeps them."""
     from kernelgraft import _registry
 
     before = set(_registry._OPS)
     yield
     for name in set(_registry._OPS) - before:
-        _registry.unregister(name)
+        module = getattr(_registry._OPS[name].reference, "__module__", "") or ""
+        if not module.startswith("kernelgraft."):
+            _registry.unregister(name)
 
 
 @pytest.fixture

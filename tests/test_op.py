@@ -232,3 +232,25 @@ def test_mutates_args_must_name_tensor_parameters():
         kg.op("kgtest::m1", mutates_args=("y",))(ref)
     with pytest.raises(kg.SpecError, match="not a Tensor"):
         kg.op("kgtest::m2", mutates_args=("n",))(ref)
+
+
+def test_an_unregistered_op_raises_instead_of_calling_a_dangling_overload():
+    # Destroying the torch.library fragment frees the schema the old overload points to; calling
+    # it crashed the process (seen when a test fixture unregistered an example op).
+    @kg.op("kgtest_op::unreg_twice")
+    def twice(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    x = torch.randn(4)
+    assert torch.equal(twice(x), x * 2)
+    _registry.unregister("kgtest_op::unreg_twice")
+    assert not hasattr(torch.ops.kgtest_op, "unreg_twice")
+    with pytest.raises(kg.RegistrationError, match="unregistered"):
+        twice.overload(x)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode, pytest.raises(kg.RegistrationError, match="register it again"):
+        twice(mode.from_tensor(x))
+    assert torch.equal(twice(x), x * 2)  # the eager path needs no dispatcher
+    _registry.register(twice)  # and registering again restores it
+    assert torch.equal(torch.ops.kgtest_op.unreg_twice(x), x * 2)

@@ -90,6 +90,27 @@ def _define(op: "KernelOp") -> None:
     op._bind_overload(getattr(getattr(torch.ops, ns), name).default, lib)
 
 
+class _Unregistered:
+    """Stands in for the torch.ops overload of an op that was unregistered: every use raises."""
+
+    __slots__ = ("qualname",)
+
+    def __init__(self, qualname: str) -> None:
+        self.qualname = qualname
+
+    def _fail(self) -> RegistrationError:
+        return RegistrationError(
+            f"{self.qualname}: the op was unregistered from torch.ops; register it again "
+            "(kernelgraft._registry.register(op)) before calling it through the dispatcher"
+        )
+
+    def __call__(self, *args, **kwargs):
+        raise self._fail()
+
+    def __getattr__(self, name: str):
+        raise self._fail()
+
+
 def _has_schema(qualname: str) -> bool:
     try:
         torch._C._dispatch_find_schema_or_throw(qualname, "")
@@ -104,6 +125,8 @@ def unregister(qualname: str) -> None:
         op = _OPS.pop(qualname, None)
         if op is None:
             return
+        # The op's torch.ops overload is about to dangle: calling it would crash the process.
+        op._bind_overload(_Unregistered(qualname), None)
         ns, name = split_name(qualname)
         # torch.library offers no per-op removal; rebuild the namespace fragment without it.
         lib = _LIBS.pop(ns, None)

@@ -180,29 +180,12 @@ CUDA = kg.cuda(
     supports=_fits_online,
 )
 
-_CLUSTER_SOURCE = r"""
+# Shared by the cluster and streaming kernels: types, constants and a block-wide reduction.
+_CUDA_PRELUDE = r"""
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #define NEG_INF (-__int_as_float(0x7f800000))
 #define LOG2E 1.4426950408889634f
-
-// Cluster primitives in PTX (cooperative_groups' cluster API needs libcu++ headers NVRTC may lack).
-__device__ __forceinline__ unsigned cluster_rank() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-// ``*p`` in the shared memory of the cluster's block ``rank`` (distributed shared memory)
-__device__ __forceinline__ float peer_load(const float* p, unsigned rank) {
-    unsigned local = (unsigned)__cvta_generic_to_shared(p), remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-    float v;
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-    return v;
-}
 
 // Sum (or max) over the block; every thread gets the result. ``red`` holds one float per warp.
 template <int THREADS, bool MAX>
@@ -220,6 +203,26 @@ __device__ __forceinline__ float block_reduce(float v, float* red) {
         float o = __shfl_xor_sync(0xffffffffu, v, off);
         v = MAX ? fmaxf(v, o) : v + o;
     }
+    return v;
+}
+"""
+
+_CLUSTER_SOURCE = _CUDA_PRELUDE + r"""
+// Cluster primitives in PTX (cooperative_groups' cluster API needs libcu++ headers NVRTC may lack).
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// ``*p`` in the shared memory of the cluster's block ``rank`` (distributed shared memory)
+__device__ __forceinline__ float peer_load(const float* p, unsigned rank) {
+    unsigned local = (unsigned)__cvta_generic_to_shared(p), remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
     return v;
 }
 
@@ -328,30 +331,7 @@ CUDA_CLUSTER = kg.cuda(
     name="softmax_cluster",
 )
 
-_STREAM_SOURCE = r"""
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
-#define NEG_INF (-__int_as_float(0x7f800000))
-#define LOG2E 1.4426950408889634f
-
-template <int THREADS, bool MAX>
-__device__ __forceinline__ float block_reduce(float v, float* red) {
-    for (int off = 16; off > 0; off >>= 1) {
-        float o = __shfl_xor_sync(0xffffffffu, v, off);
-        v = MAX ? fmaxf(v, o) : v + o;
-    }
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    __syncthreads();
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    v = lane < THREADS / 32 ? red[lane] : (MAX ? NEG_INF : 0.0f);
-    for (int off = 16; off > 0; off >>= 1) {
-        float o = __shfl_xor_sync(0xffffffffu, v, off);
-        v = MAX ? fmaxf(v, o) : v + o;
-    }
-    return v;
-}
-
+_STREAM_SOURCE = _CUDA_PRELUDE + r"""
 // 2^x in one MUFU instruction (relative error ~2^-22): the accurate exp2f is a dozen instructions,
 // and at two exponentials per element it made this kernel bound by instruction issue, not memory.
 __device__ __forceinline__ float fast_exp2(float x) {
