@@ -7,7 +7,8 @@ from triton.testing import do_bench
 
 import kernelgraft as kg
 from kernelgraft.backends._cuda import CudaRunner
-from kernelgraft.examples import softmax as S
+from kernelgraft.examples import _softmax_cuda as S
+from kernelgraft.examples import softmax as T
 
 
 def attrs(runner):
@@ -46,8 +47,8 @@ def main():
             res[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
         print(name, res[name], flush=True)
     for nw in (16, 32):
-        k = S._softmax_rows_kernel[(2048,)](x, out, 2048, 32768, ROWS=1, BLOCK=32768, num_warps=nw)
-        ms = do_bench(lambda: S._softmax_rows_kernel[(2048,)](x, out, 2048, 32768, ROWS=1, BLOCK=32768,
+        k = T._softmax_rows_kernel[(2048,)](x, out, 2048, 32768, ROWS=1, BLOCK=32768, num_warps=nw)
+        ms = do_bench(lambda: T._softmax_rows_kernel[(2048,)](x, out, 2048, 32768, ROWS=1, BLOCK=32768,
                                                               num_warps=nw), warmup=50, rep=200)
         res[f"triton rows nw{nw}"] = {"us": ms * 1e3, "gbps": nbytes / ms / 1e6,
                                       "regs": getattr(k, "n_regs", None), "spills": getattr(k, "n_spills", None)}

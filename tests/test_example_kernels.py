@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 import kernelgraft as kg
-from kernelgraft.examples import softmax as softmax_mod
+from kernelgraft.examples import _softmax_cuda as softmax_cuda
 from kernelgraft.examples import fp8_kcache_scatter as fp8
 from kernelgraft.examples.rmsnorm_residual import rmsnorm_residual
 from kernelgraft.examples.softmax import softmax
@@ -133,11 +133,11 @@ def test_cuda_sources_compile_for_sm90(module):
 def test_softmax_cluster_kernel_compiles_and_claims_the_right_rows():
     from kernelgraft.backends._cuda import CudaRunner
 
-    spec = softmax_mod.CUDA_CLUSTER
+    spec = softmax_cuda.CUDA_CLUSTER
     for config in spec.configs:
         for dtype in (torch.float32, torch.float16, torch.bfloat16):
             assert CudaRunner(spec, config).compile("sm_90", {"T": kg.ctype(dtype)}).image[:4] == b"\x7fELF"
-    fits = lambda x, i: softmax_mod._fits_cluster(x, **spec.configs[i].as_dict())  # noqa: E731
+    fits = lambda x, i: softmax_cuda._fits_cluster(x, **spec.configs[i].as_dict())  # noqa: E731
     wide = torch.empty(2, 32768, dtype=torch.bfloat16)
     assert fits(wide, 0) is True and fits(wide, 1) is True and fits(wide, 2) is True
     assert "exceed" in fits(torch.empty(2, 65536, dtype=torch.bfloat16), 0)
@@ -151,17 +151,17 @@ def test_softmax_cluster_kernel_compiles_and_claims_the_right_rows():
 def test_softmax_stream_kernel_compiles_and_claims_long_rows():
     from kernelgraft.backends._cuda import CudaRunner
 
-    spec = softmax_mod.CUDA_STREAM
+    spec = softmax_cuda.CUDA_STREAM
     for config in spec.configs:
         for dtype in (torch.float32, torch.float16, torch.bfloat16):
             assert CudaRunner(spec, config).compile("sm_90", {"T": kg.ctype(dtype)}).image[:4] == b"\x7fELF"
-    fits = lambda x, i: softmax_mod._fits_stream(x, **spec.configs[i].as_dict())  # noqa: E731
+    fits = lambda x, i: softmax_cuda._fits_stream(x, **spec.configs[i].as_dict())  # noqa: E731
     assert fits(torch.empty(2, 32768, dtype=torch.bfloat16), 0) is True  # 3 x 64 KiB ring
     assert "227 KiB" in fits(torch.empty(2, 32768, dtype=torch.float32), 0)
     assert fits(torch.empty(2, 16384, dtype=torch.float32), 0) is True
     assert "8192" in fits(torch.empty(2, 4096, dtype=torch.bfloat16), 0)
     assert "16-byte" in fits(torch.empty(2, 9001, dtype=torch.bfloat16), 0)
-    launch = softmax_mod.launch_softmax_stream
+    launch = softmax_cuda.launch_softmax_stream
     assert spec.min_capability == (8, 0) and callable(launch)
 
 

@@ -1,7 +1,9 @@
 """Softmax over the last dimension, accumulated in float32, returned in the input's dtype.
 
 Two Triton kernels: a one-pass kernel that holds whole rows in registers (several rows per program
-for narrow rows), and an online-softmax kernel that streams rows of any length in chunks.
+for narrow rows), and an online-softmax kernel that streams rows of any length in chunks. Three
+CUDA C++ kernels live in ``_softmax_cuda``: one block per row, a Hopper thread-block cluster per
+row, and persistent blocks streaming rows through shared memory (for vocab-wide rows).
 
 >>> import torch
 >>> from kernelgraft.examples.softmax import softmax
@@ -12,13 +14,13 @@ True
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 import kernelgraft as kg
+
+from ._softmax_cuda import CUDA, CUDA_CLUSTER, CUDA_STREAM, _fits_nonempty, _nonempty, _rows_cols
 
 
 @triton.jit
@@ -63,11 +65,6 @@ def _softmax_online_kernel(x_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
         tl.store(out_ptr + base + start + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _rows_cols(x):
-    n_cols = x.shape[-1]
-    return (x.numel() // n_cols if n_cols else 0), n_cols
-
-
 def launch_softmax_rows(x, out, *, rows_per_program, num_warps):
     n_rows, n_cols = _rows_cols(x)
     block = triton.next_power_of_2(max(n_cols, 1))
@@ -81,12 +78,6 @@ def launch_softmax_online(x, out, *, BLOCK, num_warps):
     _softmax_online_kernel[(n_rows,)](x, out, n_cols, BLOCK=BLOCK, num_warps=num_warps)
 
 
-def _nonempty(x):
-    if x.dim() == 0 or x.shape[-1] == 0:
-        return "x needs a non-empty last dimension"
-    return None
-
-
 def _fits_rows(x, *, rows_per_program=1, **config):
     why = _nonempty(x)
     if why:
@@ -95,10 +86,6 @@ def _fits_rows(x, *, rows_per_program=1, **config):
     if tile > 32768:
         return f"{rows_per_program} rows of {x.shape[-1]} elements exceed this config's tile of 32768"
     return True
-
-
-def _fits_online(x, **config):
-    return _nonempty(x) or True
 
 
 TRITON_ROWS = kg.triton(
@@ -118,337 +105,8 @@ TRITON_ONLINE = kg.triton(
     launch_softmax_online,
     configs=[{"BLOCK": 1024, "num_warps": 4}, {"BLOCK": 2048, "num_warps": 4}, {"BLOCK": 4096, "num_warps": 8},
              {"BLOCK": 8192, "num_warps": 16}],
-    supports=_fits_online,
+    supports=_fits_nonempty,
     name="softmax_online",
-)
-
-_CUDA_SOURCE = r"""
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
-#define NEG_INF (-__int_as_float(0x7f800000))
-// One block of THREADS threads per row. Pass 1: each thread keeps an online (max, sum of exp);
-// the block merges them. Pass 2 writes exp(x - max) / sum. All arithmetic in float32.
-__device__ __forceinline__ void merge(float& m, float& d, float m2, float d2) {
-    float mn = fmaxf(m, m2);
-    if (mn == NEG_INF) { d = 0.0f; m = mn; return; }
-    d = d * expf(m - mn) + d2 * expf(m2 - mn);
-    m = mn;
-}
-
-template <typename T>
-__global__ void softmax_rows(const T* __restrict__ x, T* __restrict__ out, int n_cols) {
-    const long long base = (long long)blockIdx.x * n_cols;
-    float m = NEG_INF, d = 0.0f;
-    for (int c = threadIdx.x; c < n_cols; c += THREADS) merge(m, d, (float)x[base + c], 1.0f);
-    for (int off = 16; off > 0; off >>= 1) {
-        float m2 = __shfl_xor_sync(0xffffffffu, m, off), d2 = __shfl_xor_sync(0xffffffffu, d, off);
-        merge(m, d, m2, d2);
-    }
-    __shared__ float pm[THREADS / 32], pd[THREADS / 32];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (lane == 0) { pm[warp] = m; pd[warp] = d; }
-    __syncthreads();
-    if (warp == 0) {
-        m = lane < THREADS / 32 ? pm[lane] : NEG_INF;
-        d = lane < THREADS / 32 ? pd[lane] : 0.0f;
-        for (int off = 16; off > 0; off >>= 1) {
-            float m2 = __shfl_xor_sync(0xffffffffu, m, off), d2 = __shfl_xor_sync(0xffffffffu, d, off);
-            merge(m, d, m2, d2);
-        }
-        if (lane == 0) { pm[0] = m; pd[0] = d; }
-    }
-    __syncthreads();
-    m = pm[0];
-    const float inv = 1.0f / pd[0];
-    for (int c = threadIdx.x; c < n_cols; c += THREADS)
-        out[base + c] = (T)(expf((float)x[base + c] - m) * inv);
-}
-"""
-
-
-def launch_softmax_cuda(x, out, *, THREADS):
-    n_rows, n_cols = _rows_cols(x)
-    return kg.Launch(grid=n_rows, block=THREADS, args=(x, out, kg.driver.i32(n_cols)),
-                     template={"T": kg.ctype(x.dtype)})
-
-
-CUDA = kg.cuda(
-    _CUDA_SOURCE,
-    "softmax_rows<{T}>",
-    launch=launch_softmax_cuda,
-    configs=[{"THREADS": 128}, {"THREADS": 256}, {"THREADS": 1024}],
-    supports=_fits_online,
-)
-
-# Shared by the cluster and streaming kernels: types, constants and a block-wide reduction.
-_CUDA_PRELUDE = r"""
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
-#define NEG_INF (-__int_as_float(0x7f800000))
-#define LOG2E 1.4426950408889634f
-
-// Sum (or max) over the block; every thread gets the result. ``red`` holds one float per warp.
-template <int THREADS, bool MAX>
-__device__ __forceinline__ float block_reduce(float v, float* red) {
-    for (int off = 16; off > 0; off >>= 1) {
-        float o = __shfl_xor_sync(0xffffffffu, v, off);
-        v = MAX ? fmaxf(v, o) : v + o;
-    }
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    __syncthreads();  // the previous reduction's readers are done with red
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    v = lane < THREADS / 32 ? red[lane] : (MAX ? NEG_INF : 0.0f);
-    for (int off = 16; off > 0; off >>= 1) {
-        float o = __shfl_xor_sync(0xffffffffu, v, off);
-        v = MAX ? fmaxf(v, o) : v + o;
-    }
-    return v;
-}
-"""
-
-_CLUSTER_SOURCE = _CUDA_PRELUDE + r"""
-// Cluster primitives in PTX (cooperative_groups' cluster API needs libcu++ headers NVRTC may lack).
-__device__ __forceinline__ unsigned cluster_rank() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-// ``*p`` in the shared memory of the cluster's block ``rank`` (distributed shared memory)
-__device__ __forceinline__ float peer_load(const float* p, unsigned rank) {
-    unsigned local = (unsigned)__cvta_generic_to_shared(p), remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-    float v;
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-    return v;
-}
-
-// One row per thread-block cluster (Hopper): each of the CLUSTER blocks holds a contiguous
-// 1/CLUSTER of the row in registers (CHUNKS 16-byte vectors per thread), and the blocks swap their
-// partial max and sum through distributed shared memory. The row is read once and written once,
-// and a 32K-wide row is spread over CLUSTER SMs' worth of loads instead of one block's.
-#ifndef MIN_BLOCKS
-#define MIN_BLOCKS 1
-#endif
-template <typename T, int CLUSTER, int THREADS, int CHUNKS>
-__global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(THREADS, MIN_BLOCKS)
-softmax_cluster(const T* __restrict__ x, T* __restrict__ out, int n_cols) {
-    constexpr int VEC = 16 / sizeof(T);
-    const int rank = (int)cluster_rank();
-    const int slice = n_cols / CLUSTER;  // a multiple of VEC (the op's supports() checks)
-    const long long start = (long long)(blockIdx.x / CLUSTER) * n_cols + (long long)rank * slice;
-    const uint4* src = reinterpret_cast<const uint4*>(x + start);
-    uint4* dst = reinterpret_cast<uint4*>(out + start);
-    const int nvec = slice / VEC;
-    float v[CHUNKS][VEC];
-    float m = NEG_INF;
-#pragma unroll
-    for (int k = 0; k < CHUNKS; ++k) {
-        const int j = threadIdx.x + k * THREADS;
-        if (j < nvec) {
-            uint4 raw = src[j];
-            const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-            for (int i = 0; i < VEC; ++i) { v[k][i] = (float)e[i]; m = fmaxf(m, v[k][i]); }
-        } else {
-#pragma unroll
-            for (int i = 0; i < VEC; ++i) v[k][i] = NEG_INF;
-        }
-    }
-    __shared__ float red[THREADS / 32];
-    __shared__ float mine[2];  // this block's max and sum, read by the whole cluster
-    m = block_reduce<THREADS, true>(m, red);
-    if (threadIdx.x == 0) mine[0] = m;
-    cluster_sync();
-    m = NEG_INF;
-#pragma unroll
-    for (int r = 0; r < CLUSTER; ++r) m = fmaxf(m, peer_load(&mine[0], r));
-    // an all -inf row gives nan here (-inf - -inf), as the reference does
-    const float ml = m * LOG2E;
-    float s = 0.0f;
-#pragma unroll
-    for (int k = 0; k < CHUNKS; ++k)
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) { v[k][i] = exp2f(fmaf(v[k][i], LOG2E, -ml)); s += v[k][i]; }
-    s = block_reduce<THREADS, false>(s, red);
-    if (threadIdx.x == 0) mine[1] = s;
-    cluster_sync();
-    s = 0.0f;
-#pragma unroll
-    for (int r = 0; r < CLUSTER; ++r) s += peer_load(&mine[1], r);
-    cluster_sync();  // no block leaves (freeing its shared memory) while another still reads it
-    const float inv = 1.0f / s;
-#pragma unroll
-    for (int k = 0; k < CHUNKS; ++k) {
-        const int j = threadIdx.x + k * THREADS;
-        if (j < nvec) {
-            uint4 raw;
-            T* e = reinterpret_cast<T*>(&raw);
-#pragma unroll
-            for (int i = 0; i < VEC; ++i) e[i] = (T)(v[k][i] * inv);
-            dst[j] = raw;
-        }
-    }
-}
-"""
-
-
-def launch_softmax_cluster(x, out, *, CLUSTER, THREADS, CHUNKS, MIN_BLOCKS=1):
-    n_rows, n_cols = _rows_cols(x)
-    return kg.Launch(grid=n_rows * CLUSTER, block=THREADS, args=(x, out, kg.driver.i32(n_cols)),
-                     template={"T": kg.ctype(x.dtype)})
-
-
-def _fits_cluster(x, *, CLUSTER, THREADS, CHUNKS, MIN_BLOCKS=1):
-    why = _nonempty(x)
-    if why:
-        return why
-    vec = 16 // x.element_size()
-    n_cols = x.shape[-1]
-    if n_cols % (CLUSTER * vec):
-        return f"rows of {n_cols} elements do not split into {CLUSTER} slices of 16-byte vectors"
-    if n_cols > CLUSTER * THREADS * CHUNKS * vec:
-        return f"rows of {n_cols} elements exceed this config's {CLUSTER * THREADS * CHUNKS * vec}"
-    if n_cols < CLUSTER * THREADS * CHUNKS * vec // 2:
-        return "rows this short leave half of this config's threads idle"
-    if x.data_ptr() % 16:
-        return "x is not 16-byte aligned"
-    return True
-
-
-CUDA_CLUSTER = kg.cuda(
-    _CLUSTER_SOURCE,
-    "softmax_cluster<{T}, {CLUSTER}, {THREADS}, {CHUNKS}>",
-    launch=launch_softmax_cluster,
-    # 32K bf16 columns: 4 blocks of 256 threads x 32 elements, or 8 x 128 x 32, or 2 x 512 x 32
-    configs=[{"CLUSTER": 4, "THREADS": 256, "CHUNKS": 4}, {"CLUSTER": 8, "THREADS": 128, "CHUNKS": 4},
-             {"CLUSTER": 2, "THREADS": 512, "CHUNKS": 4}, {"CLUSTER": 2, "THREADS": 256, "CHUNKS": 2}],
-    supports=_fits_cluster,
-    min_capability=(9, 0),  # thread-block clusters and distributed shared memory
-    name="softmax_cluster",
-)
-
-_STREAM_SOURCE = _CUDA_PRELUDE + r"""
-// 2^x in one MUFU instruction (relative error ~2^-22): the accurate exp2f is a dozen instructions,
-// and at two exponentials per element it made this kernel bound by instruction issue, not memory.
-__device__ __forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-// Start copying one row (nvec 16-byte vectors) into shared memory, asynchronously (cp.async).
-__device__ __forceinline__ void prefetch_row(uint4* dst, const uint4* src, int nvec) {
-    for (int j = threadIdx.x; j < nvec; j += blockDim.x) {
-        unsigned s = (unsigned)__cvta_generic_to_shared(dst + j);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(s), "l"(src + j) : "memory");
-    }
-}
-
-// Persistent blocks, one per SM, each walking rows with a STAGES-deep ring of row buffers in
-// shared memory: while a block normalises row i, rows i+1 .. i+STAGES-1 are already on their
-// way, so the memory system sees one continuous stream of loads (a block that loads, then
-// computes, then loads again leaves it idle in between; with a 32K-wide row only one such block
-// fits an SM).
-template <typename T, int THREADS, int STAGES>
-__global__ void __launch_bounds__(THREADS, 1)
-softmax_stream(const T* __restrict__ x, T* __restrict__ out, int n_rows, int n_cols) {
-    constexpr int VEC = 16 / sizeof(T);
-    extern __shared__ __align__(16) unsigned char smem[];
-    __shared__ float red[THREADS / 32];
-    const int nvec = n_cols / VEC;  // n_cols is a multiple of VEC (the op's supports() checks)
-    uint4* ring = reinterpret_cast<uint4*>(smem);
-    const uint4* src = reinterpret_cast<const uint4*>(x);
-    int row = blockIdx.x;
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        const int r = row + s * gridDim.x;
-        if (r < n_rows) prefetch_row(ring + s * nvec, src + (long long)r * nvec, nvec);
-        asm volatile("cp.async.commit_group;" ::: "memory");
-    }
-    for (int it = 0; row < n_rows; ++it, row += gridDim.x) {
-        const int ahead = row + (STAGES - 1) * gridDim.x;
-        if (ahead < n_rows) prefetch_row(ring + ((it + STAGES - 1) % STAGES) * nvec, src + (long long)ahead * nvec, nvec);
-        asm volatile("cp.async.commit_group;" ::: "memory");  // one group per iteration, maybe empty
-        asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 1) : "memory");  // this row's group is done
-        __syncthreads();  // ... for every thread's copies
-        const uint4* cur = ring + (it % STAGES) * nvec;
-        float m = NEG_INF;
-        for (int j = threadIdx.x; j < nvec; j += THREADS) {
-            uint4 raw = cur[j];
-            const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-            for (int i = 0; i < VEC; ++i) m = fmaxf(m, (float)e[i]);
-        }
-        m = block_reduce<THREADS, true>(m, red);
-        const float ml = m * LOG2E;  // an all -inf row gives nan, as the reference does
-        float s = 0.0f;
-        for (int j = threadIdx.x; j < nvec; j += THREADS) {
-            uint4 raw = cur[j];
-            const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-            for (int i = 0; i < VEC; ++i) s += fast_exp2(fmaf((float)e[i], LOG2E, -ml));
-        }
-        s = block_reduce<THREADS, false>(s, red);
-        const float shift = ml + log2f(s);  // y = 2^(x log2e - max log2e - log2 sum)
-        uint4* dst = reinterpret_cast<uint4*>(out + (long long)row * n_cols);
-        for (int j = threadIdx.x; j < nvec; j += THREADS) {
-            uint4 raw = cur[j], packed;
-            const T* e = reinterpret_cast<const T*>(&raw);
-            T* o = reinterpret_cast<T*>(&packed);
-#pragma unroll
-            for (int i = 0; i < VEC; ++i) o[i] = (T)fast_exp2(fmaf((float)e[i], LOG2E, -shift));
-            dst[j] = packed;
-        }
-        __syncthreads();  // every thread is done with this buffer before it is refilled
-    }
-    asm volatile("cp.async.wait_group 0;" ::: "memory");
-}
-"""
-
-_SMEM_LIMIT = 227 * 1024  # Hopper's opt-in dynamic shared memory per block
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def launch_softmax_stream(x, out, *, THREADS, STAGES):
-    n_rows, n_cols = _rows_cols(x)
-    grid = min(n_rows, _sm_count(x.device.index if x.device.index is not None else torch.cuda.current_device()))
-    return kg.Launch(grid=grid, block=THREADS,
-                     args=(x, out, kg.driver.i32(n_rows), kg.driver.i32(n_cols)),
-                     shared_mem=STAGES * n_cols * x.element_size(), template={"T": kg.ctype(x.dtype)})
-
-
-def _fits_stream(x, *, THREADS, STAGES):
-    why = _nonempty(x)
-    if why:
-        return why
-    n_cols = x.shape[-1]
-    if n_cols % (16 // x.element_size()):
-        return f"rows of {n_cols} elements are not whole 16-byte vectors"
-    if STAGES * n_cols * x.element_size() > _SMEM_LIMIT:
-        return f"{STAGES} rows of {n_cols} {x.dtype} elements exceed 227 KiB of shared memory"
-    if n_cols < 8192:
-        return "rows under 8192 elements: the one-pass kernels keep them in registers"
-    if x.data_ptr() % 16:
-        return "x is not 16-byte aligned"
-    return True
-
-
-CUDA_STREAM = kg.cuda(
-    _STREAM_SOURCE,
-    "softmax_stream<{T}, {THREADS}, {STAGES}>",
-    launch=launch_softmax_stream,
-    configs=[{"THREADS": 1024, "STAGES": 3}, {"THREADS": 512, "STAGES": 3}, {"THREADS": 1024, "STAGES": 2}],
-    supports=_fits_stream,
-    min_capability=(8, 0),  # cp.async, and dynamic shared memory above 48 KiB
-    name="softmax_stream",
 )
 
 IMPLS = [TRITON_ROWS, TRITON_ONLINE, CUDA, CUDA_CLUSTER, CUDA_STREAM]
