@@ -241,3 +241,25 @@ def test_tuned_row_records_head_to_head_ratios():
     tuned = next(r for r in rows if r.kind == TUNED)
     assert tuned.variant == "tuned (kg.tune)" and tuned.vs_best is not None and tuned.vs_best > 0
     assert tuned.vs_compile is None  # compile=False
+
+
+@pytest.mark.gpu
+def test_measure_times_the_kernel_not_a_slow_host_launch():
+    # A call whose host side takes longer than the L2 flush runs on the GPU used to be timed by
+    # the host (the same 6 us kernel measured 42 us on the H200). measure() now queues GPU work
+    # ahead of each timed call, so a 100 us host delay before a short launch must not show.
+    import time
+
+    from kernelgraft.bench._timing import measure
+
+    x = torch.randn(1 << 20, device="cuda")
+
+    def slow_host_launch():
+        end = time.perf_counter() + 100e-6
+        while time.perf_counter() < end:
+            pass
+        x.add_(1.0)
+
+    quick = measure(lambda: x.add_(1.0), warmup_ms=20, rep_ms=20).median_us
+    slow = measure(slow_host_launch, warmup_ms=20, rep_ms=20).median_us
+    assert quick < 50 and slow < quick + 10, (quick, slow)

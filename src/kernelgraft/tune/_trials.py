@@ -10,7 +10,8 @@ slower at (most likely it ran on the power headroom an idle GPU builds up, the o
 sustained clock; H200, 2026-11-30: with the warm-up the 22-shape sweep's worst choice was 1.033x
 the best, at a 3 us kernel; skipping it when no compile had happened gave 1.099x on two large
 shapes; both runs are in benchmarks/results/2026-11-30-h200-s2/. With the warm-up, a 1% tie margin
-and two finalists the sweep chose the best config on all 22 shapes: ../2026-11-30-h200-s3/).
+and two finalists the sweep chose the best config on all 22 shapes: benchmarks/results/
+2026-11-30-h200-s3/).
 
 The caller's tensors are never written: mutating ops get private copies, restored from a pristine
 copy before every launch. Outputs are preallocated (poisoned for the gate run), so timing sees
