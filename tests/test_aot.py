@@ -61,6 +61,8 @@ def test_every_triton_and_cuda_candidate_is_bundled_as_elf_cubins(bundle):
             assert k["block"][0] == 32 * cand["config"]["num_warps"]
             assert [p.get("role") for p in k["params"][-2:]] == ["global_scratch", "profile_scratch"]
         assert k["scalar_order"] == [p["expr"] for p in k["params"] if "expr" in p]
+        if cand["backend"] == "cuda":  # traced on aligned fakes: misaligned pointers must fall back
+            assert sorted(k["aligned"]) == sorted({p["source"] for p in k["params"] if "source" in p})
         seen += 1
     assert seen >= 20
 

@@ -16,7 +16,10 @@ What is supported (and what is not):
   inputs must be contiguous; float scalars that are op arguments pass through by identity (anything
   computed from them pins the op's float arguments to the sample); int/bool op arguments are pinned.
 - Triton binaries assume 16-byte aligned pointers (checked per call) and no global scratch, TMA
-  descriptors, clusters or PDL; ints are never specialised to constants.
+  descriptors, clusters or PDL; ints are never specialised to constants. CUDA C++ kernels are
+  checked for 16-byte aligned pointers too: ``supports()`` was traced on fake tensors, which look
+  aligned, so a misaligned call falls back. A launch that needs the device (a grid of one block
+  per SM, say) cannot be traced without a GPU and is skipped with the reason.
 - A call no bundled kernel covers goes to the JIT when the op's module is importable, else raises
   ``UnsupportedError``. A bundle for another arch or with a bad checksum raises ``BundleError``.
 - The manifest is JSON only; expressions are checked against a whitelisted grammar at load. Each

@@ -54,7 +54,10 @@ def record(ctx: Context, args: tuple, kwargs: dict, spec) -> dict:
     return {
         "backend": "cuda", "spec": spec, "config": kwargs, "template": template,
         "grid": _dims(ctx, launch.grid), "block": [ctx.hint(b) for b in _block(launch.block)],
-        "shared_mem": ctx.text(launch.shared_mem), "params": params, "aligned": [],
+        "shared_mem": ctx.text(launch.shared_mem), "params": params,
+        # supports() and the launch ran on fake tensors, which look 16-byte aligned: the bundle
+        # knows only that case, so a misaligned pointer falls back (JIT or reference) at run time
+        "aligned": sorted({p["source"] for p in params if "source" in p}),
         "untied_float": untied, "guards": [],
     }
 
@@ -79,7 +82,7 @@ def compile_call(call: dict, arch: str) -> tuple[dict, dict[str, bytes]]:
         "shared_mem": call["shared_mem"],
         "grid": call["grid"],
         "params": call["params"],
-        "aligned": [],
+        "aligned": list(call["aligned"]),
         "cuda": {"template": call["template"],
                  "expression": call["spec"].expression(runner.config, call["template"] or None)},
     }

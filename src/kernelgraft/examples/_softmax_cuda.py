@@ -34,6 +34,14 @@ def _fits_nonempty(x, **config):
     return _nonempty(x) or True
 
 
+def _aligned16(t) -> bool:
+    """16-byte aligned, for the kernels' vector loads. Fake tensors (an AOT trace) count as aligned:
+    bundles check alignment at run time and fall back for a misaligned pointer."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor) or t.data_ptr() % 16 == 0
+
+
 _CUDA_SOURCE = r"""
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -226,7 +234,7 @@ def _fits_cluster(x, *, CLUSTER, THREADS, CHUNKS, MIN_BLOCKS=1):
         return f"rows of {n_cols} elements exceed this config's {CLUSTER * THREADS * CHUNKS * vec}"
     if n_cols < CLUSTER * THREADS * CHUNKS * vec // 2:
         return "rows this short leave half of this config's threads idle"
-    if x.data_ptr() % 16:
+    if not _aligned16(x):
         return "x is not 16-byte aligned"
     return True
 
@@ -324,14 +332,22 @@ softmax_stream(const T* __restrict__ x, T* __restrict__ out, int n_rows, int n_c
 _SMEM_LIMIT = 227 * 1024  # Hopper's opt-in dynamic shared memory per block
 
 
+def _sm_count(device: torch.device) -> int:
+    if not torch.cuda.is_available():
+        raise kg.UnsupportedError(
+            "softmax_stream launches one block per SM of the device, which is not known without a "
+            "GPU (so it is left out of bundles built on a CPU machine)")
+    return _sm_count_of(device.index if device.index is not None else torch.cuda.current_device())
+
+
 @functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
+def _sm_count_of(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def launch_softmax_stream(x, out, *, THREADS, STAGES):
     n_rows, n_cols = _rows_cols(x)
-    grid = min(n_rows, _sm_count(x.device.index if x.device.index is not None else torch.cuda.current_device()))
+    grid = min(n_rows, _sm_count(x.device))
     return kg.Launch(grid=grid, block=THREADS,
                      args=(x, out, kg.driver.i32(n_rows), kg.driver.i32(n_cols)),
                      shared_mem=STAGES * n_cols * x.element_size(), template={"T": kg.ctype(x.dtype)})
@@ -348,7 +364,7 @@ def _fits_stream(x, *, THREADS, STAGES):
         return f"{STAGES} rows of {n_cols} {x.dtype} elements exceed 227 KiB of shared memory"
     if n_cols < 8192:
         return "rows under 8192 elements: the one-pass kernels keep them in registers"
-    if x.data_ptr() % 16:
+    if not _aligned16(x):
         return "x is not 16-byte aligned"
     return True
 
