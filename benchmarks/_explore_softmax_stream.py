@@ -1,0 +1,141 @@
+"""Round 5 (not yet run): a register-resident variant of the streaming softmax kernel.
+
+The streaming kernel in ``kernelgraft.examples._softmax_cuda`` reads each row from shared memory
+three times (max, sum, write) and spends about 5.4 us per row and block on bf16[2048, 32768], where
+moving the row's bytes takes about 4 us at the copy rate (benchmarks/results/2026-11-30-h200-s3/).
+This variant reads the row from shared memory once into registers (CHUNKS 16-byte vectors per
+thread, so rows up to THREADS * CHUNKS * 16 bytes) and keeps the exponentials there between the
+sum and the write. Run on a GPU: ``python benchmarks/_explore_softmax_stream.py``; it checks every
+variant against float32 torch.softmax before timing it, and times the library's kernels beside it.
+"""
+import json
+
+import torch
+
+import kernelgraft as kg
+from kernelgraft.backends._cuda import CudaRunner
+from kernelgraft.examples import _softmax_cuda as C
+
+SOURCE = C._CUDA_PRELUDE + r"""
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+template <typename T, int THREADS, int STAGES, int CHUNKS>
+__global__ void __launch_bounds__(THREADS, 1)
+softmax_stream_regs(const T* __restrict__ x, T* __restrict__ out, int n_rows, int n_cols) {
+    constexpr int VEC = 16 / sizeof(T);
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ float red[THREADS / 32];
+    const int nvec = n_cols / VEC;  // <= THREADS * CHUNKS (checked by the caller)
+    uint4* ring = reinterpret_cast<uint4*>(smem);
+    const uint4* src = reinterpret_cast<const uint4*>(x);
+    int row = blockIdx.x;
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        const int r = row + s * gridDim.x;
+        if (r < n_rows)
+            for (int j = threadIdx.x; j < nvec; j += THREADS) {
+                unsigned d = (unsigned)__cvta_generic_to_shared(ring + s * nvec + j);
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(d), "l"(src + (long long)r * nvec + j) : "memory");
+            }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+    for (int it = 0; row < n_rows; ++it, row += gridDim.x) {
+        const int ahead = row + (STAGES - 1) * gridDim.x;
+        if (ahead < n_rows) {
+            uint4* dst = ring + ((it + STAGES - 1) % STAGES) * nvec;
+            for (int j = threadIdx.x; j < nvec; j += THREADS) {
+                unsigned d = (unsigned)__cvta_generic_to_shared(dst + j);
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(d), "l"(src + (long long)ahead * nvec + j) : "memory");
+            }
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+        asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 1) : "memory");
+        __syncthreads();
+        const uint4* cur = ring + (it % STAGES) * nvec;
+        float v[CHUNKS][VEC];
+        float m = NEG_INF;
+#pragma unroll
+        for (int k = 0; k < CHUNKS; ++k) {
+            const int j = threadIdx.x + k * THREADS;
+            uint4 raw = j < nvec ? cur[j] : make_uint4(0, 0, 0, 0);
+            const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) {
+                v[k][i] = j < nvec ? (float)e[i] : NEG_INF;
+                m = fmaxf(m, v[k][i]);
+            }
+        }
+        __syncthreads();  // the buffer is in registers now: the next prefetch may refill it
+        m = block_reduce<THREADS, true>(m, red);
+        const float ml = m * LOG2E;
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < CHUNKS; ++k)
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) { v[k][i] = fast_exp2(fmaf(v[k][i], LOG2E, -ml)); s += v[k][i]; }
+        s = block_reduce<THREADS, false>(s, red);
+        const float inv = 1.0f / s;
+        uint4* o = reinterpret_cast<uint4*>(out + (long long)row * n_cols);
+#pragma unroll
+        for (int k = 0; k < CHUNKS; ++k) {
+            const int j = threadIdx.x + k * THREADS;
+            if (j < nvec) {
+                uint4 packed;
+                T* e = reinterpret_cast<T*>(&packed);
+#pragma unroll
+                for (int i = 0; i < VEC; ++i) e[i] = (T)(v[k][i] * inv);
+                o[j] = packed;
+            }
+        }
+    }
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+}
+"""
+
+
+def launch(x, out, *, THREADS, STAGES, CHUNKS):
+    n_rows, n_cols = x.shape
+    grid = min(n_rows, torch.cuda.get_device_properties(x.device).multi_processor_count)
+    return kg.Launch(grid=grid, block=THREADS, args=(x, out, kg.driver.i32(n_rows), kg.driver.i32(n_cols)),
+                     shared_mem=STAGES * n_cols * x.element_size(), template={"T": kg.ctype(x.dtype)})
+
+
+CONFIGS = [{"THREADS": t, "STAGES": s, "CHUNKS": 4096 // t} for t in (512, 1024) for s in (2, 3)]
+SPEC = kg.cuda(SOURCE, "softmax_stream_regs<{T}, {THREADS}, {STAGES}, {CHUNKS}>", launch=launch,
+               configs=CONFIGS, min_capability=(8, 0))
+
+
+def main():
+    from triton.testing import do_bench
+
+    x = torch.randn(2048, 32768, device="cuda", dtype=torch.bfloat16)
+    x[1, 100:] = float("-inf")
+    out = torch.empty_like(x)
+    want = torch.softmax(x.float(), -1)
+    nbytes = 2 * x.numel() * x.element_size()
+    runners = {f"regs {c.label()}": CudaRunner(SPEC, c) for c in SPEC.configs}
+    runners.update({f"library stream {c.label()}": CudaRunner(C.CUDA_STREAM, c) for c in C.CUDA_STREAM.configs})
+    res = {}
+    for name, r in runners.items():
+        out.fill_(float("nan"))
+        r(x, out)
+        torch.cuda.synchronize()
+        err = (out.float() - want).abs().max().item()
+        entry = {"maxerr": err}
+        if err <= 1e-2:
+            ms = do_bench(lambda r=r: r(x, out), warmup=50, rep=200)
+            entry.update(us=ms * 1e3, gbps=nbytes / ms / 1e6)
+        res[name] = entry
+        print(name, entry, flush=True)
+    y = torch.empty_like(x)
+    ms = do_bench(lambda: y.copy_(x), warmup=50, rep=200)
+    res["copy same bytes"] = {"us": ms * 1e3, "gbps": nbytes / ms / 1e6}
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()
