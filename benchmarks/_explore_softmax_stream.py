@@ -16,12 +16,8 @@ import kernelgraft as kg
 from kernelgraft.backends._cuda import CudaRunner
 from kernelgraft.examples import _softmax_cuda as C
 
-SOURCE = C._CUDA_PRELUDE + r"""
-__device__ __forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
+# the library's streaming source brings block_reduce, fast_exp2 and prefetch_row
+SOURCE = C._STREAM_SOURCE + r"""
 
 template <typename T, int THREADS, int STAGES, int CHUNKS>
 __global__ void __launch_bounds__(THREADS, 1)
@@ -36,22 +32,12 @@ softmax_stream_regs(const T* __restrict__ x, T* __restrict__ out, int n_rows, in
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         const int r = row + s * gridDim.x;
-        if (r < n_rows)
-            for (int j = threadIdx.x; j < nvec; j += THREADS) {
-                unsigned d = (unsigned)__cvta_generic_to_shared(ring + s * nvec + j);
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(d), "l"(src + (long long)r * nvec + j) : "memory");
-            }
+        if (r < n_rows) prefetch_row(ring + s * nvec, src + (long long)r * nvec, nvec);
         asm volatile("cp.async.commit_group;" ::: "memory");
     }
     for (int it = 0; row < n_rows; ++it, row += gridDim.x) {
         const int ahead = row + (STAGES - 1) * gridDim.x;
-        if (ahead < n_rows) {
-            uint4* dst = ring + ((it + STAGES - 1) % STAGES) * nvec;
-            for (int j = threadIdx.x; j < nvec; j += THREADS) {
-                unsigned d = (unsigned)__cvta_generic_to_shared(dst + j);
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(d), "l"(src + (long long)ahead * nvec + j) : "memory");
-            }
-        }
+        if (ahead < n_rows) prefetch_row(ring + ((it + STAGES - 1) % STAGES) * nvec, src + (long long)ahead * nvec, nvec);
         asm volatile("cp.async.commit_group;" ::: "memory");
         asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 1) : "memory");
         __syncthreads();

@@ -5,9 +5,10 @@ launch reaches the stream before the GPU reaches the start event. When the host 
 enqueue a launch than the GPU has queued work (a few-microsecond kernel behind a launch path of
 20-40 us on a slow host), the GPU idles between the events and the host's time is counted as the
 kernel's. On the H200 this made the same kernel time 6 us in one measurement and 42 us in the
-next (benchmarks/results/2026-11-30-h200-s3/). ``cover(us)`` enqueues a spin kernel
-(``torch.cuda._sleep``) that keeps the stream busy for about ``us`` microseconds; put it before
-the start event and the timed launch is already queued when the GPU gets there.
+next (benchmarks/results/2026-11-30-h200-s3/). ``cover(host_us, slack_us)`` enqueues a spin
+kernel (``torch.cuda._sleep``) that keeps the stream busy for twice the launch's host cost plus
+slack; put it before the start event and the timed launch is already queued when the GPU gets
+there.
 """
 
 from __future__ import annotations
@@ -35,9 +36,12 @@ def _rate(device: int) -> float:
     return rate
 
 
-def cover(us: float) -> None:
-    """Keep the current stream busy for about ``us`` microseconds (no-op without the spin kernel)."""
+def cover(host_us: float, slack_us: float) -> None:
+    """Keep the current stream busy for twice ``host_us`` (the host's cost of enqueuing the timed
+    call) plus ``slack_us`` (what else the host enqueues before it); a no-op without the spin
+    kernel."""
     sleep = getattr(torch.cuda, "_sleep", None)
+    us = 2.0 * host_us + slack_us
     if sleep is None or us <= 0:
         return
     sleep(max(1, int(us * _rate(torch.cuda.current_device()))))

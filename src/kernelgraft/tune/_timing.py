@@ -55,18 +55,19 @@ def _events(n: int):
     return [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
 
 
-def _eager(trial: Trial, reps: int, lead_us: float = 0.0) -> tuple[list[float], float]:
-    """Per-launch times (ms) and the host's cost per launch (us). ``lead_us`` of GPU work is
-    queued before each start event so the launch is enqueued before the GPU reaches it (see
-    kernelgraft._gpu_busy); without it a short kernel is timed by its host launch cost."""
+def _eager(trial: Trial, reps: int, host_us: float | None = None) -> tuple[list[float], float]:
+    """Per-launch times (ms) and the host's cost per launch (us). Given ``host_us`` (a launch's
+    host cost), GPU work is queued before each start event so the launch is enqueued before the
+    GPU reaches it (see kernelgraft._gpu_busy); without it a short kernel is timed by its host
+    launch cost."""
     pairs = _events(reps)
     host = []
     for i, (start, end) in enumerate(pairs):
         k = i % trial.n_sets
         if trial.restore is not None:
             trial.restore(k)
-        if lead_us:
-            cover(lead_us)
+        if host_us is not None:
+            cover(host_us, slack_us=20.0)
         start.record()
         t = time.perf_counter()
         trial.run(k)
@@ -122,7 +123,7 @@ def cuda_timer(trial: Trial, settings: Any) -> float:
         times = _graphed(trial, reps, est)
         if times is not None:
             return statistics.median(times)
-    return statistics.median(_eager(trial, reps, lead_us=2.0 * host_us + 20.0)[0])
+    return statistics.median(_eager(trial, reps, host_us)[0])
 
 
 def default_timer() -> Timer:
