@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 import time
 import traceback
@@ -114,11 +115,27 @@ def main() -> int:
 
     record("torch.add", lambda: torch.add(x, y))
     record("torch relu(x+y)", lambda: torch.relu(x + y))
+    from kernelgraft import _native
+
+    native = _native.load()  # the native replay, built (or loaded from the cache) before timing
+    print(f"native replay: {'ready' if native is not None else _native.reason()}")
+    replayed: dict[str, bool] = {}
     with (kg.tune("off") if hasattr(kg, "tune") else contextlib.nullcontext()):
         for spec in ex.IMPLS:
             op = kg.op(f"kgbench_host::add_relu_{spec.backend}", impls=[spec], fallback="error")(
                 ex.add_relu.reference)
             record(f"op {spec.backend}", lambda op=op: op(x, y), check=lambda op=op: op(x, y))
+            replayed[f"op {spec.backend}"] = op._replay is not None
+            # The same op with its plan made while the native replay is off: the Python path.
+            slow = kg.op(f"kgbench_host::add_relu_{spec.backend}_py", impls=[spec], fallback="error")(
+                ex.add_relu.reference)
+            os.environ["KERNELGRAFT_NATIVE"] = "0"
+            try:
+                record(f"op {spec.backend} (python path)", lambda op=slow: op(x, y),
+                       check=lambda op=slow: op(x, y))
+            finally:
+                del os.environ["KERNELGRAFT_NATIVE"]
+            replayed[f"op {spec.backend} (python path)"] = slow._replay is not None
             try:
                 cand = next(c for c in op.candidates(x, y) if c.supported)
                 runner = op._runner(cand)
@@ -181,6 +198,8 @@ def main() -> int:
             samples[name].append((t1 - t0) / 1000 * 1e6)
     for name, times in samples.items():
         rows[name] = {"us": statistics.median(times), "min_us": min(times)}
+        if name in replayed:
+            rows[name]["native_replay"] = replayed[name]
     for name, fn in paths.items():
         profile(name, fn)
     base = rows.get("torch.add", {}).get("us")
@@ -189,16 +208,18 @@ def main() -> int:
 
         with open(os.path.join(args.out, "backend_host_cost_profiles.txt"), "w") as f:
             f.write("\n".join(profiles))
-    payload = {"env": environment(), "n": args.n, "rows": rows}
+    payload = {"env": environment(), "n": args.n, "rows": rows,
+               "native": native is not None, "native_reason": _native.reason()}
     path = write_json("backend_host_cost", payload, args.out)
     print(f"\nhost cost per call, {args.n} fp32 elements (results in {path})")
-    print(f"{'path':32s} {'us/call':>9s} {'x torch.add':>12s}")
+    print(f"{'path':34s} {'us/call':>9s} {'x torch.add':>12s}")
     for name, r in rows.items():
         if "us" in r:
             ratio = f"{r['us'] / base:.2f}" if base else "-"
-            print(f"{name:32s} {r['us']:9.2f} {ratio:>12s}")
+            mark = "  (native replay)" if r.get("native_replay") else ""
+            print(f"{name:34s} {r['us']:9.2f} {ratio:>12s}{mark}")
         else:
-            print(f"{name:32s} {'ERROR':>9s}  {r['error'][:80]}")
+            print(f"{name:34s} {'ERROR':>9s}  {r['error'][:80]}")
     return 0
 
 

@@ -26,6 +26,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from . import _registry, _select
 from ._candidates import LAYOUT, Candidate, evaluate, evaluate_one
+from ._native._attach import attach
 from ._errors import FallbackWarning, InputError, LaunchError, SpecError, UnsupportedError, describe
 from ._plan import Plan, reference_plan, kernel_plan
 from ._schema import Signature, parse_signature
@@ -124,6 +125,7 @@ class KernelOp:
         self._runners: dict[Any, Callable[..., Any]] = {}
         self._bundled: dict[Any, Callable[..., Any]] = {}  # (impl index, config) -> AOT bundle runner
         self._epoch = -1
+        self._replay: Any = None  # kernelgraft._native Replay of the last signature, or None
         self._warned: set[Any] = set()
         self._nparams = len(self.signature.params)
         # A supports() predicate or the tuner (which keys on it) may decide by pointer alignment,
@@ -178,7 +180,14 @@ class KernelOp:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs or len(args) != self._nparams:
             args = self.signature.bind(self.name, args, dict(kwargs))
-        if _is_compiling() or _dispatch_stack_len() or _function_mode_on() or _functorch_on():
+        if _is_compiling():
+            return self._overload(*args)
+        replay = self._replay  # the native replay of the last signature (checks the rest itself)
+        if replay is not None and self._epoch == _EPOCH[0]:
+            out = replay(args)
+            if out is not NotImplemented:
+                return out
+        if _dispatch_stack_len() or _function_mode_on() or _functorch_on():
             return self._overload(*args)
         key = self._key(args, _grad_enabled())
         if key is None:
@@ -232,6 +241,7 @@ class KernelOp:
         # lands in the dict it started with, which no caller sees any more.
         self._plans = {}
         self._forced = {}
+        self._replay = None
         self._epoch = _select.epoch()
 
     def _execute(self, args: tuple, key: tuple) -> Any:
@@ -285,7 +295,7 @@ class KernelOp:
             if chosen is None:  # the tuner found no candidate that computes the right result
                 return reference_plan(self)
             log.debug("%s: chose %s", self.name, chosen.label)
-            return kernel_plan(self, chosen, self._runner(chosen), out_specs, args)
+            return attach(self, kernel_plan(self, chosen, self._runner(chosen), out_specs, args), chosen, _PLAIN)
         device = tensors[0][1].device if tensors else torch.device("cpu")
         if not candidates or (device.type == "cpu" and not interpreting()):
             return reference_plan(self)
@@ -390,6 +400,7 @@ class KernelOp:
             raise SpecError(f"{self.name}: register_meta needs a function, got {describe(fn)}")
         self._meta_shape_only = shape_only
         self._meta_fn = fn
+        self._replay = None
         self._plans = {}  # new dicts rather than clear(): a plan being made now must not land here
         self._forced = {}  # op.run plans hold output shapes from the old meta too
         return fn

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from .._errors import CompileError, LaunchError, describe
+from .._native import _record
 from .._spec import Config, ImplSpec
 from ._base import register
 
@@ -240,6 +241,7 @@ class _FastCall:
     """Calls a compiled host function through its packed C ABI with per-thread value slots."""
 
     def __init__(self, compiled: Any, device_index: int) -> None:
+        self.device = device_index
         self.kinds = [t for _, t in slot_kinds(compiled)]
         self.executor = compiled.to(device_index)
         self.capi = self.executor.jit_module.capi_func
@@ -263,9 +265,27 @@ class _FastCall:
         slots, packed = self._slots()
         for slot, v in zip(slots, values):
             slot.value = v
+        if _record.ACTIVE[0] is not None:
+            self._note(values)
         self.capi(packed)
         if self.result is not None and self.result.value != 0:
             raise LaunchError(f"CuTe DSL launch failed with CUDA error {self.result.value}")
+
+
+    def _note(self, values: Sequence[Any]) -> None:
+        """Describe this call to the native replay's recorder (kernelgraft._native._record)."""
+        fn = _record.address_of(self.capi) if isinstance(self.capi, ctypes._CFuncPtr) else 0
+        if not fn or (self.result is not None and not isinstance(self.result, ctypes.c_int32)):
+            _record.note(None, f"the compiled CuTe DSL entry point is a {type(self.capi).__name__}, "
+                               f"its result slot a {type(self.result).__name__}")
+            return
+        buffer, offsets, pointers = _record.packed_slots(self.kinds, values)
+        _record.note(_record.Record(
+            kind=1, fn=fn, function=0, grid=(1, 1, 1), block=(1, 1, 1), smem=0, buffer=buffer,
+            offsets=offsets, pointers=pointers, stream=int(values[-1] or 0), device=self.device,
+            tail=tuple(self.tail), stream_offset=offsets[-1],
+            result=ctypes.addressof(self.result) if self.result is not None else 0,
+        ))
 
 
 def check_abi(compiled: Any, exe_args: Sequence[Any], values: Sequence[Any]) -> str | None:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from .._errors import LaunchError
+from .._native import _record
 from . import _cu
 from ._params import KINDS, ParamBuffer, kind_of, value_of
 
@@ -259,6 +260,8 @@ class Launcher:
         raw = self._launch
         if raw is None:
             raw = self._launch = _cu.raw_launch() or False
+        if _record.ACTIVE[0] is not None:
+            self._note(raw, device_index, handle, (gx, gy, gz), (bx, by, bz), shared_mem, stream, values)
         if raw:
             err = raw(fn._raw_handle(device_index, handle), gx, gy, gz, bx, by, bz, shared_mem,
                       stream or None, params, None)
@@ -266,6 +269,21 @@ class Launcher:
             (err,) = _cu.cu().cuLaunchKernel(handle, gx, gy, gz, bx, by, bz, shared_mem, stream, params, 0)
         if int(err) != 0:
             self._fail(err, device_index, (gx, gy, gz), (bx, by, bz), shared_mem, values)
+
+    def _note(self, raw, device_index, handle, grid, block, shared_mem, stream, values) -> None:
+        """Describe this launch to the native replay's recorder (kernelgraft._native._record)."""
+        if not raw:
+            _record.note(None, "cuLaunchKernel is not reachable through ctypes here")
+            return
+        buffer = self.buffer
+        offsets, kinds = buffer.offsets, buffer.kinds
+        packed = buffer.pack(values)
+        _record.note(_record.Record(
+            kind=0, fn=_record.address_of(raw), function=self.function._raw_handle(device_index, handle),
+            grid=grid, block=block, smem=shared_mem, buffer=packed + bytes(-len(packed) % 8 or 0),
+            offsets=offsets, pointers=[(o, int(v or 0)) for o, k, v in zip(offsets, kinds, values) if k == "ptr"],
+            stream=int(stream or 0), device=device_index,
+        ))
 
     def _fail(self, err, device_index, grid, block, shared_mem, values) -> None:
         driver = _cu.cu()

@@ -1,0 +1,57 @@
+"""Giving a kernel plan a native replay: after the extension is ready, one call of the plan is
+recorded, and later calls with the same signature go through ``op._replay`` (see _record.py)."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from . import _record, enabled, get
+
+if TYPE_CHECKING:
+    from .._candidates import Candidate
+    from .._op import KernelOp
+    from .._plan import Plan
+
+__all__ = ["attach", "REPLAYABLE"]
+
+log = logging.getLogger(__name__)
+# Backends whose launches go through kernelgraft's own launch paths, which note what they launch.
+REPLAYABLE = frozenset({"cuda", "cutile", "cutedsl"})
+_OUT_KINDS = {"none": 0, "tensor": 1}
+
+
+def attach(op: "KernelOp", plan: "Plan", candidate: "Candidate", plain: tuple) -> "Plan":
+    """``plan`` wrapped to record its second call (the first may compile) into a native Replay."""
+    if candidate.impl.backend not in REPLAYABLE or not enabled():
+        return plan
+    out_kind = _OUT_KINDS.get(op.signature.returns, 2)
+    state: dict[str, Any] = {"calls": 0, "replay": None, "done": False}
+
+    def replaying(args: tuple) -> Any:
+        replay = state["replay"]
+        if replay is not None:
+            op._replay = replay  # this signature is the op's active one again
+            return plan(args)
+        if state["done"]:
+            return plan(args)
+        state["calls"] += 1
+        native = get() if state["calls"] >= 2 else None
+        if native is None:
+            return plan(args)
+        state["done"] = True
+        with _record.recording() as recorder:
+            out = plan(args)
+        outs = () if out_kind == 0 else (out,) if out_kind == 1 else tuple(out)
+        replay = _record.replay_for(native, args, outs, out_kind, recorder, plain)
+        if isinstance(replay, str):
+            state["why"] = replay
+            log.debug("%s: %s stays on the Python path: %s", op.name, candidate.label, replay)
+        else:
+            state["replay"] = op._replay = replay
+            log.debug("%s: %s replays natively", op.name, candidate.label)
+        return out
+
+    replaying.candidate = candidate  # type: ignore[attr-defined]
+    replaying.native = state  # type: ignore[attr-defined]
+    return replaying

@@ -1,0 +1,259 @@
+"""The native replay (kernelgraft/_native): built for real with the C++ compiler, driven on CPU
+through its packed-call launch kind with a ctypes host function standing in for the kernel, and on
+the GPU through real ops of every backend that replays (CUDA C++, cuTile, CuTe DSL)."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import kernelgraft as kg
+from kernelgraft import _native
+from kernelgraft._native import _record
+
+PLAIN = (torch.Tensor, torch.nn.Parameter)
+HOST_FN = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_void_p))
+
+
+@pytest.fixture(scope="module")
+def native():
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        pytest.skip("no C++ compiler on this machine: the native replay cannot be built")
+    module = _native.load()
+    assert module is not None, _native.reason()
+    return module
+
+
+class HostKernel:
+    """out[i] = relu(a[i] + b[i]) * scale over n floats, through the packed C ABI
+    (slots: a, b, out, n, scale, stream); every call's raw slot values are kept."""
+
+    def __init__(self, fail_with: int = 0) -> None:
+        self.calls: list[tuple] = []
+        self.result = ctypes.c_int32(0)
+        self.fail_with = fail_with
+        self.fn = HOST_FN(self._run)
+
+    def _run(self, packed):
+        a, b, o = (ctypes.c_uint64.from_address(packed[i]).value for i in range(3))
+        n = ctypes.c_int32.from_address(packed[3]).value
+        scale = ctypes.c_float.from_address(packed[4]).value
+        stream = ctypes.c_uint64.from_address(packed[5]).value
+        self.calls.append((a, b, o, n, scale, stream))
+        if self.fail_with:
+            self.result.value = self.fail_with
+            return
+        A, B, O = ((ctypes.c_float * n).from_address(p) for p in (a, b, o))
+        for i in range(n):
+            O[i] = max(A[i] + B[i], 0.0) * scale
+
+    def record(self, a, b, out, n, scale, *, result=True) -> _record._Recorder:
+        kinds = [ctypes.c_void_p] * 3 + [ctypes.c_int32, ctypes.c_float, ctypes.c_void_p]
+        buf, offsets, pointers = _record.packed_slots(kinds, [a, b, out, n, scale, 0])
+        recorder = _record._Recorder(0)
+        recorder.launches.append(_record.Record(
+            kind=1, fn=_record.address_of(self.fn), function=0, grid=(1, 1, 1), block=(1, 1, 1),
+            smem=0, buffer=buf, offsets=offsets, pointers=pointers, stream=0, device=-1,
+            stream_offset=offsets[-1], result=ctypes.addressof(self.result) if result else 0))
+        return recorder
+
+
+def _replay(native, kernel, x, y, scale=2.0):
+    out = torch.empty_like(x)
+    rec = kernel.record(x.data_ptr(), y.data_ptr(), out.data_ptr(), x.numel(), scale)
+    replay = _record.replay_for(native, (x, y, scale), (out,), 1, rec, PLAIN)
+    assert not isinstance(replay, str), replay
+    return replay
+
+
+def test_replay_writes_fresh_pointers_and_allocates_outputs(native):
+    kernel = HostKernel()
+    x, y = torch.randn(37), torch.randn(37)
+    replay = _replay(native, kernel, x, y)
+    for _ in range(3):
+        a, b = torch.randn(37), torch.randn(37)
+        out = replay((a, b, 2.0))
+        assert out.shape == (37,) and out.dtype == torch.float32 and out.is_contiguous()
+        torch.testing.assert_close(out, torch.relu(a + b) * 2.0)
+        assert kernel.calls[-1][:5] == (a.data_ptr(), b.data_ptr(), out.data_ptr(), 37, 2.0)
+    outs = {replay((x, y, 2.0)).data_ptr() for _ in range(2)}
+    assert replay.stats() == {"calls": 5, "misses": 0}
+    assert len(outs) >= 1 and x.data_ptr() not in outs
+
+
+def test_replay_hands_back_every_other_signature(native):
+    kernel = HostKernel()
+    x, y = torch.randn(16, 4), torch.randn(16, 4)
+    replay = _replay(native, kernel, x, y)
+    base = torch.randn(16 * 4 + 1)
+
+    class Sub(torch.Tensor):
+        pass
+
+    others = {
+        "shape": (torch.randn(4, 16), y, 2.0),
+        "strides": (torch.randn(4, 16).t(), y, 2.0),
+        "dtype": (x.double(), y, 2.0),
+        "alignment": (base[1:].view(16, 4), y, 2.0),
+        "scalar value": (x, y, 3.0),
+        "scalar type": (x, y, 2),
+        "arity": (x, y),
+        "subclass": (x.as_subclass(Sub), y, 2.0),
+        "conjugate": (torch.randn(16, 4, dtype=torch.complex64).conj(), y, 2.0),
+        "not a tuple": [x, y, 2.0],
+    }
+    for what, args in others.items():
+        assert replay(args) is NotImplemented, what
+    # Parameters are plain tensors; with grad on, a tensor that requires grad is the autograd path.
+    w = torch.nn.Parameter(x.clone())
+    with torch.no_grad():
+        torch.testing.assert_close(replay((w, y, 2.0)), torch.relu(x + y) * 2.0)
+    assert replay((w, y, 2.0)) is NotImplemented
+    assert replay.stats()["calls"] == 1 and len(kernel.calls) == 1
+
+
+def test_replay_steps_aside_for_modes(native):
+    kernel = HostKernel()
+    x, y = torch.randn(8), torch.randn(8)
+    replay = _replay(native, kernel, x, y)
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    class Fn(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Watch():
+        assert replay((x, y, 2.0)) is NotImplemented
+    with Fn():
+        assert replay((x, y, 2.0)) is NotImplemented
+
+    seen = []
+
+    def under_vmap(a):
+        seen.append(replay((a, y, 2.0)))
+        return a
+
+    torch.func.vmap(under_vmap)(torch.randn(3, 8))
+    assert seen == [NotImplemented]
+    assert kernel.calls == []
+
+
+def test_failed_launch_goes_back_to_python(native):
+    kernel = HostKernel(fail_with=700)
+    x, y = torch.randn(8), torch.randn(8)
+    replay = _replay(native, kernel, x, y)
+    assert replay((x, y, 2.0)) is NotImplemented
+    assert len(kernel.calls) == 1 and replay.stats() == {"calls": 0, "misses": 1}
+
+
+def test_pointer_mapping():
+    x, y = torch.randn(10, 8), torch.randn(4)
+    ptr = x.data_ptr()
+    assert _record.map_pointers([(0, ptr), (8, y.data_ptr()), (16, 0)], [x, y]) == [(0, 0, 0), (8, 1, 0)]
+    # A view into the middle of a tensor maps to it with a byte offset.
+    assert _record.map_pointers([(0, x[3].data_ptr())], [x, y]) == [(0, 0, 3 * 8 * 4)]
+    workspace = torch.empty(4)
+    assert "no input or output" in _record.map_pointers([(0, workspace.data_ptr())], [x, y])
+    assert "several" in _record.map_pointers([(0, ptr)], [x, x])
+
+
+def test_recording_refuses_what_it_cannot_replay(native):
+    kernel = HostKernel()
+    x, y = torch.randn(8), torch.randn(8)
+    out = torch.empty(8)
+    with _record.recording() as rec:
+        torch.empty_like(x)  # metadata and allocation are fine
+        x.view(2, 4).t()
+        out.zero_()  # computing is not
+    assert rec.ops == ["aten.zero_.default"]
+    assert "torch ops besides its kernel (aten.zero_.default)" in _record.replay_for(
+        native, (x, y, 2.0), (out,), 1, rec, PLAIN)
+    two = kernel.record(x.data_ptr(), y.data_ptr(), out.data_ptr(), 8, 2.0)
+    two.launches *= 2
+    assert "2 recorded launches" in _record.replay_for(native, (x, y, 2.0), (out,), 1, two, PLAIN)
+    with _record.recording() as rec:
+        _record.note(None, "no ctypes here")
+    assert _record.replay_for(native, (x, y, 2.0), (out,), 1, rec, PLAIN) == "no ctypes here"
+    assert _record.ACTIVE[0] is None
+
+
+def test_bad_specs_are_refused(native):
+    kernel = HostKernel()
+    good = dict(tensor_types=PLAIN, args=(("v", 1),), outs=(), out_kind=0, launch_kind=1,
+                fn=_record.address_of(kernel.fn), function=0, grid=(1, 1, 1), block=(1, 1, 1), smem=0,
+                buffer=bytes(48), offsets=(0,), tail=(), patches=(), stream_offset=-1, result=0,
+                stream_device=(0, -1))
+    native.Replay(**good)
+    for change, message in [
+        ({"launch_kind": 5}, "launch_kind"),
+        ({"offsets": (64,)}, "outside the buffer"),
+        ({"patches": ((0, 0, 0),)}, "reads no tensor"),
+        ({"patches": ((44, 0, 0),)}, "outside the buffer"),
+        ({"out_kind": 1}, "out_kind"),
+        ({"fn": 0}, "function address"),
+        ({"args": (("x", 1),)}, "argument spec"),
+    ]:
+        with pytest.raises((ValueError, TypeError), match=message):
+            native.Replay(**{**good, **change})
+
+
+def test_turned_off_by_environment(monkeypatch):
+    monkeypatch.setenv("KERNELGRAFT_NATIVE", "0")
+    assert not _native.enabled()
+    assert "KERNELGRAFT_NATIVE=0" in _native.reason()
+
+
+# ---------------------------------------------------------------- GPU: real ops replay natively
+def _backend_op(backend):
+    from kernelgraft.examples import add_relu as ex
+
+    spec = next((s for s in ex.IMPLS if s.backend == backend), None)
+    if spec is None:
+        pytest.skip(f"add_relu has no {backend} impl")
+    from kernelgraft.backends import get as get_backend
+
+    why = get_backend(backend).available()
+    if why:
+        pytest.skip(why)
+    return kg.op(f"kgtest_native::add_relu_{backend}", impls=[spec], fallback="error")(ex.add_relu.reference)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda", "cutile", "cutedsl"])
+def test_ops_replay_natively_on_the_gpu(backend):
+    assert _native.load() is not None, _native.reason()
+    op = _backend_op(backend)
+    x, y = torch.randn(5000, device="cuda"), torch.randn(5000, device="cuda")
+    for _ in range(3):
+        op(x, y)
+    replay = op._replay
+    assert replay is not None, next(iter(p.native.get("why") for p in op._plans.values()), None)
+    before = replay.stats()["calls"]
+    for n in (5000, 5000, 777, 5000):  # 777: another signature, then back
+        a, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+        out = op(a, b)
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, torch.relu(a + b))
+    assert op._replay is not None
+    assert replay.stats()["calls"] >= before + 2
+    # CUDA graph capture records the replayed launch on the capturing stream.
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        op(x, y)
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g):
+        out = op(x, y)
+    x.copy_(torch.randn_like(x))
+    y.copy_(torch.randn_like(y))
+    g.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, torch.relu(x + y))
