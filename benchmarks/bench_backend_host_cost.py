@@ -204,8 +204,6 @@ def main() -> int:
         profile(name, fn)
     base = rows.get("torch.add", {}).get("us")
     if args.out:
-        import os
-
         with open(os.path.join(args.out, "backend_host_cost_profiles.txt"), "w") as f:
             f.write("\n".join(profiles))
     payload = {"env": environment(), "n": args.n, "rows": rows,

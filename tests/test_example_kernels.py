@@ -144,6 +144,19 @@ def test_softmax_cluster_kernel_claims_the_right_rows():  # compiling them: test
     assert spec.min_capability == (9, 0)
 
 
+def test_softmax_row_regs_kernel_claims_rows_that_fit_its_registers():
+    spec = softmax_cuda.CUDA_ROW_REGS
+    fits = lambda x, i: softmax_cuda._fits_row_regs(x, **spec.configs[i].as_dict())  # noqa: E731
+    for i in range(len(spec.configs)):  # every config holds 64 KiB rows
+        assert fits(torch.empty(2, 32768, dtype=torch.bfloat16), i) is True
+        assert fits(torch.empty(2, 16384, dtype=torch.float32), i) is True
+    assert "do not fit" in fits(torch.empty(2, 32768, dtype=torch.float32), 0)
+    assert "do not fit" in fits(torch.empty(2, 32776, dtype=torch.float16), 0)
+    assert "16-byte" in fits(torch.empty(2, 32764, dtype=torch.bfloat16), 0)
+    assert "under 8192" in fits(torch.empty(2, 4096, dtype=torch.bfloat16), 0)
+    assert "aligned" in fits(torch.empty(2, 16392, dtype=torch.bfloat16)[:, 4:-4], 0)
+
+
 def test_softmax_stream_kernel_claims_long_rows():  # compiling them: test_cuda_sources_compile_for_sm90
     spec = softmax_cuda.CUDA_STREAM
     fits = lambda x, i: softmax_cuda._fits_stream(x, **spec.configs[i].as_dict())  # noqa: E731

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -22,6 +23,7 @@ __all__ = ["get", "load", "reason", "enabled"]
 
 log = logging.getLogger(__name__)
 _SOURCE = Path(__file__).with_name("replay.cpp")
+_NAME = "kernelgraft_native"
 _LOCK = threading.Lock()
 _STATE: dict = {"module": None, "reason": None, "thread": None}
 
@@ -44,16 +46,41 @@ def _build_dir() -> Path:
     return path
 
 
+def _compile(directory: Path) -> ModuleType:
+    """Build in a fresh directory of this process and move the library into place atomically.
+
+    torch's own build lock (a lock file) is never cleared when a process dies mid-build, and a
+    process may well exit while this runs in the background, so each build gets its own directory
+    and ``filelock`` (an OS lock, released with the process) keeps two builds from racing.
+    """
+    import importlib.util
+
+    from filelock import FileLock
+    from torch.utils import cpp_extension
+
+    final = directory / f"{_NAME}.so"
+    with FileLock(str(directory / "build.lock")):
+        for stale in directory.glob("build-*"):  # left by a process that died building
+            shutil.rmtree(stale, ignore_errors=True)
+        if not final.exists():
+            if not cpp_extension.is_ninja_available():
+                raise RuntimeError("ninja is not installed (pip install ninja)")
+            work = Path(tempfile.mkdtemp(prefix="build-", dir=directory))
+            try:
+                cpp_extension.load(_NAME, [str(_SOURCE)], build_directory=str(work),
+                                   extra_cflags=["-O2"], verbose=False)
+                os.replace(work / f"{_NAME}.so", final)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+    spec = importlib.util.spec_from_file_location(_NAME, final)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
 def _build() -> None:
     try:
-        from torch.utils import cpp_extension
-
-        if not cpp_extension.is_ninja_available():
-            raise RuntimeError("ninja is not installed (pip install ninja)")
-        module = cpp_extension.load(
-            "kernelgraft_native", [str(_SOURCE)], build_directory=str(_build_dir()),
-            extra_cflags=["-O2"], verbose=False,
-        )
+        module = _compile(_build_dir())
         _STATE["module"] = module
         log.debug("kernelgraft native replay loaded from %s", module.__file__)
     except Exception as exc:  # no compiler, no headers, a failed build: the Python path stays
