@@ -1,0 +1,264 @@
+"""Round 6: where the last microseconds of softmax over bf16[2048, 32768] go, and two candidates.
+
+The library's ``softmax_row_regs`` (one row per block, the row in registers) runs 2048x32768 in
+about 76 us; a copy of the same bytes takes about 69 us and 85% of the measured copy ceiling needs
+about 74 us (benchmarks/results/2026-11-30-h200-s4/). Variants, each checked against float32
+torch.softmax unless it is a diagnostic (``diag``, wrong on purpose):
+
+- ``diag copy-through``: the same loads and stores with no reductions and no math: the floor of
+  this access pattern (one burst of loads per row, then one burst of stores).
+- ``diag no-exp``: both block reductions, no exponentials (sum of x, output x * inv).
+- ``pack cvt``: the library kernel with the two bf16 conversions of a word in one
+  ``cvt.rn.bf16x2.f32``.
+- ``cluster``: a row split across a cluster of 2 or 4 blocks that exchange their partial max and sum
+  through distributed shared memory: finer work units, so a shorter tail.
+- the library kernel at several row counts (1980 = 396 x 5 rows: 132 SMs x 3 blocks), against a copy
+  of the same bytes: a fixed cost per launch shows up as an offset.
+
+Run on a GPU: ``python benchmarks/_explore_softmax_regs.py``.
+"""
+
+import json
+
+import torch
+
+import kernelgraft as kg
+from kernelgraft.backends._cuda import CudaRunner
+from kernelgraft.examples import _softmax_cuda as C
+
+SOURCE = C._ROW_REGS_SOURCE + r"""
+__device__ __forceinline__ unsigned cl_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void cl_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cl_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cl_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+__device__ __forceinline__ float cl_peer_load(const float* p, unsigned rank) {
+    unsigned local = (unsigned)__cvta_generic_to_shared(p), remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+    return v;
+}
+__device__ __forceinline__ unsigned pack_cvt(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// MODE 0: copy-through, 1: reductions without exponentials, 2: softmax with cvt.rn.bf16x2 packing
+template <int THREADS, int CHUNKS, int MINB, int MODE>
+__global__ void __launch_bounds__(THREADS, MINB)
+variant(const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__ out, int n_rows, int n_cols) {
+    constexpr const __nv_bfloat16* tag = nullptr;
+    __shared__ float red[THREADS / 32];
+    const int nvec = n_cols / 8;
+    const uint4* src = reinterpret_cast<const uint4*>(x) + (long long)blockIdx.x * nvec;
+    uint4* o = reinterpret_cast<uint4*>(out) + (long long)blockIdx.x * nvec;
+    uint4 raw[CHUNKS];
+#pragma unroll
+    for (int k = 0; k < CHUNKS; ++k) {
+        const int j = threadIdx.x + k * THREADS;
+        raw[k] = make_uint4(0, 0, 0, 0);
+        if (j < nvec)
+            asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(raw[k].x), "=r"(raw[k].y), "=r"(raw[k].z), "=r"(raw[k].w) : "l"(src + j));
+    }
+    if (MODE == 0) {
+#pragma unroll
+        for (int k = 0; k < CHUNKS; ++k) {
+            const int j = threadIdx.x + k * THREADS;
+            if (j < nvec) __stcs(o + j, raw[k]);
+        }
+        return;
+    }
+    float m = NEG_INF;
+#pragma unroll
+    for (int k = 0; k < CHUNKS; ++k)
+        if (threadIdx.x + k * THREADS < nvec)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const unsigned w = word_of(raw[k], q);
+                m = fmaxf(m, fmaxf(elem_of(w, 0, tag), elem_of(w, 1, tag)));
+            }
+    m = block_reduce<THREADS, true>(m, red);
+    const float ml = m * LOG2E;
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < CHUNKS; ++k)
+        if (threadIdx.x + k * THREADS < nvec)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const unsigned w = word_of(raw[k], q);
+                if (MODE == 1) s += elem_of(w, 0, tag) + elem_of(w, 1, tag);
+                else s += fast_exp2(fmaf(elem_of(w, 0, tag), LOG2E, -ml)) + fast_exp2(fmaf(elem_of(w, 1, tag), LOG2E, -ml));
+            }
+    s = block_reduce<THREADS, false>(s, red);
+    const float inv = 1.0f / s;
+#pragma unroll
+    for (int k = 0; k < CHUNKS; ++k) {
+        const int j = threadIdx.x + k * THREADS;
+        if (j < nvec) {
+            unsigned w4[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const unsigned w = word_of(raw[k], q);
+                const float a = elem_of(w, 0, tag), b = elem_of(w, 1, tag);
+                w4[q] = MODE == 1 ? pack_cvt(a * inv, b * inv)
+                                  : pack_cvt(fast_exp2(fmaf(a, LOG2E, -ml)) * inv, fast_exp2(fmaf(b, LOG2E, -ml)) * inv);
+            }
+            __stcs(o + j, make_uint4(w4[0], w4[1], w4[2], w4[3]));
+        }
+    }
+}
+
+// A row split over a cluster of CLUSTER blocks; each holds n_cols / CLUSTER elements in registers.
+template <int THREADS, int CHUNKS, int MINB, int CLUSTER>
+__global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(THREADS, MINB)
+cluster_rows(const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__ out, int n_rows, int n_cols) {
+    constexpr const __nv_bfloat16* tag = nullptr;
+    __shared__ float red[THREADS / 32];
+    __shared__ float part[2];
+    const unsigned rank = cl_rank();
+    const int nvec = n_cols / CLUSTER / 8;
+    const long long base = (long long)(blockIdx.x / CLUSTER) * (n_cols / 8) + (long long)rank * nvec;
+    const uint4* src = reinterpret_cast<const uint4*>(x) + base;
+    uint4* o = reinterpret_cast<uint4*>(out) + base;
+    uint4 raw[CHUNKS];
+#pragma unroll
+    for (int k = 0; k < CHUNKS; ++k) {
+        const int j = threadIdx.x + k * THREADS;
+        raw[k] = make_uint4(0, 0, 0, 0);
+        if (j < nvec)
+            asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(raw[k].x), "=r"(raw[k].y), "=r"(raw[k].z), "=r"(raw[k].w) : "l"(src + j));
+    }
+    float m = NEG_INF;
+#pragma unroll
+    for (int k = 0; k < CHUNKS; ++k)
+        if (threadIdx.x + k * THREADS < nvec)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const unsigned w = word_of(raw[k], q);
+                m = fmaxf(m, fmaxf(elem_of(w, 0, tag), elem_of(w, 1, tag)));
+            }
+    m = block_reduce<THREADS, true>(m, red);
+    if (threadIdx.x == 0) part[0] = m;
+    cl_sync();
+#pragma unroll
+    for (unsigned r = 0; r < CLUSTER; ++r)
+        if (r != rank) m = fmaxf(m, cl_peer_load(&part[0], r));
+    const float ml = m * LOG2E;
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < CHUNKS; ++k)
+        if (threadIdx.x + k * THREADS < nvec)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const unsigned w = word_of(raw[k], q);
+                s += fast_exp2(fmaf(elem_of(w, 0, tag), LOG2E, -ml)) + fast_exp2(fmaf(elem_of(w, 1, tag), LOG2E, -ml));
+            }
+    s = block_reduce<THREADS, false>(s, red);
+    if (threadIdx.x == 0) part[1] = s;
+    cl_sync();
+#pragma unroll
+    for (unsigned r = 0; r < CLUSTER; ++r)
+        if (r != rank) s += cl_peer_load(&part[1], r);
+    cl_arrive();  // this block is done reading its peers; it waits for them before exiting
+    const float inv = 1.0f / s;
+#pragma unroll
+    for (int k = 0; k < CHUNKS; ++k) {
+        const int j = threadIdx.x + k * THREADS;
+        if (j < nvec) {
+            unsigned w4[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const unsigned w = word_of(raw[k], q);
+                w4[q] = pack_cvt(fast_exp2(fmaf(elem_of(w, 0, tag), LOG2E, -ml)) * inv,
+                                 fast_exp2(fmaf(elem_of(w, 1, tag), LOG2E, -ml)) * inv);
+            }
+            __stcs(o + j, make_uint4(w4[0], w4[1], w4[2], w4[3]));
+        }
+    }
+    cl_wait();
+}
+"""
+
+
+def launch_variant(x, out, *, THREADS, CHUNKS, MINB, MODE):
+    return kg.Launch(grid=x.shape[0], block=THREADS, args=(x, out, kg.driver.i32(x.shape[0]), kg.driver.i32(x.shape[1])))
+
+
+def launch_cluster(x, out, *, THREADS, CHUNKS, MINB, CLUSTER):
+    return kg.Launch(grid=x.shape[0] * CLUSTER, block=THREADS,
+                     args=(x, out, kg.driver.i32(x.shape[0]), kg.driver.i32(x.shape[1])))
+
+
+VARIANT = kg.cuda(SOURCE, "variant<{THREADS}, {CHUNKS}, {MINB}, {MODE}>", launch=launch_variant,
+                  configs=[{"THREADS": 256, "CHUNKS": 16, "MINB": 3, "MODE": m} for m in (0, 1, 2)]
+                  + [{"THREADS": 512, "CHUNKS": 8, "MINB": 2, "MODE": 2}, {"THREADS": 1024, "CHUNKS": 4, "MINB": 2, "MODE": 2}],
+                  min_capability=(8, 0))
+CLUSTER = kg.cuda(SOURCE, "cluster_rows<{THREADS}, {CHUNKS}, {MINB}, {CLUSTER}>", launch=launch_cluster,
+                  configs=[{"THREADS": 256, "CHUNKS": 8, "MINB": 4, "CLUSTER": 2},
+                           {"THREADS": 128, "CHUNKS": 16, "MINB": 6, "CLUSTER": 2},
+                           {"THREADS": 512, "CHUNKS": 4, "MINB": 3, "CLUSTER": 2},
+                           {"THREADS": 256, "CHUNKS": 4, "MINB": 6, "CLUSTER": 4},
+                           {"THREADS": 128, "CHUNKS": 8, "MINB": 8, "CLUSTER": 4}],
+                  min_capability=(9, 0))
+NAMES = {0: "diag copy-through", 1: "diag no-exp", 2: "pack cvt"}
+
+
+def main():
+    from triton.testing import do_bench
+
+    res = {}
+
+    def run(name, fn, x, out, check=True):
+        want = torch.softmax(x.float(), -1)
+        out.fill_(float("nan"))
+        try:
+            fn()
+            torch.cuda.synchronize()
+        except Exception as exc:
+            res[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            print(name, res[name], flush=True)
+            return
+        entry = {}
+        if check:
+            entry["maxerr"] = (out.float() - want).abs().max().item()
+        if not check or entry["maxerr"] <= 1e-2:
+            ms = do_bench(fn, warmup=50, rep=300)
+            nbytes = 2 * x.numel() * x.element_size()
+            entry.update(us=ms * 1e3, gbps=nbytes / ms / 1e6)
+        res[name] = entry
+        print(name, entry, flush=True)
+
+    x = torch.randn(2048, 32768, device="cuda", dtype=torch.bfloat16)
+    x[1, 100:] = float("-inf")
+    out = torch.empty_like(x)
+    for c in VARIANT.configs:
+        r = CudaRunner(VARIANT, c)
+        run(f"{NAMES[c.as_dict()['MODE']]} {c.label()}", lambda r=r: r(x, out), x, out, check=c.as_dict()["MODE"] == 2)
+    for c in CLUSTER.configs:
+        r = CudaRunner(CLUSTER, c)
+        run(f"cluster {c.label()}", lambda r=r: r(x, out), x, out)
+    for c in C.CUDA_ROW_REGS.configs:
+        r = CudaRunner(C.CUDA_ROW_REGS, c)
+        run(f"library row_regs {c.label()}", lambda r=r: r(x, out), x, out)
+    y = torch.empty_like(x)
+    run("copy same bytes", lambda: y.copy_(x), x, y, check=False)
+    lib = CudaRunner(C.CUDA_ROW_REGS, C.CUDA_ROW_REGS.configs[0])
+    for rows in (1980, 2112, 2376, 4096):
+        xr = torch.randn(rows, 32768, device="cuda", dtype=torch.bfloat16)
+        outr, yr = torch.empty_like(xr), torch.empty_like(xr)
+        run(f"rows {rows}: library row_regs {C.CUDA_ROW_REGS.configs[0].label()}", lambda: lib(xr, outr), xr, outr)
+        run(f"rows {rows}: copy same bytes", lambda: yr.copy_(xr), xr, yr, check=False)
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()
