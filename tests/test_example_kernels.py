@@ -157,6 +157,19 @@ def test_softmax_row_regs_kernel_claims_rows_that_fit_its_registers():
     assert "aligned" in fits(torch.empty(2, 16392, dtype=torch.bfloat16)[:, 4:-4], 0)
 
 
+def test_softmax_row_tma_kernel_claims_rows_that_fit_shared_memory():
+    spec = softmax_cuda.CUDA_ROW_TMA
+    fits = lambda x, i: softmax_cuda._fits_row_tma(x, **spec.configs[i].as_dict())  # noqa: E731
+    for i in range(len(spec.configs)):
+        assert fits(torch.empty(2, 32768, dtype=torch.bfloat16), i) is True
+        assert fits(torch.empty(2, 32768, dtype=torch.float32), i) is True  # 128 KiB: one block per SM
+    assert "exceeds the shared memory" in fits(torch.empty(2, 65536, dtype=torch.float32), 0)
+    assert "16-byte" in fits(torch.empty(2, 32764, dtype=torch.bfloat16), 0)
+    assert "under 8192" in fits(torch.empty(2, 4096, dtype=torch.bfloat16), 0)
+    assert "aligned" in fits(torch.empty(2, 16392, dtype=torch.bfloat16)[:, 4:-4], 0)
+    assert spec.min_capability == (9, 0)
+
+
 def test_softmax_stream_kernel_claims_long_rows():  # compiling them: test_cuda_sources_compile_for_sm90
     spec = softmax_cuda.CUDA_STREAM
     fits = lambda x, i: softmax_cuda._fits_stream(x, **spec.configs[i].as_dict())  # noqa: E731

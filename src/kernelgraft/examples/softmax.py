@@ -20,7 +20,7 @@ import triton.language as tl
 
 import kernelgraft as kg
 
-from ._softmax_cuda import CUDA, CUDA_CLUSTER, CUDA_ROW_REGS, CUDA_STREAM, _fits_nonempty, _nonempty, _rows_cols
+from ._softmax_cuda import CUDA, CUDA_CLUSTER, CUDA_ROW_REGS, CUDA_ROW_TMA, CUDA_STREAM, _fits_nonempty, _nonempty, _rows_cols
 
 
 @triton.jit
@@ -109,7 +109,7 @@ TRITON_ONLINE = kg.triton(
     name="softmax_online",
 )
 
-IMPLS = [TRITON_ROWS, TRITON_ONLINE, CUDA, CUDA_CLUSTER, CUDA_STREAM, CUDA_ROW_REGS]
+IMPLS = [TRITON_ROWS, TRITON_ONLINE, CUDA, CUDA_CLUSTER, CUDA_STREAM, CUDA_ROW_REGS, CUDA_ROW_TMA]
 
 
 def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
