@@ -2,7 +2,7 @@
 # One batched run on the GPU machine: installs carried wheels, runs the selected sections with
 # time limits, and packs every result into $OUT/results.tar.gz (plus the log).
 #   bash benchmarks/gpu_session.sh SECTION...     sections: tests core cute hostcost rmsnorm
-#                                                 examples tune tunequick ranks graft aot explore explore5 explore6 explore7 native test_FILE
+#                                                 examples tune tunequick ranks graft aot explore explore5 explore6 explore7 diagsoftmax native test_FILE
 # A "0:tests,aot|1:tune,rmsnorm" argument runs lanes side by side, each on its own GPU
 # (CUDA_VISIBLE_DEVICES) with its own kernelgraft cache; the next argument starts when all end.
 set -uo pipefail
@@ -45,6 +45,7 @@ run_section() {
     explore5) step explore_round5 200 python3 benchmarks/_explore_softmax_stream.py ;;
     explore6) step explore_round6 200 python3 benchmarks/_explore_softmax_regs.py ;;
     explore7) step explore_round7 200 python3 benchmarks/_explore_softmax_tma.py ;;
+    diagsoftmax) step diag_softmax_choice 150 python3 benchmarks/_diag_softmax_choice.py ;;
     native) step native_build 240 python3 -c "from kernelgraft import _native; m = _native.load(); print('native replay:', m.__file__ if m else _native.reason())"
             step test_native 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_native.py -rs --tb=short ;;
     hostcost) step backend_host_cost 110 python3 benchmarks/bench_backend_host_cost.py --out "$R" ;;
