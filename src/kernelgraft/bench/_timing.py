@@ -19,10 +19,9 @@ from collections.abc import Callable
 import torch
 
 from .._gpu_busy import cover
+from .._l2 import FLUSH_BYTES, flush_buffer as _flush
 
 __all__ = ["Timing", "measure", "FLUSH_BYTES"]
-
-FLUSH_BYTES = 256 << 20  # H200 L2 is 50 MB; anything well above it evicts everything
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,16 +31,6 @@ class Timing:
     p20_us: float
     p80_us: float
     reps: int
-
-
-_flush_buffers: dict[torch.device, torch.Tensor] = {}
-
-
-def _flush(device: torch.device) -> torch.Tensor:
-    buf = _flush_buffers.get(device)
-    if buf is None:
-        buf = _flush_buffers[device] = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=device)
-    return buf
 
 
 def summarize(samples_us: list[float]) -> Timing:

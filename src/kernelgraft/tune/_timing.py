@@ -5,7 +5,11 @@ host launch cost (~10 us for Triton) neither hides a kernel of a few microsecond
 some candidates and not others. Timed eagerly (mutating ops), each launch has GPU work queued
 ahead of it for twice its host cost, for the same reason. Cold-L2 timing rotates over
 copies of the inputs that together exceed the L2 cache. Mutating ops get their inputs restored
-before every launch, outside the timed region (and without graphs, so the copy is not timed).
+before every launch, outside the timed region (and without graphs, so the copy is not timed);
+with cold-L2 timing the L2 is then flushed too, since the restore leaves the mutated inputs in it
+while ``kernelgraft bench`` times every call from a flushed L2. (The likely reason the tuner chose
+an FP8 scatter config 4% slower than the best in one bench run; not yet re-measured on a GPU:
+benchmarks/results/2026-11-30-h200-s4/SUMMARY.md.)
 
 A timer is any callable ``timer(trial, settings) -> milliseconds``; tests inject a fake one.
 """
@@ -23,6 +27,7 @@ from typing import Any
 import torch
 
 from .._gpu_busy import cover
+from .._l2 import flush
 
 __all__ = ["Trial", "Timer", "cuda_timer", "default_timer"]
 
@@ -41,6 +46,7 @@ class Trial:
     n_sets: int = 1
     restore: Callable[[int], None] | None = None
     budget_s: float = math.inf  # time this trial may take
+    cold: bool = False  # cold-L2 timing asked for: evict the L2 after each restore
 
 
 Timer = Callable[[Trial, Any], float]
@@ -66,6 +72,8 @@ def _eager(trial: Trial, reps: int, host_us: float | None = None) -> tuple[list[
         k = i % trial.n_sets
         if trial.restore is not None:
             trial.restore(k)
+            if trial.cold:  # the restore just wrote the mutated inputs into the L2: evict them
+                flush(torch.device("cuda", torch.cuda.current_device()))
         if host_us is not None:
             cover(host_us, slack_us=20.0)
         start.record()

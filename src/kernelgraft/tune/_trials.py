@@ -134,7 +134,10 @@ def run_trials(
         if n > 0 and time.perf_counter() - started > settings.budget_s:
             results.append(_over_budget(cand, settings))
             continue
-        results.append(_gate(op, cand, sets, restore if mutated else None, oracle, mutated, device))
+        result = _gate(op, cand, sets, restore if mutated else None, oracle, mutated, device)
+        if isinstance(result, Trial):
+            result.cold = bool(settings.cold_l2)
+        results.append(result)
     trials = [r for r in results if isinstance(r, Trial)]
     if trials and settings.timer is None:
         _warm_up(trials[0], device)
