@@ -21,7 +21,7 @@ def main():
     x = torch.randn(2048, 32768, device="cuda", dtype=torch.bfloat16)
     with kg.tune("on", cold_l2=True):
         softmax(x)
-        d = kg.decision(softmax, x)
+        d = kg.tune.decision(softmax, x)
     ranking = [(e["impl_name"], e["config"], round(e.get("ms", 0) * 1e3, 2)) for e in (d.ranking if d else [])[:8]]
     out = torch.empty_like(x)
     timings = {}
