@@ -110,8 +110,9 @@ TRITON_ONLINE = kg.triton(
 )
 
 # Within the tuner's 1% tie margin the impl listed first wins: the bulk-copy kernel before the
-# register one (5-7% faster per launch on the H200 with a cold L2, about even when launches run
-# back to back: benchmarks/results/2026-11-30-h200-s4/).
+# register one. It is 5-7% faster per launch from a cold L2 on the H200, yet the tuner, which
+# replays launches back to back, once chose the register kernel (benchmarks/results/
+# 2026-11-30-h200-s4/SUMMARY.md).
 IMPLS = [TRITON_ROWS, TRITON_ONLINE, CUDA, CUDA_CLUSTER, CUDA_STREAM, CUDA_ROW_TMA, CUDA_ROW_REGS]
 
 
