@@ -279,3 +279,14 @@ def test_a_build_killed_midway_leaves_no_stale_lock(tmp_path):
     assert done.stdout.split()[:1] == ["True"], done.stdout + done.stderr
     (build,) = (tmp_path / "native").iterdir()
     assert (build / "kernelgraft_native.so").exists()
+
+
+def test_doctor_reports_the_native_replay(native):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "kernelgraft", "doctor"], capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert "backends" in done.stdout
+    assert "native replay (eager CUDA C++, cuTile, CuTe DSL calls): ready" in done.stdout

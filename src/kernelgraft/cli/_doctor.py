@@ -10,7 +10,7 @@ HELP = "report the environment: torch, GPU, each backend's availability and why"
 
 _PACKAGES = (
     "torch", "triton", "cuda-core", "cuda-bindings", "nvidia-cuda-nvrtc", "cuda-tile",
-    "nvidia-cuda-tileiras", "nvidia-cutlass-dsl", "filelock", "rich",
+    "nvidia-cuda-tileiras", "nvidia-cutlass-dsl", "filelock", "rich", "ninja",
 )
 
 
@@ -61,6 +61,11 @@ def run(args) -> int:
         reason = backend.available() or backend.device_reason(device)
         table.add_row(name, f"[red]{reason}" if reason else f"[green]ready on {device.type}")
     console.print(table)
+    from .. import _native
+
+    native = _native.load()  # builds it (about 10 s) the first time for this torch and Python
+    console.print("native replay (eager CUDA C++, cuTile, CuTe DSL calls): " + (
+        f"[green]ready[/green] ({native.__file__})" if native is not None else f"[red]{_native.reason()}"))
     if args.target:
         for op in ops_of(load_target(args.target)):
             console.print(f"{op.name}{op.signature.schema}: {len(op.impls)} impls, "
