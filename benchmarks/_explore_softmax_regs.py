@@ -19,6 +19,7 @@ Run on a GPU: ``python benchmarks/_explore_softmax_regs.py``.
 """
 
 import json
+import sys
 
 import torch
 
@@ -26,23 +27,23 @@ import kernelgraft as kg
 from kernelgraft.backends._cuda import CudaRunner
 from kernelgraft.examples import _softmax_cuda as C
 
-SOURCE = C._ROW_REGS_SOURCE + r"""
-__device__ __forceinline__ unsigned cl_rank() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ void cl_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void cl_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
-__device__ __forceinline__ void cl_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
-__device__ __forceinline__ float cl_peer_load(const float* p, unsigned rank) {
-    unsigned local = (unsigned)__cvta_generic_to_shared(p), remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-    float v;
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-    return v;
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from _softmax_explore import check_and_time  # noqa: E402
+
+SOURCE = C._ROW_REGS_SOURCE + C._CLUSTER_PRIMITIVES + r"""
+// the cluster barrier split in two: arrive when done reading the peers, wait before exiting
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+template <int THREADS, int CHUNKS>
+__device__ __forceinline__ void load_vectors(uint4 (&raw)[CHUNKS], const uint4* src, int nvec) {
+#pragma unroll
+    for (int k = 0; k < CHUNKS; ++k) {
+        const int j = threadIdx.x + k * THREADS;
+        raw[k] = make_uint4(0, 0, 0, 0);
+        if (j < nvec)
+            asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(raw[k].x), "=r"(raw[k].y), "=r"(raw[k].z), "=r"(raw[k].w) : "l"(src + j));
+    }
 }
 __device__ __forceinline__ unsigned pack_cvt(float lo, float hi) {
     unsigned r;
@@ -60,14 +61,7 @@ variant(const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__ out, in
     const uint4* src = reinterpret_cast<const uint4*>(x) + (long long)blockIdx.x * nvec;
     uint4* o = reinterpret_cast<uint4*>(out) + (long long)blockIdx.x * nvec;
     uint4 raw[CHUNKS];
-#pragma unroll
-    for (int k = 0; k < CHUNKS; ++k) {
-        const int j = threadIdx.x + k * THREADS;
-        raw[k] = make_uint4(0, 0, 0, 0);
-        if (j < nvec)
-            asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                         : "=r"(raw[k].x), "=r"(raw[k].y), "=r"(raw[k].z), "=r"(raw[k].w) : "l"(src + j));
-    }
+    load_vectors<THREADS, CHUNKS>(raw, src, nvec);
     if (MODE == 0) {
 #pragma unroll
         for (int k = 0; k < CHUNKS; ++k) {
@@ -123,20 +117,13 @@ cluster_rows(const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__ ou
     constexpr const __nv_bfloat16* tag = nullptr;
     __shared__ float red[THREADS / 32];
     __shared__ float part[2];
-    const unsigned rank = cl_rank();
+    const unsigned rank = cluster_rank();
     const int nvec = n_cols / CLUSTER / 8;
     const long long base = (long long)(blockIdx.x / CLUSTER) * (n_cols / 8) + (long long)rank * nvec;
     const uint4* src = reinterpret_cast<const uint4*>(x) + base;
     uint4* o = reinterpret_cast<uint4*>(out) + base;
     uint4 raw[CHUNKS];
-#pragma unroll
-    for (int k = 0; k < CHUNKS; ++k) {
-        const int j = threadIdx.x + k * THREADS;
-        raw[k] = make_uint4(0, 0, 0, 0);
-        if (j < nvec)
-            asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                         : "=r"(raw[k].x), "=r"(raw[k].y), "=r"(raw[k].z), "=r"(raw[k].w) : "l"(src + j));
-    }
+    load_vectors<THREADS, CHUNKS>(raw, src, nvec);
     float m = NEG_INF;
 #pragma unroll
     for (int k = 0; k < CHUNKS; ++k)
@@ -148,10 +135,10 @@ cluster_rows(const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__ ou
             }
     m = block_reduce<THREADS, true>(m, red);
     if (threadIdx.x == 0) part[0] = m;
-    cl_sync();
+    cluster_sync();
 #pragma unroll
     for (unsigned r = 0; r < CLUSTER; ++r)
-        if (r != rank) m = fmaxf(m, cl_peer_load(&part[0], r));
+        if (r != rank) m = fmaxf(m, peer_load(&part[0], r));
     const float ml = m * LOG2E;
     float s = 0.0f;
 #pragma unroll
@@ -164,11 +151,11 @@ cluster_rows(const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__ ou
             }
     s = block_reduce<THREADS, false>(s, red);
     if (threadIdx.x == 0) part[1] = s;
-    cl_sync();
+    cluster_sync();
 #pragma unroll
     for (unsigned r = 0; r < CLUSTER; ++r)
-        if (r != rank) s += cl_peer_load(&part[1], r);
-    cl_arrive();  // this block is done reading its peers; it waits for them before exiting
+        if (r != rank) s += peer_load(&part[1], r);
+    cluster_arrive();  // this block is done reading its peers; it waits for them before exiting
     const float inv = 1.0f / s;
 #pragma unroll
     for (int k = 0; k < CHUNKS; ++k) {
@@ -184,7 +171,7 @@ cluster_rows(const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__ ou
             __stcs(o + j, make_uint4(w4[0], w4[1], w4[2], w4[3]));
         }
     }
-    cl_wait();
+    cluster_wait();
 }
 """
 
@@ -213,50 +200,29 @@ NAMES = {0: "diag copy-through", 1: "diag no-exp", 2: "pack cvt"}
 
 
 def main():
-    from triton.testing import do_bench
-
     res = {}
-
-    def run(name, fn, x, out, check=True):
-        want = torch.softmax(x.float(), -1)
-        out.fill_(float("nan"))
-        try:
-            fn()
-            torch.cuda.synchronize()
-        except Exception as exc:
-            res[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-            print(name, res[name], flush=True)
-            return
-        entry = {}
-        if check:
-            entry["maxerr"] = (out.float() - want).abs().max().item()
-        if not check or entry["maxerr"] <= 1e-2:
-            ms = do_bench(fn, warmup=50, rep=300)
-            nbytes = 2 * x.numel() * x.element_size()
-            entry.update(us=ms * 1e3, gbps=nbytes / ms / 1e6)
-        res[name] = entry
-        print(name, entry, flush=True)
-
     x = torch.randn(2048, 32768, device="cuda", dtype=torch.bfloat16)
     x[1, 100:] = float("-inf")
     out = torch.empty_like(x)
     for c in VARIANT.configs:
         r = CudaRunner(VARIANT, c)
-        run(f"{NAMES[c.as_dict()['MODE']]} {c.label()}", lambda r=r: r(x, out), x, out, check=c.as_dict()["MODE"] == 2)
+        check_and_time(res, f"{NAMES[c.as_dict()['MODE']]} {c.label()}", lambda r=r: r(x, out), x, out,
+                       check=c.as_dict()["MODE"] == 2)
     for c in CLUSTER.configs:
         r = CudaRunner(CLUSTER, c)
-        run(f"cluster {c.label()}", lambda r=r: r(x, out), x, out)
+        check_and_time(res, f"cluster {c.label()}", lambda r=r: r(x, out), x, out)
     for c in C.CUDA_ROW_REGS.configs:
         r = CudaRunner(C.CUDA_ROW_REGS, c)
-        run(f"library row_regs {c.label()}", lambda r=r: r(x, out), x, out)
+        check_and_time(res, f"library row_regs {c.label()}", lambda r=r: r(x, out), x, out)
     y = torch.empty_like(x)
-    run("copy same bytes", lambda: y.copy_(x), x, y, check=False)
+    check_and_time(res, "copy same bytes", lambda: y.copy_(x), x, y, check=False)
     lib = CudaRunner(C.CUDA_ROW_REGS, C.CUDA_ROW_REGS.configs[0])
     for rows in (1980, 2112, 2376, 4096):
         xr = torch.randn(rows, 32768, device="cuda", dtype=torch.bfloat16)
         outr, yr = torch.empty_like(xr), torch.empty_like(xr)
-        run(f"rows {rows}: library row_regs {C.CUDA_ROW_REGS.configs[0].label()}", lambda: lib(xr, outr), xr, outr)
-        run(f"rows {rows}: copy same bytes", lambda: yr.copy_(xr), xr, yr, check=False)
+        check_and_time(res, f"rows {rows}: library row_regs {C.CUDA_ROW_REGS.configs[0].label()}",
+                       lambda: lib(xr, outr), xr, outr)
+        check_and_time(res, f"rows {rows}: copy same bytes", lambda: yr.copy_(xr), xr, yr, check=False)
     print(json.dumps(res))
 
 

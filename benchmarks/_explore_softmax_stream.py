@@ -9,12 +9,16 @@ sum and the write. Run on a GPU: ``python benchmarks/_explore_softmax_stream.py`
 variant against float32 torch.softmax before timing it, and times the library's kernels beside it.
 """
 import json
+import sys
 
 import torch
 
 import kernelgraft as kg
 from kernelgraft.backends._cuda import CudaRunner
 from kernelgraft.examples import _softmax_cuda as C
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from _softmax_explore import check_and_time  # noqa: E402
 
 # the library's streaming source brings block_reduce, fast_exp2 and prefetch_row
 SOURCE = C._STREAM_SOURCE + r"""
@@ -81,84 +85,6 @@ softmax_stream_regs(const T* __restrict__ x, T* __restrict__ out, int n_rows, in
     asm volatile("cp.async.wait_group 0;" ::: "memory");
 }
 
-// One row per block, no shared-memory ring: each thread loads its whole share of the row as raw
-// 16-byte vectors into registers in one burst (CHUNKS loads in flight per thread), so the SM keeps
-// MINB rows in flight; max, sum and the write read the registers (the exponential is recomputed
-// for the write instead of keeping 32-bit values). 2-byte types; the halves of each 32-bit word are
-// unpacked with bit operations (no address taken of a register array, which sends it to the stack).
-__device__ __forceinline__ float half_lo(unsigned w, const __nv_bfloat16*) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float half_hi(unsigned w, const __nv_bfloat16*) { return __uint_as_float(w & 0xffff0000u); }
-__device__ __forceinline__ unsigned pack_halves(float a, float b, const __nv_bfloat16*) {
-    return (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(a)) |
-           ((unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(b)) << 16);
-}
-__device__ __forceinline__ float half_lo(unsigned w, const __half*) { return __half2float(__ushort_as_half((unsigned short)(w & 0xffffu))); }
-__device__ __forceinline__ float half_hi(unsigned w, const __half*) { return __half2float(__ushort_as_half((unsigned short)(w >> 16))); }
-__device__ __forceinline__ unsigned pack_halves(float a, float b, const __half*) {
-    return (unsigned)__half_as_ushort(__float2half_rn(a)) | ((unsigned)__half_as_ushort(__float2half_rn(b)) << 16);
-}
-__device__ __forceinline__ unsigned word_of(const uint4& r, int q) { return q == 0 ? r.x : q == 1 ? r.y : q == 2 ? r.z : r.w; }
-
-template <typename T, int THREADS, int CHUNKS, int MINB>
-__global__ void __launch_bounds__(THREADS, MINB)
-softmax_row_direct(const T* __restrict__ x, T* __restrict__ out, int n_rows, int n_cols) {
-    static_assert(sizeof(T) == 2, "2-byte types");
-    constexpr const T* tag = nullptr;
-    __shared__ float red[THREADS / 32];
-    const int nvec = n_cols / 8;  // <= THREADS * CHUNKS (checked by the caller)
-    const uint4* src = reinterpret_cast<const uint4*>(x) + (long long)blockIdx.x * nvec;
-    uint4 raw[CHUNKS];
-#pragma unroll
-    for (int k = 0; k < CHUNKS; ++k) {
-        const int j = threadIdx.x + k * THREADS;
-        raw[k] = make_uint4(0, 0, 0, 0);
-        if (j < nvec) {
-            asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                         : "=r"(raw[k].x), "=r"(raw[k].y), "=r"(raw[k].z), "=r"(raw[k].w) : "l"(src + j));
-        }
-    }
-    float m = NEG_INF;
-#pragma unroll
-    for (int k = 0; k < CHUNKS; ++k) {
-        if (threadIdx.x + k * THREADS < nvec) {
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                const unsigned w = word_of(raw[k], q);
-                m = fmaxf(m, fmaxf(half_lo(w, tag), half_hi(w, tag)));
-            }
-        }
-    }
-    m = block_reduce<THREADS, true>(m, red);
-    const float ml = m * LOG2E;
-    float s = 0.0f;
-#pragma unroll
-    for (int k = 0; k < CHUNKS; ++k) {
-        if (threadIdx.x + k * THREADS < nvec) {
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                const unsigned w = word_of(raw[k], q);
-                s += fast_exp2(fmaf(half_lo(w, tag), LOG2E, -ml)) + fast_exp2(fmaf(half_hi(w, tag), LOG2E, -ml));
-            }
-        }
-    }
-    s = block_reduce<THREADS, false>(s, red);
-    const float inv = 1.0f / s;
-    uint4* o = reinterpret_cast<uint4*>(out) + (long long)blockIdx.x * nvec;
-#pragma unroll
-    for (int k = 0; k < CHUNKS; ++k) {
-        const int j = threadIdx.x + k * THREADS;
-        if (j < nvec) {
-            unsigned w4[4];
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                const unsigned w = word_of(raw[k], q);
-                w4[q] = pack_halves(fast_exp2(fmaf(half_lo(w, tag), LOG2E, -ml)) * inv,
-                                    fast_exp2(fmaf(half_hi(w, tag), LOG2E, -ml)) * inv, tag);
-            }
-            __stcs(o + j, make_uint4(w4[0], w4[1], w4[2], w4[3]));
-        }
-    }
-}
 """
 
 
@@ -182,41 +108,24 @@ def launch_direct(x, out, *, THREADS, CHUNKS, MINB):
 
 # bf16[., 32768]: 4096 16-byte vectors per row
 DIRECT_CONFIGS = [{"THREADS": t, "CHUNKS": 4096 // t, "MINB": b} for t, b in ((256, 2), (256, 3), (512, 2), (512, 3), (1024, 1), (1024, 2))]
-DIRECT = kg.cuda(SOURCE, "softmax_row_direct<{T}, {THREADS}, {CHUNKS}, {MINB}>", launch=launch_direct,
+# The one-row-per-block register kernel, now the library's softmax_row_regs (for 2-byte types the
+# same operations as the bf16-only version that ran in round 5).
+DIRECT = kg.cuda(C._ROW_REGS_SOURCE, "softmax_row_direct<{T}, {THREADS}, {CHUNKS}, {MINB}>", launch=launch_direct,
                  configs=DIRECT_CONFIGS, min_capability=(8, 0))
 
 
 def main():
-    from triton.testing import do_bench
-
     x = torch.randn(2048, 32768, device="cuda", dtype=torch.bfloat16)
     x[1, 100:] = float("-inf")
     out = torch.empty_like(x)
-    want = torch.softmax(x.float(), -1)
-    nbytes = 2 * x.numel() * x.element_size()
     runners = {f"regs {c.label()}": CudaRunner(SPEC, c) for c in SPEC.configs}
     runners.update({f"direct {c.label()}": CudaRunner(DIRECT, c) for c in DIRECT.configs})
     runners.update({f"library stream {c.label()}": CudaRunner(C.CUDA_STREAM, c) for c in C.CUDA_STREAM.configs})
     res = {}
     for name, r in runners.items():
-        out.fill_(float("nan"))
-        try:
-            r(x, out)
-            torch.cuda.synchronize()
-        except Exception as exc:
-            res[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-            print(name, res[name], flush=True)
-            continue
-        err = (out.float() - want).abs().max().item()
-        entry = {"maxerr": err}
-        if err <= 1e-2:
-            ms = do_bench(lambda r=r: r(x, out), warmup=50, rep=200)
-            entry.update(us=ms * 1e3, gbps=nbytes / ms / 1e6)
-        res[name] = entry
-        print(name, entry, flush=True)
+        check_and_time(res, name, lambda r=r: r(x, out), x, out, rep=200)
     y = torch.empty_like(x)
-    ms = do_bench(lambda: y.copy_(x), warmup=50, rep=200)
-    res["copy same bytes"] = {"us": ms * 1e3, "gbps": nbytes / ms / 1e6}
+    check_and_time(res, "copy same bytes", lambda: y.copy_(x), x, y, check=False, rep=200)
     print(json.dumps(res))
 
 

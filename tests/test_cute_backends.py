@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import kernelgraft as kg
+from _graphs import check_graph_replay
 from kernelgraft import SpecError
 
 HAS_CUTILE = importlib.util.find_spec("cuda") is not None and importlib.util.find_spec("cuda.tile") is not None
@@ -269,19 +270,7 @@ def test_cuda_graph_capture(backend):
     op = kg.op(f"kgtest_graph::add_relu_{backend}", impls=[spec], fallback="error")(ex.add_relu.reference)
     x, y = torch.randn(10000, device="cuda"), torch.randn(10000, device="cuda")
     op(x, y)  # compile/load outside the capture
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        op(x, y)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = op(x, y)
-    x.copy_(torch.randn_like(x))
-    y.copy_(torch.randn_like(y))
-    g.replay()
-    torch.cuda.synchronize()
-    torch.testing.assert_close(out, torch.relu(x + y))
+    check_graph_replay(op, x, y, lambda a, b: torch.relu(a + b))
 
 
 def test_cutile_arg_key_treats_parameters_as_tensors():

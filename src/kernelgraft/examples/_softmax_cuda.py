@@ -132,7 +132,7 @@ __device__ __forceinline__ float block_reduce(float v, float* red) {
 }
 """
 
-_CLUSTER_SOURCE = _CUDA_PRELUDE + r"""
+_CLUSTER_PRIMITIVES = r"""
 // Cluster primitives in PTX (cooperative_groups' cluster API needs libcu++ headers NVRTC may lack).
 __device__ __forceinline__ unsigned cluster_rank() {
     unsigned r;
@@ -151,6 +151,9 @@ __device__ __forceinline__ float peer_load(const float* p, unsigned rank) {
     return v;
 }
 
+"""
+
+_CLUSTER_SOURCE = _CUDA_PRELUDE + _CLUSTER_PRIMITIVES + r"""
 // One row per thread-block cluster (Hopper): each of the CLUSTER blocks holds a contiguous
 // 1/CLUSTER of the row in registers (CHUNKS 16-byte vectors per thread), and the blocks swap their
 // partial max and sum through distributed shared memory. The row is read once and written once,
