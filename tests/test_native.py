@@ -281,3 +281,122 @@ def test_doctor_reports_the_native_replay(native):
     assert done.returncode == 0, done.stderr
     assert "backends" in done.stdout
     assert "native replay (eager CUDA C++, cuTile, CuTe DSL calls): ready" in done.stdout
+
+
+# ---------------------------------------------------------------- CPU: real ops through the replay
+@pytest.fixture()
+def relu_add(native):
+    def make(name, launch=None):
+        def relu_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return torch.relu(x + y)
+
+        from _host_backend import HOST_FN, kg_host
+
+        def run(packed):
+            a, b, o = (ctypes.c_uint64.from_address(packed[i]).value for i in range(3))
+            n = ctypes.c_int32.from_address(packed[3]).value
+            A, B, O = ((ctypes.c_float * n).from_address(p) for p in (a, b, o))
+            for i in range(n):
+                O[i] = max(A[i] + B[i], 0.0)
+
+        fn = HOST_FN(run)
+        impl = kg_host(fn, [ctypes.c_void_p] * 3 + [ctypes.c_int32],
+                       launch or (lambda x, y, out: [x, y, out, x.numel()]))
+        op = kg.op(name, impls=[impl], dtypes=(torch.float32,), fallback="error")(relu_add)
+        op._keep_fn = fn  # the callback must outlive the op
+        return op
+
+    return make
+
+
+def _fresh(n=33):
+    return torch.randn(n), torch.randn(n)
+
+
+def test_an_op_replays_from_its_third_call(relu_add):
+    op = relu_add("kgtest_native::relu_add_a")
+    for i in range(4):
+        x, y = _fresh()
+        torch.testing.assert_close(op(x, y), torch.relu(x + y))
+        assert (op._replay is None) == (i == 0)  # the second call is recorded
+    replay = op._replay
+    assert replay.stats() == {"calls": 2, "misses": 0}
+    x, y = _fresh(7)  # another signature takes the Python path (and gets its own plan)
+    torch.testing.assert_close(op(x, y), torch.relu(x + y))
+    assert replay.stats() == {"calls": 2, "misses": 1}
+    x, y = _fresh()
+    torch.testing.assert_close(op(x, y=y), torch.relu(x + y))  # keywords bind to the same tuple
+    assert replay.stats()["calls"] == 3
+
+
+def test_a_new_selection_epoch_drops_the_replay(relu_add):
+    op = relu_add("kgtest_native::relu_add_b")
+    for _ in range(3):
+        op(*_fresh())
+    replay = op._replay
+    with kg.tune("off"):  # other settings: plans (and replays) are made again
+        for _ in range(3):
+            x, y = _fresh()
+            torch.testing.assert_close(op(x, y), torch.relu(x + y))
+        assert op._replay is not None and op._replay is not replay
+    assert replay.stats()["calls"] == 1
+
+
+def test_calls_that_cannot_be_replayed_stay_in_python(relu_add, monkeypatch):
+    computes = relu_add("kgtest_native::relu_add_c", lambda x, y, out: (out.zero_(), [x, y, out, x.numel()])[1])
+    elsewhere = torch.randn(33)
+    workspace = relu_add("kgtest_native::relu_add_d", lambda x, y, out: [x, elsewhere, out, x.numel()])
+    for _ in range(4):
+        x, y = _fresh()
+        torch.testing.assert_close(computes(x, y), torch.relu(x + y))
+        torch.testing.assert_close(workspace(x, y), torch.relu(x + elsewhere))
+    assert computes._replay is None and workspace._replay is None
+    why = {op: next(iter(op._plans.values())).native["why"] for op in (computes, workspace)}
+    assert "aten.zero_" in why[computes]
+    assert "no input or output tensor" in why[workspace]
+    monkeypatch.setenv("KERNELGRAFT_NATIVE", "0")
+    off = relu_add("kgtest_native::relu_add_e")
+    for _ in range(3):
+        off(*_fresh())
+    assert off._replay is None
+
+
+def test_a_mutating_op_replays(native):
+    from _host_backend import HOST_FN, kg_host
+
+    def run(packed):
+        a, o = (ctypes.c_uint64.from_address(packed[i]).value for i in range(2))
+        n = ctypes.c_int32.from_address(packed[2]).value
+        A, O = ((ctypes.c_float * n).from_address(p) for p in (a, o))
+        for i in range(n):
+            O[i] += A[i]
+
+    fn = HOST_FN(run)
+
+    def accumulate(x: torch.Tensor, acc: torch.Tensor) -> None:
+        acc += x
+
+    op = kg.op("kgtest_native::accumulate", mutates_args=("acc",), fallback="error",
+               impls=[kg_host(fn, [ctypes.c_void_p] * 2 + [ctypes.c_int32], lambda x, acc: [x, acc, x.numel()])])(
+        accumulate)
+    for _ in range(4):
+        x, acc = _fresh()
+        want = acc + x
+        assert op(x, acc) is None
+        torch.testing.assert_close(acc, want)
+    assert op._replay is not None and op._replay.stats()["calls"] == 2
+
+
+def test_a_triton_launch_in_the_recorded_call_is_noted():
+    """A Triton kernel launched inside a recorded call (not through kernelgraft's launch paths)
+    would be skipped by a replay; Triton's launch-enter hook marks the call (the interpreter does
+    not run launch hooks, so the hook is called here as Triton's launcher calls it)."""
+    from triton import knobs
+
+    before = list(getattr(knobs.runtime.launch_enter_hook, "calls", []))
+    with _record.recording() as rec:
+        knobs.runtime.launch_enter_hook(None)
+    assert rec.refused == ["the call launches a Triton kernel, which a replay would skip"]
+    assert list(getattr(knobs.runtime.launch_enter_hook, "calls", [])) == before
+    knobs.runtime.launch_enter_hook(None)  # outside a recording: nothing noted, nothing raised
+    assert len(rec.refused) == 1

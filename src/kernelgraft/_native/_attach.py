@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from .. import backends
 from . import _record, enabled, get
 
 if TYPE_CHECKING:
@@ -13,17 +14,15 @@ if TYPE_CHECKING:
     from .._op import KernelOp
     from .._plan import Plan
 
-__all__ = ["attach", "REPLAYABLE"]
+__all__ = ["attach"]
 
 log = logging.getLogger(__name__)
-# Backends whose launches go through kernelgraft's own launch paths, which note what they launch.
-REPLAYABLE = frozenset({"cuda", "cutile", "cutedsl"})
 _OUT_KINDS = {"none": 0, "tensor": 1}
 
 
 def attach(op: "KernelOp", plan: "Plan", candidate: "Candidate", plain: tuple) -> "Plan":
     """``plan`` wrapped to record its second call (the first may compile) into a native Replay."""
-    if candidate.impl.backend not in REPLAYABLE or not enabled():
+    if not enabled() or not getattr(backends.get(candidate.impl.backend), "replayable", False):
         return plan
     out_kind = _OUT_KINDS.get(op.signature.returns, 2)
     state: dict[str, Any] = {"calls": 0, "replay": None, "done": False}

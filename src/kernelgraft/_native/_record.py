@@ -8,8 +8,8 @@ of the call's input or output tensors; otherwise it says why not and the plan st
 
 Only metadata fixed by the plan's key may shape the launch: the launch function must describe the
 launch from dtypes, shapes, strides and the config, as for AOT bundles. A torch op that computes
-(``out.zero_()`` before the kernel), a second launch, a pointer into a workspace, or a launch on a
-stream other than torch's current one all leave the plan in Python.
+(``out.zero_()`` before the kernel), a Triton launch, a second launch, a pointer into a workspace,
+or a launch on a stream other than torch's current one all leave the plan in Python.
 """
 
 from __future__ import annotations
@@ -79,19 +79,49 @@ class _OpWatch(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def _watch_triton(recorder: _Recorder):
+    """Note a Triton launch in the recorded call (the replay would skip it); returns the undo."""
+    try:
+        from triton import knobs
+
+        runtime = knobs.runtime
+        chain = runtime.launch_enter_hook
+    except Exception:  # no triton, or a release without launch hooks: nothing to watch
+        return lambda: None
+
+    def hook(*args: Any, **kwargs: Any) -> None:
+        if recorder.thread == threading.get_ident():
+            recorder.refused.append("the call launches a Triton kernel, which a replay would skip")
+
+    if hasattr(chain, "add"):  # triton >= 3.5: a HookChain
+        chain.add(hook)
+        return lambda: chain.remove(hook)
+
+    def chained(*args: Any, **kwargs: Any) -> None:  # older: one callable (or None)
+        hook(*args, **kwargs)
+        if chain is not None:
+            chain(*args, **kwargs)
+
+    runtime.launch_enter_hook = chained
+    return lambda: setattr(runtime, "launch_enter_hook", chain)
+
+
 class recording:
-    """``with recording() as rec:`` notes the launches and torch ops of the enclosed call."""
+    """``with recording() as rec:`` notes the launches, torch ops and Triton launches of the
+    enclosed call."""
 
     def __enter__(self) -> _Recorder:
         self.recorder = _Recorder(threading.get_ident())
         self.watch = _OpWatch(self.recorder)
         self.watch.__enter__()
+        self.unwatch_triton = _watch_triton(self.recorder)
         self.previous = ACTIVE[0]
         ACTIVE[0] = self.recorder
         return self.recorder
 
     def __exit__(self, *exc: Any) -> None:
         ACTIVE[0] = self.previous
+        self.unwatch_triton()
         self.watch.__exit__(*exc)
 
 

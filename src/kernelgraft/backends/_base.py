@@ -18,6 +18,9 @@ class Backend(Protocol):
     """What the op needs from a backend. One module per backend implements it."""
 
     name: str
+    # True when every launch goes through kernelgraft's own launch paths (the driver launcher, the
+    # CuTe DSL packed call), which describe it to the native replay's recorder (kernelgraft._native).
+    replayable: bool = False
 
     def available(self) -> str | None:
         """None when the backend can run in this process, else the reason it cannot."""

@@ -75,6 +75,7 @@ class CudaRunner:
 
 class CudaBackend:
     name = "cuda"
+    replayable = True  # its launches go through kernelgraft.driver, which notes them
 
     @functools.cache
     def available(self) -> str | None:

@@ -70,6 +70,7 @@ def default_arch(capability: tuple[int, int]) -> str:
 
 class CuteDSLBackend:
     name = "cutedsl"
+    replayable = True  # its calls go through _FastCall, which notes them
 
     @functools.cache
     def available(self) -> str | None:

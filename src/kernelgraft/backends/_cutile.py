@@ -126,6 +126,7 @@ def toolchain_reason() -> str | None:
 
 class CuTileBackend:
     name = "cutile"
+    replayable = True  # AOT cubins launch through kernelgraft.driver (ct.launch is not recorded)
 
     @functools.cache
     def available(self) -> str | None:
