@@ -400,3 +400,16 @@ def test_a_triton_launch_in_the_recorded_call_is_noted():
     assert list(getattr(knobs.runtime.launch_enter_hook, "calls", [])) == before
     knobs.runtime.launch_enter_hook(None)  # outside a recording: nothing noted, nothing raised
     assert len(rec.refused) == 1
+
+
+def test_alternating_signatures_each_replay(relu_add):
+    """Two signatures in turn: each call misses the other's replay, then its plan replays it."""
+    op = relu_add("kgtest_native::relu_add_f")
+    sizes = [33, 7] * 2
+    for n in sizes:
+        op(*_fresh(n))  # two calls of each: both recorded
+    replays = {n: next(p for k, p in op._plans.items() if k[0][2] == (n,)).native["replay"] for n in (33, 7)}
+    for n in sizes * 2:
+        x, y = _fresh(n)
+        torch.testing.assert_close(op(x, y), torch.relu(x + y))
+    assert replays[33].stats()["calls"] == 4 and replays[7].stats()["calls"] == 4

@@ -30,8 +30,11 @@ def attach(op: "KernelOp", plan: "Plan", candidate: "Candidate", plain: tuple) -
     def replaying(args: tuple) -> Any:
         replay = state["replay"]
         if replay is not None:
-            op._replay = replay  # this signature is the op's active one again
-            return plan(args)
+            # This signature is the op's active one again (its next call skips the Python key),
+            # and this call replays too unless the replay hands it back (a mode, autograd...).
+            op._replay = replay
+            out = replay(args)
+            return plan(args) if out is NotImplemented else out
         if state["done"]:
             return plan(args)
         state["calls"] += 1
