@@ -46,7 +46,8 @@ class _Runner:
         if _record.ACTIVE[0] is not None:
             _record.note(_record.Record(
                 kind=1, fn=fn, function=0, grid=(1, 1, 1), block=(1, 1, 1), smem=0, buffer=buffer,
-                offsets=offsets, pointers=pointers, stream=0, device=-1, stream_offset=offsets[-1]))
+                offsets=offsets, pointers=pointers, stream=0, device=-1, stream_offset=offsets[-1],
+                owner=self.spec.fn))
         self.calls += 1
         self.spec.fn(packed)
 

@@ -59,7 +59,8 @@ class HostKernel:
         recorder.launches.append(_record.Record(
             kind=1, fn=_record.address_of(self.fn), function=0, grid=(1, 1, 1), block=(1, 1, 1),
             smem=0, buffer=buf, offsets=offsets, pointers=pointers, stream=0, device=-1,
-            stream_offset=offsets[-1], result=ctypes.addressof(self.result) if result else 0))
+            stream_offset=offsets[-1], result=ctypes.addressof(self.result) if result else 0,
+            owner=self))
         return recorder
 
 
@@ -413,3 +414,21 @@ def test_alternating_signatures_each_replay(relu_add):
         x, y = _fresh(n)
         torch.testing.assert_close(op(x, y), torch.relu(x + y))
     assert replays[33].stats()["calls"] == 4 and replays[7].stats()["calls"] == 4
+
+
+def test_the_replay_keeps_its_kernel_alive(native):
+    """The replay calls raw addresses (the function, its result slot): it holds their owner."""
+    import gc
+    import weakref
+
+    kernel = HostKernel()
+    x, y = torch.randn(8), torch.randn(8)
+    replay = _replay(native, kernel, x, y)
+    ref = weakref.ref(kernel)
+    del kernel
+    gc.collect()
+    assert ref() is not None
+    torch.testing.assert_close(replay((x, y, 2.0)), torch.relu(x + y) * 2.0)
+    del replay
+    gc.collect()
+    assert ref() is None

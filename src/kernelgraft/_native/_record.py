@@ -55,6 +55,7 @@ class Record:
     tail: tuple[int, ...] = ()
     stream_offset: int = -1
     result: int = 0
+    owner: Any = None  # keeps the function, result slot and tail pointers alive for the replay
 
 
 @dataclass
@@ -243,5 +244,5 @@ def replay_for(native: Any, args: tuple, outs: Sequence[torch.Tensor], out_kind:
         tensor_types=tuple(plain), args=tuple(specs), outs=tuple(out_specs), out_kind=out_kind,
         launch_kind=rec.kind, fn=rec.fn, function=rec.function, grid=rec.grid, block=rec.block,
         smem=rec.smem, buffer=rec.buffer, offsets=rec.offsets, tail=rec.tail, patches=tuple(patches),
-        stream_offset=rec.stream_offset, result=rec.result, stream_device=where,
+        stream_offset=rec.stream_offset, result=rec.result, stream_device=where, keepalive=rec.owner,
     )

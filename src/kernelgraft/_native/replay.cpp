@@ -76,6 +76,7 @@ struct Replay {
   std::vector<char>* buffer;
   std::vector<void*>* params;
   PyObject* tensor_types;  // tuple of the exact Python types accepted as plain tensors
+  PyObject* keepalive;     // what owns the function, result slot and tail pointers (kept alive)
   int out_kind;            // 0: None, 1: one tensor, 2: tuple
   int launch_kind;         // 0 driver, 1 packed
   void* fn;
@@ -151,17 +152,19 @@ PyObject* replay_call(PyObject* self, PyObject* const* argv, size_t nargsf, PyOb
 int replay_init(Replay* self, PyObject* a, PyObject* kw) {
   static const char* names[] = {"tensor_types", "args", "outs", "out_kind", "launch_kind", "fn",
                                 "function", "grid", "block", "smem", "buffer", "offsets", "tail",
-                                "patches", "stream_offset", "result", "stream_device", nullptr};
+                                "patches", "stream_offset", "result", "stream_device", "keepalive",
+                                nullptr};
   PyObject *types, *args, *outs, *grid, *block, *buffer, *offsets, *tail, *patches, *stream_device;
+  PyObject* keepalive = Py_None;
   int out_kind, launch_kind;
   unsigned long long fn, function, result;
   unsigned smem;
   Py_ssize_t stream_offset;
-  if (!PyArg_ParseTupleAndKeywords(a, kw, "O!O!O!iiKKOOIOOOOnKO", const_cast<char**>(names),
+  if (!PyArg_ParseTupleAndKeywords(a, kw, "O!O!O!iiKKOOIOOOOnKO|O", const_cast<char**>(names),
                                    &PyTuple_Type, &types, &PyTuple_Type, &args, &PyTuple_Type, &outs,
                                    &out_kind, &launch_kind, &fn, &function, &grid, &block, &smem,
                                    &buffer, &offsets, &tail, &patches, &stream_offset, &result,
-                                   &stream_device))
+                                   &stream_device, &keepalive))
     return -1;
   if (launch_kind != 0 && launch_kind != 1) {
     PyErr_SetString(PyExc_ValueError, "launch_kind is 0 (driver) or 1 (packed)");
@@ -177,6 +180,8 @@ int replay_init(Replay* self, PyObject* a, PyObject* kw) {
   }
   Py_INCREF(types);
   Py_XSETREF(self->tensor_types, types);
+  Py_INCREF(keepalive);
+  Py_XSETREF(self->keepalive, keepalive);
   self->out_kind = out_kind;
   self->launch_kind = launch_kind;
   self->fn = reinterpret_cast<void*>(fn);
@@ -203,6 +208,7 @@ int replay_init(Replay* self, PyObject* a, PyObject* kw) {
   self->stream_device_index = static_cast<c10::DeviceIndex>(stream_index);
 
   Py_ssize_t n = PyTuple_GET_SIZE(args);
+  for (auto& spec : *self->args) Py_XDECREF(spec.value);  // a second __init__ drops the first's
   self->args->clear();
   self->args->resize(n);
   for (Py_ssize_t i = 0; i < n; ++i)
@@ -297,6 +303,7 @@ void replay_dealloc(Replay* self) {
   delete self->buffer;
   delete self->params;
   Py_XDECREF(self->tensor_types);
+  Py_XDECREF(self->keepalive);
   Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
 }
 

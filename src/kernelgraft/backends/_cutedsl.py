@@ -285,7 +285,7 @@ class _FastCall:
             kind=1, fn=fn, function=0, grid=(1, 1, 1), block=(1, 1, 1), smem=0, buffer=buffer,
             offsets=offsets, pointers=pointers, stream=int(values[-1] or 0), device=self.device,
             tail=tuple(self.tail), stream_offset=offsets[-1],
-            result=ctypes.addressof(self.result) if self.result is not None else 0,
+            result=ctypes.addressof(self.result) if self.result is not None else 0, owner=self,
         ))
 
 
