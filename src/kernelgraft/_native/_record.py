@@ -83,12 +83,17 @@ class _OpWatch(TorchDispatchMode):
 def _watch_triton(recorder: _Recorder):
     """Note a Triton launch in the recorded call (the replay would skip it); returns the undo."""
     try:
-        from triton import knobs
+        from triton import knobs  # triton >= 3.4
 
         runtime = knobs.runtime
-        chain = runtime.launch_enter_hook
-    except Exception:  # no triton, or a release without launch hooks: nothing to watch
+    except ImportError:
+        try:
+            from triton.compiler.compiler import CompiledKernel as runtime  # older releases
+        except ImportError:  # no triton: nothing to watch
+            return lambda: None
+    if not hasattr(runtime, "launch_enter_hook"):
         return lambda: None
+    chain = runtime.launch_enter_hook
 
     def hook(*args: Any, **kwargs: Any) -> None:
         if recorder.thread == threading.get_ident():
