@@ -81,3 +81,33 @@ def test_bundle_attached_to_ops_in_process(bundle):
                     torch.testing.assert_close(got.double(), want, rtol=tolerance(dt), atol=tolerance(dt), msg=cand.label)
     finally:
         loaded.detach()
+
+
+def test_bundled_candidates_replay_natively(bundle):
+    """An eager call served by a bundled binary (Triton's included: it launches through
+    kernelgraft.driver) is recorded once and then replayed by the native extension."""
+    from kernelgraft import _native
+    from kernelgraft.aot._runner import BundledRunner
+    from kernelgraft.examples.add_relu import add_relu
+
+    assert _native.load() is not None, _native.reason()
+    loaded = kg.load_bundle(bundle)
+    try:
+        n = 3 * 4096  # a multiple of 16, like the bundle's samples (Triton specialises on it)
+        with kg.tune("off"):  # the first supported candidate: add_relu's Triton impl, bundled
+            for _ in range(3):
+                x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+                torch.testing.assert_close(add_relu(x, y), torch.relu(x + y))
+            plan = next(p for k, p in add_relu._plans.items() if k[0][2] == (n,))
+            runner = add_relu._runner(plan.candidate)
+            assert isinstance(runner, BundledRunner), plan.candidate.label
+            if runner.covers((x, y)) is not None:
+                pytest.skip(f"the bundle has no binary for these inputs: {runner.covers((x, y))}")
+            replay = add_relu._replay
+            assert replay is not None, plan.native.get("why")
+            calls = replay.stats()["calls"]
+            x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+            torch.testing.assert_close(add_relu(x, y), torch.relu(x + y))
+            assert replay.stats()["calls"] == calls + 1
+    finally:
+        loaded.detach()

@@ -295,7 +295,8 @@ class KernelOp:
             if chosen is None:  # the tuner found no candidate that computes the right result
                 return reference_plan(self)
             log.debug("%s: chose %s", self.name, chosen.label)
-            return attach(self, kernel_plan(self, chosen, self._runner(chosen), out_specs, args), chosen, _PLAIN)
+            runner = self._runner(chosen)
+            return attach(self, kernel_plan(self, chosen, runner, out_specs, args), chosen, runner, _PLAIN)
         device = tensors[0][1].device if tensors else torch.device("cpu")
         if not candidates or (device.type == "cpu" and not interpreting()):
             return reference_plan(self)

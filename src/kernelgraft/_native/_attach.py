@@ -20,9 +20,13 @@ log = logging.getLogger(__name__)
 _OUT_KINDS = {"none": 0, "tensor": 1}
 
 
-def attach(op: "KernelOp", plan: "Plan", candidate: "Candidate", plain: tuple) -> "Plan":
-    """``plan`` wrapped to record its second call (the first may compile) into a native Replay."""
-    if not enabled() or not getattr(backends.get(candidate.impl.backend), "replayable", False):
+def attach(op: "KernelOp", plan: "Plan", candidate: "Candidate", runner: Any, plain: tuple) -> "Plan":
+    """``plan`` wrapped to record its second call (the first may compile) into a native Replay.
+    The runner says whether its launches can be recorded (``replayable``), else its backend does."""
+    replayable = getattr(runner, "replayable", None)
+    if replayable is None:
+        replayable = getattr(backends.get(candidate.impl.backend), "replayable", False)
+    if not enabled() or not replayable:
         return plan
     out_kind = _OUT_KINDS.get(op.signature.returns, 2)
     state: dict[str, Any] = {"calls": 0, "replay": None, "done": False}

@@ -81,6 +81,10 @@ class Kernel:
 class BundledRunner:
     """``runner(*inputs, *outputs)`` for one candidate."""
 
+    # Bundled kernels launch through kernelgraft.driver, which describes each launch to the native
+    # replay whatever the candidate's backend (a JIT fallback's launch is noted, or refuses it).
+    replayable = True
+
     def __init__(self, label: str, kernels: Sequence[Kernel], n_inputs: int,
                  fallback: Callable[[], Callable[..., Any]] | None = None) -> None:
         self.label = label
