@@ -15,7 +15,8 @@ torch.softmax unless it is a diagnostic (``diag``, wrong on purpose):
 - the library kernel at several row counts (1980 = 396 x 5 rows: 132 SMs x 3 blocks), against a copy
   of the same bytes: a fixed cost per launch shows up as an offset.
 
-Run on a GPU: ``python benchmarks/_explore_softmax_regs.py``.
+Run on a GPU: ``python benchmarks/_explore_softmax_regs.py``. (Since the measured run the shared
+load, max and sum loops are device functions; the operations are the same.)
 """
 
 import json
@@ -34,6 +35,36 @@ SOURCE = C._ROW_REGS_SOURCE + C._CLUSTER_PRIMITIVES + r"""
 // the cluster barrier split in two: arrive when done reading the peers, wait before exiting
 __device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+// This thread's max, and sum of exp(x - max) (RAW: of x), over its vectors of bf16 pairs.
+template <int THREADS, int CHUNKS>
+__device__ __forceinline__ float thread_max(const uint4 (&raw)[CHUNKS], int nvec) {
+    constexpr const __nv_bfloat16* tag = nullptr;
+    float m = NEG_INF;
+#pragma unroll
+    for (int k = 0; k < CHUNKS; ++k)
+        if (threadIdx.x + k * THREADS < nvec)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const unsigned w = word_of(raw[k], q);
+                m = fmaxf(m, fmaxf(elem_of(w, 0, tag), elem_of(w, 1, tag)));
+            }
+    return m;
+}
+template <int THREADS, int CHUNKS, bool RAW>
+__device__ __forceinline__ float thread_sum(const uint4 (&raw)[CHUNKS], int nvec, float ml) {
+    constexpr const __nv_bfloat16* tag = nullptr;
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < CHUNKS; ++k)
+        if (threadIdx.x + k * THREADS < nvec)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const unsigned w = word_of(raw[k], q);
+                const float a = elem_of(w, 0, tag), b = elem_of(w, 1, tag);
+                s += RAW ? a + b : fast_exp2(fmaf(a, LOG2E, -ml)) + fast_exp2(fmaf(b, LOG2E, -ml));
+            }
+    return s;
+}
 template <int THREADS, int CHUNKS>
 __device__ __forceinline__ void load_vectors(uint4 (&raw)[CHUNKS], const uint4* src, int nvec) {
 #pragma unroll
@@ -70,27 +101,10 @@ variant(const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__ out, in
         }
         return;
     }
-    float m = NEG_INF;
-#pragma unroll
-    for (int k = 0; k < CHUNKS; ++k)
-        if (threadIdx.x + k * THREADS < nvec)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                const unsigned w = word_of(raw[k], q);
-                m = fmaxf(m, fmaxf(elem_of(w, 0, tag), elem_of(w, 1, tag)));
-            }
+    float m = thread_max<THREADS, CHUNKS>(raw, nvec);
     m = block_reduce<THREADS, true>(m, red);
     const float ml = m * LOG2E;
-    float s = 0.0f;
-#pragma unroll
-    for (int k = 0; k < CHUNKS; ++k)
-        if (threadIdx.x + k * THREADS < nvec)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                const unsigned w = word_of(raw[k], q);
-                if (MODE == 1) s += elem_of(w, 0, tag) + elem_of(w, 1, tag);
-                else s += fast_exp2(fmaf(elem_of(w, 0, tag), LOG2E, -ml)) + fast_exp2(fmaf(elem_of(w, 1, tag), LOG2E, -ml));
-            }
+    float s = thread_sum<THREADS, CHUNKS, MODE == 1>(raw, nvec, ml);
     s = block_reduce<THREADS, false>(s, red);
     const float inv = 1.0f / s;
 #pragma unroll
@@ -124,15 +138,7 @@ cluster_rows(const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__ ou
     uint4* o = reinterpret_cast<uint4*>(out) + base;
     uint4 raw[CHUNKS];
     load_vectors<THREADS, CHUNKS>(raw, src, nvec);
-    float m = NEG_INF;
-#pragma unroll
-    for (int k = 0; k < CHUNKS; ++k)
-        if (threadIdx.x + k * THREADS < nvec)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                const unsigned w = word_of(raw[k], q);
-                m = fmaxf(m, fmaxf(elem_of(w, 0, tag), elem_of(w, 1, tag)));
-            }
+    float m = thread_max<THREADS, CHUNKS>(raw, nvec);
     m = block_reduce<THREADS, true>(m, red);
     if (threadIdx.x == 0) part[0] = m;
     cluster_sync();
@@ -140,15 +146,7 @@ cluster_rows(const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__ ou
     for (unsigned r = 0; r < CLUSTER; ++r)
         if (r != rank) m = fmaxf(m, peer_load(&part[0], r));
     const float ml = m * LOG2E;
-    float s = 0.0f;
-#pragma unroll
-    for (int k = 0; k < CHUNKS; ++k)
-        if (threadIdx.x + k * THREADS < nvec)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                const unsigned w = word_of(raw[k], q);
-                s += fast_exp2(fmaf(elem_of(w, 0, tag), LOG2E, -ml)) + fast_exp2(fmaf(elem_of(w, 1, tag), LOG2E, -ml));
-            }
+    float s = thread_sum<THREADS, CHUNKS, false>(raw, nvec, ml);
     s = block_reduce<THREADS, false>(s, red);
     if (threadIdx.x == 0) part[1] = s;
     cluster_sync();
