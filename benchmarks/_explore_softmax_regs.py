@@ -16,7 +16,7 @@ torch.softmax unless it is a diagnostic (``diag``, wrong on purpose):
   of the same bytes: a fixed cost per launch shows up as an offset.
 
 Run on a GPU: ``python benchmarks/_explore_softmax_regs.py``. (Since the measured run the shared
-load, max and sum loops are device functions; the operations are the same.)
+load, max, sum and store loops are device functions; the operations are the same.)
 """
 
 import json
@@ -35,6 +35,11 @@ SOURCE = C._ROW_REGS_SOURCE + C._CLUSTER_PRIMITIVES + r"""
 // the cluster barrier split in two: arrive when done reading the peers, wait before exiting
 __device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+__device__ __forceinline__ unsigned pack_cvt(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
 // This thread's max, and sum of exp(x - max) (RAW: of x), over its vectors of bf16 pairs.
 template <int THREADS, int CHUNKS>
 __device__ __forceinline__ float thread_max(const uint4 (&raw)[CHUNKS], int nvec) {
@@ -65,6 +70,26 @@ __device__ __forceinline__ float thread_sum(const uint4 (&raw)[CHUNKS], int nvec
             }
     return s;
 }
+// Write exp(x - max) * inv (RAW: x * inv) for this thread's vectors, packed by cvt.rn.bf16x2.
+template <int THREADS, int CHUNKS, bool RAW>
+__device__ __forceinline__ void store_row(uint4* o, const uint4 (&raw)[CHUNKS], int nvec, float ml, float inv) {
+    constexpr const __nv_bfloat16* tag = nullptr;
+#pragma unroll
+    for (int k = 0; k < CHUNKS; ++k) {
+        const int j = threadIdx.x + k * THREADS;
+        if (j < nvec) {
+            unsigned w4[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const unsigned w = word_of(raw[k], q);
+                const float a = elem_of(w, 0, tag), b = elem_of(w, 1, tag);
+                w4[q] = RAW ? pack_cvt(a * inv, b * inv)
+                            : pack_cvt(fast_exp2(fmaf(a, LOG2E, -ml)) * inv, fast_exp2(fmaf(b, LOG2E, -ml)) * inv);
+            }
+            __stcs(o + j, make_uint4(w4[0], w4[1], w4[2], w4[3]));
+        }
+    }
+}
 template <int THREADS, int CHUNKS>
 __device__ __forceinline__ void load_vectors(uint4 (&raw)[CHUNKS], const uint4* src, int nvec) {
 #pragma unroll
@@ -76,17 +101,11 @@ __device__ __forceinline__ void load_vectors(uint4 (&raw)[CHUNKS], const uint4* 
                          : "=r"(raw[k].x), "=r"(raw[k].y), "=r"(raw[k].z), "=r"(raw[k].w) : "l"(src + j));
     }
 }
-__device__ __forceinline__ unsigned pack_cvt(float lo, float hi) {
-    unsigned r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
 
 // MODE 0: copy-through, 1: reductions without exponentials, 2: softmax with cvt.rn.bf16x2 packing
 template <int THREADS, int CHUNKS, int MINB, int MODE>
 __global__ void __launch_bounds__(THREADS, MINB)
 variant(const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__ out, int n_rows, int n_cols) {
-    constexpr const __nv_bfloat16* tag = nullptr;
     __shared__ float red[THREADS / 32];
     const int nvec = n_cols / 8;
     const uint4* src = reinterpret_cast<const uint4*>(x) + (long long)blockIdx.x * nvec;
@@ -107,28 +126,13 @@ variant(const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__ out, in
     float s = thread_sum<THREADS, CHUNKS, MODE == 1>(raw, nvec, ml);
     s = block_reduce<THREADS, false>(s, red);
     const float inv = 1.0f / s;
-#pragma unroll
-    for (int k = 0; k < CHUNKS; ++k) {
-        const int j = threadIdx.x + k * THREADS;
-        if (j < nvec) {
-            unsigned w4[4];
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                const unsigned w = word_of(raw[k], q);
-                const float a = elem_of(w, 0, tag), b = elem_of(w, 1, tag);
-                w4[q] = MODE == 1 ? pack_cvt(a * inv, b * inv)
-                                  : pack_cvt(fast_exp2(fmaf(a, LOG2E, -ml)) * inv, fast_exp2(fmaf(b, LOG2E, -ml)) * inv);
-            }
-            __stcs(o + j, make_uint4(w4[0], w4[1], w4[2], w4[3]));
-        }
-    }
+    store_row<THREADS, CHUNKS, MODE == 1>(o, raw, nvec, ml, inv);
 }
 
 // A row split over a cluster of CLUSTER blocks; each holds n_cols / CLUSTER elements in registers.
 template <int THREADS, int CHUNKS, int MINB, int CLUSTER>
 __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(THREADS, MINB)
 cluster_rows(const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__ out, int n_rows, int n_cols) {
-    constexpr const __nv_bfloat16* tag = nullptr;
     __shared__ float red[THREADS / 32];
     __shared__ float part[2];
     const unsigned rank = cluster_rank();
@@ -155,20 +159,7 @@ cluster_rows(const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__ ou
         if (r != rank) s += peer_load(&part[1], r);
     cluster_arrive();  // this block is done reading its peers; it waits for them before exiting
     const float inv = 1.0f / s;
-#pragma unroll
-    for (int k = 0; k < CHUNKS; ++k) {
-        const int j = threadIdx.x + k * THREADS;
-        if (j < nvec) {
-            unsigned w4[4];
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                const unsigned w = word_of(raw[k], q);
-                w4[q] = pack_cvt(fast_exp2(fmaf(elem_of(w, 0, tag), LOG2E, -ml)) * inv,
-                                 fast_exp2(fmaf(elem_of(w, 1, tag), LOG2E, -ml)) * inv);
-            }
-            __stcs(o + j, make_uint4(w4[0], w4[1], w4[2], w4[3]));
-        }
-    }
+    store_row<THREADS, CHUNKS, false>(o, raw, nvec, ml, inv);
     cluster_wait();
 }
 """
