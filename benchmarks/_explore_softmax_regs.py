@@ -90,17 +90,6 @@ __device__ __forceinline__ void store_row(uint4* o, const uint4 (&raw)[CHUNKS], 
         }
     }
 }
-template <int THREADS, int CHUNKS>
-__device__ __forceinline__ void load_vectors(uint4 (&raw)[CHUNKS], const uint4* src, int nvec) {
-#pragma unroll
-    for (int k = 0; k < CHUNKS; ++k) {
-        const int j = threadIdx.x + k * THREADS;
-        raw[k] = make_uint4(0, 0, 0, 0);
-        if (j < nvec)
-            asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                         : "=r"(raw[k].x), "=r"(raw[k].y), "=r"(raw[k].z), "=r"(raw[k].w) : "l"(src + j));
-    }
-}
 
 // MODE 0: copy-through, 1: reductions without exponentials, 2: softmax with cvt.rn.bf16x2 packing
 template <int THREADS, int CHUNKS, int MINB, int MODE>

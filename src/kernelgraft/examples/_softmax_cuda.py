@@ -410,6 +410,20 @@ __device__ __forceinline__ unsigned pack_of(float a, float b, const __half*) {
     return (unsigned)__half_as_ushort(__float2half_rn(a)) | ((unsigned)__half_as_ushort(__float2half_rn(b)) << 16);
 }
 __device__ __forceinline__ unsigned word_of(const uint4& r, int q) { return q == 0 ? r.x : q == 1 ? r.y : q == 2 ? r.z : r.w; }
+// CHUNKS 16-byte vectors per thread (vector threadIdx.x + k * THREADS of the row), read-only and
+// not kept in L1, all issued before any is used; vectors past nvec are zero.
+template <int THREADS, int CHUNKS>
+__device__ __forceinline__ void load_vectors(uint4 (&raw)[CHUNKS], const uint4* src, int nvec) {
+#pragma unroll
+    for (int k = 0; k < CHUNKS; ++k) {
+        const int j = threadIdx.x + k * THREADS;
+        raw[k] = make_uint4(0, 0, 0, 0);
+        if (j < nvec) {
+            asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(raw[k].x), "=r"(raw[k].y), "=r"(raw[k].z), "=r"(raw[k].w) : "l"(src + j));
+        }
+    }
+}
 
 template <typename T, int THREADS, int CHUNKS, int MINB>
 __global__ void __launch_bounds__(THREADS, MINB)
@@ -420,15 +434,7 @@ softmax_row_direct(const T* __restrict__ x, T* __restrict__ out, int n_rows, int
     const int nvec = n_cols / (4 * PER_WORD);  // <= THREADS * CHUNKS (checked by the caller)
     const uint4* src = reinterpret_cast<const uint4*>(x) + (long long)blockIdx.x * nvec;
     uint4 raw[CHUNKS];
-#pragma unroll
-    for (int k = 0; k < CHUNKS; ++k) {
-        const int j = threadIdx.x + k * THREADS;
-        raw[k] = make_uint4(0, 0, 0, 0);
-        if (j < nvec) {
-            asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                         : "=r"(raw[k].x), "=r"(raw[k].y), "=r"(raw[k].z), "=r"(raw[k].w) : "l"(src + j));
-        }
-    }
+    load_vectors<THREADS, CHUNKS>(raw, src, nvec);
     float m = NEG_INF;
 #pragma unroll
     for (int k = 0; k < CHUNKS; ++k) {
