@@ -13,6 +13,8 @@ _buffers: dict[torch.device, torch.Tensor] = {}
 
 def flush_buffer(device: torch.device) -> torch.Tensor:
     """The device's flush buffer (allocated once); ``.zero_()`` it to evict the L2."""
+    if device.index is None:  # "cuda" and "cuda:0" are one device and share one 256 MB buffer
+        device = torch.device(device.type, torch.cuda.current_device())
     buf = _buffers.get(device)
     if buf is None:
         buf = _buffers[device] = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=device)

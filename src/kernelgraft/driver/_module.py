@@ -280,7 +280,7 @@ class Launcher:
         packed = buffer.pack(values)
         _record.note(_record.Record(
             kind=0, fn=_record.address_of(raw), function=self.function._raw_handle(device_index, handle),
-            grid=grid, block=block, smem=shared_mem, buffer=packed + bytes(-len(packed) % 8 or 0),
+            grid=grid, block=block, smem=shared_mem, buffer=packed + bytes(-len(packed) % 8),
             offsets=offsets, pointers=[(o, int(v or 0)) for o, k, v in zip(offsets, kinds, values) if k == "ptr"],
             stream=int(stream or 0), device=device_index, owner=self,
         ))

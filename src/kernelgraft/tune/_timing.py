@@ -73,7 +73,7 @@ def _eager(trial: Trial, reps: int, host_us: float | None = None) -> tuple[list[
         if trial.restore is not None:
             trial.restore(k)
             if trial.cold:  # the restore just wrote the mutated inputs into the L2: evict them
-                flush(torch.device("cuda", torch.cuda.current_device()))
+                flush(torch.device("cuda"))
         if host_us is not None:
             cover(host_us, slack_us=20.0)
         start.record()
