@@ -63,7 +63,7 @@ def run(args) -> int:
     console.print(table)
     from .. import _native
 
-    native = _native.load()  # builds it (about 10 s) the first time for this torch and Python
+    native = _native.load()  # builds it (10-15 s) the first time for this torch and Python
     console.print("native replay (eager CUDA C++, cuTile, CuTe DSL calls): " + (
         f"[green]ready[/green] ({native.__file__})" if native is not None else f"[red]{_native.reason()}"))
     if args.target:
