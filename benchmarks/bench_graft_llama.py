@@ -1,6 +1,7 @@
 """Forward time of a small Llama (Hugging Face transformers, random weights) before and after
 grafting kernelgraft ops: RMSNorm by module type (kgexamples::rmsnorm), the SwiGLU gate by pattern
-(kgexamples::swiglu), in eager and under torch.compile (Inductor).
+(kgexamples::swiglu), in eager and under torch.compile (Inductor). Eager grafted runs twice: with
+the ops' native replay, and on their Python path (KERNELGRAFT_NATIVE=0 for new plans).
 
 In eager only the module graft applies (a pattern graft acts inside torch.compile). Each section
 runs in its own try/except, reports and continues. Prints a ratio table last; writes JSON to
@@ -52,6 +53,8 @@ def main() -> int:
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--cudagraphs", action="store_true", help="also time mode='reduce-overhead'")
+    parser.add_argument("--eager-only", action="store_true",
+                        help="skip torch.compile (a decode-sized run: --batch 1 --seq 1 --eager-only)")
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_graft_llama.json"))
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -64,7 +67,11 @@ def main() -> int:
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
     import kernelgraft as kg
+    from kernelgraft import _native
     from kernelgraft.examples.rmsnorm import rmsnorm
+
+    # Build (or load) the native replay before timing: it otherwise builds in the background.
+    print(f"native replay: {'ready' if _native.load() is not None else _native.reason()}", flush=True)
     from kernelgraft.examples.swiglu import swiglu, swiglu_pattern
 
     result: dict = {
@@ -117,8 +124,9 @@ def main() -> int:
         result.setdefault("compile_s", {})[name] = round(time.time() - t0, 1)
         measure(name, m)
 
-    section("compile", lambda: compiled("compile"))
-    if args.cudagraphs:
+    if not args.eager_only:
+        section("compile", lambda: compiled("compile"))
+    if args.cudagraphs and not args.eager_only:
         section("compile_cudagraphs", lambda: compiled("compile_cudagraphs", "reduce-overhead"))
 
     reports = {}
@@ -140,10 +148,28 @@ def main() -> int:
 
     section("graft", do_graft)
     section("eager_grafted", lambda: measure("eager_grafted", model))
-    section("compile_grafted", lambda: compiled("compile_grafted"))
+
+    def python_path():
+        # The same grafted model with the native replay off (new plans are not recorded): what
+        # the ops' eager calls cost on kernelgraft's Python path.
+        before = os.environ.get("KERNELGRAFT_NATIVE")
+        os.environ["KERNELGRAFT_NATIVE"] = "0"
+        try:
+            rmsnorm._new_epoch()
+            measure("eager_grafted_python_path", model)
+        finally:
+            if before is None:
+                del os.environ["KERNELGRAFT_NATIVE"]
+            else:
+                os.environ["KERNELGRAFT_NATIVE"] = before
+            rmsnorm._new_epoch()
+
+    section("eager_grafted_python_path", python_path)
+    if not args.eager_only:
+        section("compile_grafted", lambda: compiled("compile_grafted"))
     if "pattern" in reports:
         result["pattern_matches_compiled"] = reports["pattern"].compiled
-    if args.cudagraphs:
+    if args.cudagraphs and not args.eager_only:
         section("compile_cudagraphs_grafted", lambda: compiled("compile_cudagraphs_grafted", "reduce-overhead"))
     try:
         kg.ungraft(model)
@@ -160,6 +186,7 @@ def main() -> int:
 
     rows = [
         ("eager grafted / eager", ratio("eager_grafted", "eager")),
+        ("eager grafted, Python path / eager", ratio("eager_grafted_python_path", "eager")),
         ("compile grafted / compile", ratio("compile_grafted", "compile")),
         ("compile / eager", ratio("compile", "eager")),
         ("compile grafted / eager", ratio("compile_grafted", "eager")),

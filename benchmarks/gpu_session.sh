@@ -2,7 +2,7 @@
 # One batched run on the GPU machine: installs carried wheels, runs the selected sections with
 # time limits, and packs every result into $OUT/results.tar.gz (plus the log).
 #   bash benchmarks/gpu_session.sh SECTION...     sections: tests core cute hostcost rmsnorm
-#                                                 examples tune tunequick ranks graft aot explore explore5 explore6 explore7 diagsoftmax native test_FILE
+#                                                 examples tune tunequick ranks graft graftdecode aot explore explore5 explore6 explore7 diagsoftmax native test_FILE
 # A "0:tests,aot|1:tune,rmsnorm" argument runs lanes side by side, each on its own GPU
 # (CUDA_VISIBLE_DEVICES) with its own kernelgraft cache; the next argument starts when all end.
 set -uo pipefail
@@ -16,6 +16,9 @@ wheels=$(ls .carry/cutedsl/*.whl .carry/cutile/wheels/*.whl 2>/dev/null || true)
 if [ -n "$wheels" ]; then
     python3 -m pip install -q --no-deps --no-compile --target /tmp/site $wheels >>"$LOG" 2>&1
 fi
+# The CuTe DSL wheel (59 MB deflated) and the tracked tree no longer fit the 64 MiB carry together:
+# it travels as an xz tarball of its unpacked contents (41 MB), which is all a --target install is.
+for t in .carry/cutedsl/*.tar.xz; do [ -f "$t" ] && mkdir -p /tmp/site && tar -xJf "$t" -C /tmp/site; done
 export PYTHONPATH="/tmp/site/nvidia_cutlass_dsl/python_packages:/tmp/site:$ROOT/src:$ROOT/tests"
 [ -d .carry/cutile/cubins ] && export KERNELGRAFT_CUTILE_CUBINS="$ROOT/.carry/cutile/cubins"
 export KERNELGRAFT_CACHE_DIR=/tmp/kgcache
@@ -53,6 +56,7 @@ run_section() {
     tune) step tune_gemm 310 python3 benchmarks/bench_tune_gemm.py --out "$R" ;;
     ranks) step tune_ranks 200 torchrun --nproc_per_node 2 benchmarks/bench_tune_ranks.py --out "$R" ;;
     graft) step graft_llama 240 python3 benchmarks/bench_graft_llama.py --out "$R/graft_llama.json" ;;
+    graftdecode) step graft_decode 200 python3 benchmarks/bench_graft_llama.py --batch 1 --seq 1 --eager-only --iters 300 --out "$R/graft_decode.json" ;;
     aot) step test_gpu_aot 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_aot.py --tb=short
          step aot_startup 150 python3 benchmarks/bench_aot_startup.py --repeats 3 --out "$R" ;;
     test_*) step "$1" 150 python3 -m pytest -q -p no:cacheprovider -m gpu "tests/$1.py" -rs --tb=short ;;  # one GPU test file

@@ -1,6 +1,6 @@
 """The native replay (kernelgraft/_native): built for real with the C++ compiler, driven on CPU
 through its packed-call launch kind with a ctypes host function standing in for the kernel, and on
-the GPU through real ops of every backend that replays (CUDA C++, cuTile, CuTe DSL)."""
+the GPU through real ops of every backend (Triton, CUDA C++, cuTile, CuTe DSL)."""
 
 from __future__ import annotations
 
@@ -228,7 +228,7 @@ def _backend_op(backend):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["cuda", "cutile", "cutedsl"])
+@pytest.mark.parametrize("backend", ["triton", "cuda", "cutile", "cutedsl"])
 def test_ops_replay_natively_on_the_gpu(backend):
     assert _native.load() is not None, _native.reason()
     op = _backend_op(backend)
@@ -249,6 +249,62 @@ def test_ops_replay_natively_on_the_gpu(backend):
     calls = replay.stats()["calls"]
     check_graph_replay(op, x, y, lambda a, b: torch.relu(a + b))
     assert replay.stats()["calls"] == calls + 2  # the side-stream call and the captured one
+
+
+def _copy(a):
+    """A copy with the same strides (a non-contiguous view stays one)."""
+    return torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device).copy_(a)
+
+
+def _redrawn(inputs):
+    """The same signature with new values: floating tensors redrawn, the rest copied."""
+    return [_copy(torch.randn_like(a)) if isinstance(a, torch.Tensor) and a.is_floating_point()
+            else _copy(a) if isinstance(a, torch.Tensor) else a for a in inputs]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("module", ["rmsnorm", "rmsnorm_residual", "softmax", "swiglu", "fp8_kcache_scatter"])
+def test_triton_example_ops_replay_natively(module):
+    """Each example's Triton kernel, alone in an op: from the third call on, every call of a
+    sample signature is a native replay of the JIT-compiled kernel (float and int scalars,
+    constexprs, tuple outputs, a mutated non-contiguous cache view), and matches the reference."""
+    import importlib
+
+    assert _native.load() is not None, _native.reason()
+    mod = importlib.import_module(f"kernelgraft.examples.{module}")
+    base = getattr(mod, module)
+    spec = next(s for s in mod.IMPLS if s.backend == "triton")
+    mutated = tuple(p.name for p in base.signature.params if p.mutated)
+    op = kg.op(f"kgtest_native::{module}_triton", impls=[spec], mutates_args=mutated,
+               fallback="error")(base.reference)
+    where = [i for i, p in enumerate(base.signature.params) if p.mutated]
+    checked = 0
+    for sample in list(base.sample_inputs("cuda"))[:4]:
+        if not op.candidates(*sample)[0].supported:
+            continue
+        replay = None
+        for call in range(4):
+            inputs = _redrawn(sample)
+            # mutating ops (the FP8 scatter) are byte-exact in the input dtype; the rest in float64
+            want_in = [a if not isinstance(a, torch.Tensor) else _copy(a) if where
+                       else a.double() if a.is_floating_point() else a for a in inputs]
+            want = base.reference(*want_in)
+            got = op(*inputs)
+            torch.cuda.synchronize()
+            if where:  # mutating: compare the mutated tensors byte for byte
+                for i in where:
+                    assert torch.equal(inputs[i], want_in[i]), f"{module} call {call}"
+            else:
+                got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+                for g, w in zip(got, want):
+                    torch.testing.assert_close(g.double(), w, rtol=2e-2, atol=2e-2)
+            if call == 2:
+                replay = op._replay
+                assert replay is not None, [p.native.get("why") for p in op._plans.values()]
+                calls = replay.stats()["calls"]
+        assert replay.stats()["calls"] == calls + 1  # the fourth call replayed
+        checked += 1
+    assert checked >= 2
 
 
 def test_a_build_killed_midway_leaves_no_stale_lock(tmp_path):
@@ -388,19 +444,79 @@ def test_a_mutating_op_replays(native):
     assert op._replay is not None and op._replay.stats()["calls"] == 2
 
 
-def test_a_triton_launch_in_the_recorded_call_is_noted():
-    """A Triton kernel launched inside a recorded call (not through kernelgraft's launch paths)
-    would be skipped by a replay; Triton's launch-enter hook marks the call (the interpreter does
-    not run launch hooks, so the hook is called here as Triton's launcher calls it)."""
+def test_a_triton_launch_not_described_keeps_the_call_in_python(native):
+    """A Triton kernel launched inside a recorded call other than through JITFunction.run (a
+    CompiledKernel launched directly) would be skipped by a replay; Triton's launch-enter hook
+    counts it (the interpreter does not run launch hooks, so the hook is called here as Triton's
+    launcher calls it)."""
     from triton import knobs
+    from triton.runtime.jit import JITFunction
 
+    run = JITFunction.run
     before = list(getattr(knobs.runtime.launch_enter_hook, "calls", []))
     with _record.recording() as rec:
+        assert JITFunction.run is not run  # launches through the JIT are described meanwhile
         knobs.runtime.launch_enter_hook(None)
-    assert rec.refused == ["the call launches a Triton kernel, which a replay would skip"]
+    assert JITFunction.run is run
+    assert rec.triton_launches == 1 and rec.triton_described == 0
+    why = _record.replay_for(native, (), (), 0, rec, PLAIN)
+    assert why == "the call launches a Triton kernel other than through JITFunction.run, which a replay would skip"
     assert list(getattr(knobs.runtime.launch_enter_hook, "calls", [])) == before
-    knobs.runtime.launch_enter_hook(None)  # outside a recording: nothing noted, nothing raised
-    assert len(rec.refused) == 1
+    knobs.runtime.launch_enter_hook(None)  # outside a recording: nothing counted, nothing raised
+    assert rec.triton_launches == 1
+
+
+_TRITON_PARAMS_CHILD = r"""
+import json, sys, torch, triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kernelgraft._native import _triton
+
+@triton.jit
+def scale_kernel(x, y, n, scale, flag, wide, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    v = tl.load(x + i, mask=m) * scale + wide
+    if flag:
+        v = v + 1
+    tl.store(y + i, v, mask=m)
+
+sig = {"x": "*fp32", "y": "*fp32", "n": "i32", "scale": "fp32", "flag": "i1", "wide": "i64", "BLOCK": "constexpr"}
+k = triton.compile(ASTSource(scale_kernel, sig, constexprs={"BLOCK": 128}), target=GPUTarget("cuda", 90, 32))
+x, y = torch.randn(100), torch.empty(100)
+bound = {"x": x, "y": y, "n": 100, "scale": 0.5, "flag": True, "wide": 2**40, "BLOCK": 128}
+out = {"ok": _triton.params_of(k, bound), "ptrs": [x.data_ptr(), y.data_ptr()]}
+out["not_a_tensor"] = _triton.params_of(k, {**bound, "y": 7})
+out["missing"] = _triton.params_of(k, {key: v for key, v in bound.items() if key != "scale"})
+k.src.signature["n"] = "i64"  # what a stale or mismatched description would pack
+out["mismatch"] = _triton.params_of(k, bound)
+json.dump(out, sys.stdout)
+"""
+
+
+def test_triton_launch_parameters_follow_the_compiled_kernel(tmp_path):
+    """The JIT Triton describer packs a real (cross-compiled, sm_90) kernel's parameters as
+    Triton's launcher does: pointers, i32, fp32, i1 as a byte, i64, then the null scratch
+    pointers its PTX lists; and refuses what its PTX parameter list contradicts."""
+    import json
+    import subprocess
+    import sys
+
+    from _aot_helpers import env
+
+    child = tmp_path / "child.py"  # Triton reads a jit function's source from its file
+    child.write_text(_TRITON_PARAMS_CHILD)
+    proc = subprocess.run([sys.executable, str(child)], capture_output=True, text=True, env=env(), timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = json.loads(proc.stdout)
+    kinds, values = out["ok"]
+    n_scratch = len(kinds) - 6
+    assert kinds == ["ptr", "ptr", "i32", "f32", "i8", "i64"] + ["ptr"] * n_scratch
+    assert 0 <= n_scratch <= 2
+    assert values == out["ptrs"] + [100, 0.5, 1, 2**40] + [0] * n_scratch
+    assert "'y'" in out["not_a_tensor"] and "not a tensor" in out["not_a_tensor"]
+    assert "'scale'" in out["missing"]
+    assert "PTX parameter sizes" in out["mismatch"]
 
 
 def test_alternating_signatures_each_replay(relu_add):

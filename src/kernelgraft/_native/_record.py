@@ -1,15 +1,17 @@
 """Recording the launches of one plan call, and turning a one-launch recording into a Replay.
 
-A plan call runs under ``recording()``: the driver launcher and the CuTe DSL packed call each
-``note`` what they launch (the function, grid, block, parameter bytes and which bytes are device
-pointers), and a dispatch mode notes every torch op the call runs. ``replay_for`` then builds a
-native Replay when the call was exactly one recorded launch whose every device pointer lies in one
-of the call's input or output tensors; otherwise it says why not and the plan stays in Python.
+A plan call runs under ``recording()``: the driver launcher, the CuTe DSL packed call and JIT
+Triton's launch (_triton.py) each ``note`` what they launch (the function, grid, block, parameter
+bytes and which bytes are device pointers), and a dispatch mode notes every torch op the call runs.
+``replay_for`` then builds a native Replay when the call was exactly one recorded launch whose
+every device pointer lies in one of the call's input or output tensors; otherwise it says why not
+and the plan stays in Python.
 
 Only metadata fixed by the plan's key may shape the launch: the launch function must describe the
 launch from dtypes, shapes, strides and the config, as for AOT bundles. A torch op that computes
-(``out.zero_()`` before the kernel), a Triton launch, a second launch, a pointer into a workspace,
-or a launch on a stream other than torch's current one all leave the plan in Python.
+(``out.zero_()`` before the kernel), a Triton launch it cannot describe, a second launch, a
+pointer into a workspace, or a launch on a stream other than torch's current one all leave the
+plan in Python.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from . import _triton
 
 __all__ = ["Record", "recording", "note", "replay_for", "ACTIVE"]
 
@@ -64,6 +68,8 @@ class _Recorder:
     launches: list[Record] = field(default_factory=list)
     ops: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
+    triton_launches: int = 0  # counted by Triton's launch hook
+    triton_described: int = 0  # described by the JITFunction.run wrapper (_triton.py)
 
 
 class _OpWatch(TorchDispatchMode):
@@ -80,38 +86,6 @@ class _OpWatch(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _watch_triton(recorder: _Recorder):
-    """Note a Triton launch in the recorded call (the replay would skip it); returns the undo."""
-    try:
-        from triton import knobs  # triton >= 3.4
-
-        runtime = knobs.runtime
-    except ImportError:
-        try:
-            from triton.compiler.compiler import CompiledKernel as runtime  # older releases
-        except ImportError:  # no triton: nothing to watch
-            return lambda: None
-    if not hasattr(runtime, "launch_enter_hook"):
-        return lambda: None
-    chain = runtime.launch_enter_hook
-
-    def hook(*args: Any, **kwargs: Any) -> None:
-        if recorder.thread == threading.get_ident():
-            recorder.refused.append("the call launches a Triton kernel, which a replay would skip")
-
-    if hasattr(chain, "add"):  # triton >= 3.5: a HookChain
-        chain.add(hook)
-        return lambda: chain.remove(hook)
-
-    def chained(*args: Any, **kwargs: Any) -> None:  # older: one callable (or None)
-        hook(*args, **kwargs)
-        if chain is not None:
-            chain(*args, **kwargs)
-
-    runtime.launch_enter_hook = chained
-    return lambda: setattr(runtime, "launch_enter_hook", chain)
-
-
 class recording:
     """``with recording() as rec:`` notes the launches, torch ops and Triton launches of the
     enclosed call."""
@@ -120,7 +94,7 @@ class recording:
         self.recorder = _Recorder(threading.get_ident())
         self.watch = _OpWatch(self.recorder)
         self.watch.__enter__()
-        self.unwatch_triton = _watch_triton(self.recorder)
+        self.unwatch_triton = _triton.watch(self.recorder)
         self.previous = ACTIVE[0]
         ACTIVE[0] = self.recorder
         return self.recorder
@@ -206,6 +180,8 @@ def replay_for(native: Any, args: tuple, outs: Sequence[torch.Tensor], out_kind:
     saying why the call cannot be replayed."""
     if recorder.refused:
         return recorder.refused[0]
+    if recorder.triton_launches > recorder.triton_described:
+        return "the call launches a Triton kernel other than through JITFunction.run, which a replay would skip"
     if recorder.ops:
         return f"the call runs torch ops besides its kernel ({', '.join(sorted(set(recorder.ops)))})"
     if len(recorder.launches) != 1:

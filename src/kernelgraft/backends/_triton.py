@@ -1,5 +1,6 @@
 """Triton: the user's launch function issues ``kernel[grid](...)``; Triton picks the current
-torch stream itself and caches compiled kernels per signature and constexprs."""
+torch stream itself and caches compiled kernels per signature and constexprs. A plan's recorded
+call describes its launch to the native replay, which then launches the compiled kernel itself."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def interpreting() -> bool:
 
 class TritonBackend:
     name = "triton"
+    replayable = True  # JIT launches are described to the native replay (kernelgraft/_native/_triton.py)
 
     @functools.cache
     def available(self) -> str | None:

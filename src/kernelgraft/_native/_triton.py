@@ -1,0 +1,220 @@
+"""Describing JIT Triton launches to the native replay's recorder.
+
+While a call is recorded, ``JITFunction.run`` is wrapped: after Triton has launched (and compiled,
+if it had to), the launch is described as a ``cuLaunchKernel`` of the compiled kernel's function
+with its grid, ``num_warps * 32`` threads, its dynamic shared memory and its parameters packed
+as Triton's launcher packs them:
+
+- the non-constexpr arguments of the compiled signature, in order: tensors as device pointers,
+  ints and bools at their signature width, ``fp32``/``fp64`` floats;
+- then the null scratch pointers Triton appends (their number read from the kernel's PTX).
+
+The parameter sizes are checked against the kernel's own PTX parameter list, and anything else
+(global or profile scratch memory, clusters, cooperative or PDL launches, TMA descriptors, tuple
+or half-precision scalar arguments) is refused. Triton's launch hook counts every Triton launch
+of the recorded call, so one that did not go through ``JITFunction.run`` (a ``CompiledKernel``
+launched directly) leaves the call in Python rather than being skipped by the replay.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any
+
+import torch
+
+__all__ = ["watch", "describe"]
+
+_LOCK = threading.Lock()
+_INSTALLED: list = [0, None]  # recordings in flight, the original JITFunction.run
+_INTS = {"i1": "i8", "i8": "i8", "i16": "i16", "i32": "i32", "i64": "i64",
+         "u1": "u8", "u8": "u8", "u16": "u16", "u32": "u32", "u64": "u64"}
+_FLOATS = {"fp32": "f32", "f32": "f32", "fp64": "f64"}
+_PTX_SIZES = {".u64": 8, ".b64": 8, ".s64": 8, ".f64": 8, ".u32": 4, ".b32": 4, ".s32": 4, ".f32": 4,
+              ".u16": 2, ".b16": 2, ".s16": 2, ".f16": 2, ".u8": 1, ".b8": 1, ".s8": 1}
+_SIZES = {"ptr": 8, "i64": 8, "u64": 8, "f64": 8, "i32": 4, "u32": 4, "f32": 4, "i16": 2, "u16": 2,
+          "i8": 1, "u8": 1}
+
+
+def _bind(jit: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """Every kernel parameter's value in this launch (positional, keyword or default)."""
+    bound = dict(zip(jit.arg_names, args))
+    for p in jit.params:
+        if p.name not in bound:
+            if p.name in kwargs:
+                bound[p.name] = kwargs[p.name]
+            elif p.default is not p._param.empty:
+                bound[p.name] = p.default
+    return bound
+
+
+def ptx_param_sizes(ptx: str, name: str) -> list[int] | None:
+    m = re.search(r"\.entry\s+" + re.escape(name) + r"\s*\((.*?)\)", ptx, re.S)
+    if m is None:
+        return None
+    return [_PTX_SIZES.get(k, 0) for k in re.findall(r"\.param\s+(\.\w+)", m.group(1))]
+
+
+def params_of(kernel: Any, bound: dict[str, Any]) -> tuple[list[str], list[Any]] | str:
+    """(kinds, values) of the compiled kernel's parameters for these arguments, or why not."""
+    md = kernel.metadata
+    if getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0):
+        return "the Triton kernel uses scratch memory, which its launcher allocates per launch"
+    if getattr(md, "launch_cooperative_grid", False) or getattr(md, "launch_pdl", False):
+        return "the Triton kernel needs a cooperative or PDL launch"
+    if getattr(md, "num_ctas", 1) != 1 or tuple(getattr(md, "cluster_dims", (1, 1, 1)) or (1, 1, 1)) != (1, 1, 1):
+        return "the Triton kernel runs in thread block clusters"
+    if getattr(md, "tensordesc_meta", None):
+        return "the Triton kernel takes TMA descriptors"
+    signature = getattr(getattr(kernel, "src", None), "signature", None)
+    if not isinstance(signature, dict):
+        return "the compiled Triton kernel has no signature to describe"
+    kinds: list[str] = []
+    values: list[Any] = []
+    for name, ty in signature.items():
+        if ty == "constexpr":
+            continue
+        if name not in bound or not isinstance(ty, str):
+            return f"Triton parameter {name!r} ({ty!r}) is not a plain argument"
+        value = bound[name]
+        if ty.startswith("*"):
+            if not isinstance(value, torch.Tensor):
+                return f"Triton pointer parameter {name!r} is a {type(value).__name__}, not a tensor"
+            kinds.append("ptr")
+            values.append(value.data_ptr())
+        elif ty in _INTS and isinstance(value, (bool, int)):
+            kinds.append(_INTS[ty])
+            values.append(int(value))
+        elif ty in _FLOATS and isinstance(value, (int, float)):
+            kinds.append(_FLOATS[ty])
+            values.append(float(value))
+        else:
+            return f"Triton parameter {name!r} of type {ty!r} ({type(value).__name__})"
+    sizes = ptx_param_sizes(kernel.asm.get("ptx", "") if hasattr(kernel.asm, "get") else "", md.name)
+    if sizes is None:
+        return f"Triton kernel {md.name} is not in its PTX"
+    extra = len(sizes) - len(kinds)
+    if not 0 <= extra <= 2:  # the global and profile scratch pointers (fewer in older releases)
+        return f"Triton kernel {md.name} has {len(sizes)} parameters for {len(kinds)} arguments"
+    kinds += ["ptr"] * extra
+    values += [0] * extra
+    if sizes != [_SIZES[k] for k in kinds]:
+        return f"Triton kernel {md.name}: PTX parameter sizes {sizes} differ from {[_SIZES[k] for k in kinds]}"
+    return kinds, values
+
+
+def describe(jit: Any, kernel: Any, grid: Any, args: tuple, kwargs: dict) -> Any:
+    """A Record of the launch Triton just made, or a str saying why it cannot be described."""
+    from ..driver import _cu
+    from ..driver._params import ParamBuffer
+    from . import _record
+
+    bound = _bind(jit, args, kwargs)
+    described = params_of(kernel, bound)
+    if isinstance(described, str):
+        return described
+    kinds, values = described
+    raw = _cu.raw_launch()
+    if raw is None:
+        return "cuLaunchKernel is not reachable through ctypes here"
+    if callable(grid):
+        grid = grid(bound)
+    grid = tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
+    if not 1 <= len(grid) <= 3 or not all(isinstance(g, int) for g in grid):
+        return f"Triton grid {grid!r} is not 1 to 3 ints"
+    grid = grid + (1,) * (3 - len(grid))
+    md = kernel.metadata
+    device = torch.cuda.current_device()
+    buffer = ParamBuffer(kinds)
+    packed = buffer.pack(values)
+    return _record.Record(
+        kind=0, fn=_record.address_of(raw), function=int(kernel.function), grid=grid,
+        block=(md.num_warps * getattr(md, "warp_size", 32), 1, 1), smem=int(md.shared),
+        buffer=packed + bytes(-len(packed) % 8), offsets=buffer.offsets,
+        pointers=[(o, v) for o, k, v in zip(buffer.offsets, kinds, values) if k == "ptr"],
+        stream=torch.cuda.current_stream(device).cuda_stream, device=device, owner=kernel,
+    )
+
+
+def _runtime() -> Any:
+    try:
+        from triton import knobs  # triton >= 3.4
+
+        return knobs.runtime
+    except ImportError:
+        try:
+            from triton.compiler.compiler import CompiledKernel  # older releases
+        except ImportError:
+            return None
+        return CompiledKernel
+
+
+def _add_hook(runtime: Any, hook: Any):
+    chain = runtime.launch_enter_hook
+    if hasattr(chain, "add"):  # triton >= 3.5: a HookChain
+        chain.add(hook)
+        return lambda: chain.remove(hook)
+
+    def chained(*args: Any, **kwargs: Any) -> None:  # older: one callable (or None)
+        hook(*args, **kwargs)
+        if chain is not None:
+            chain(*args, **kwargs)
+
+    runtime.launch_enter_hook = chained
+    return lambda: setattr(runtime, "launch_enter_hook", chain)
+
+
+def _wrap_run(original: Any):
+    from . import _record
+
+    def run(self, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+        kernel = original(self, *args, grid=grid, warmup=warmup, **kwargs)
+        recorder = _record.ACTIVE[0]
+        if warmup or recorder is None or recorder.thread != threading.get_ident():
+            return kernel
+        if kernel is None:  # compiled asynchronously or skipped by a cache hook
+            recorder.refused.append("a Triton launch returned no compiled kernel")
+        else:
+            try:
+                described = describe(self, kernel, grid, args, kwargs)
+            except Exception as exc:  # describing must never fail the user's call
+                described = f"describing the Triton launch failed: {exc}"
+            _record.note(None if isinstance(described, str) else described,
+                         described if isinstance(described, str) else "")
+        recorder.triton_described += 1
+        return kernel
+
+    return run
+
+
+def watch(recorder: Any):
+    """Describe the recorded call's Triton launches; returns the undo. Every Triton launch is
+    counted by Triton's launch hook, so one not described leaves the call unreplayed."""
+    runtime = _runtime()
+    if runtime is None:  # no triton: nothing to watch
+        return lambda: None
+    if not hasattr(runtime, "launch_enter_hook"):
+        return lambda: None
+
+    def hook(*args: Any, **kwargs: Any) -> None:
+        if recorder.thread == threading.get_ident():
+            recorder.triton_launches += 1
+
+    unhook = _add_hook(runtime, hook)
+    from triton.runtime.jit import JITFunction
+
+    with _LOCK:
+        if _INSTALLED[0] == 0:
+            _INSTALLED[1] = JITFunction.run
+            JITFunction.run = _wrap_run(_INSTALLED[1])
+        _INSTALLED[0] += 1
+
+    def undo() -> None:
+        unhook()
+        with _LOCK:
+            _INSTALLED[0] -= 1
+            if _INSTALLED[0] == 0:
+                JITFunction.run = _INSTALLED[1]
+
+    return undo
