@@ -148,6 +148,43 @@ def test_plot_writes_png(tmp_path, softmax_rows):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
 
 
+def test_plot_panels_pick_axis_ceiling_and_stable_styles():
+    """A compute op (its rows declare FLOPs) is drawn against GFLOP with the GEMM ceiling, a
+    memory op against MB moved with the copy ceiling; a variant that failed on every size is
+    named in the legend with its error; a backend has one colour in every panel."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from kernelgraft.bench._report import _panel
+    from kernelgraft.bench._run import Row
+
+    def row(op, size, kind, variant, backend, t, flops=0.0, error=None):
+        return Row(op=op, shape=f"s{size}", size=size, bytes=1e6 * 10 ** size, flops=flops * 10 ** size,
+                   kind=kind, variant=variant, backend=backend, time_us=None if error else t, error=error)
+
+    gemm = [row("k::gemm", i, BACKEND, "best triton", "triton", 10.0 * 10 ** i, flops=1e9) for i in range(3)]
+    gemm += [row("k::gemm", i, COMPILE, "torch.compile", "torch", 0, error="InductorError: boom") for i in range(3)]
+    copy = [row("k::copy", i, BACKEND, "best triton", "triton", 5.0 * 10 ** i) for i in range(3)]
+    copy += [row("k::copy", i, BACKEND, "best cuda", "cuda", 6.0 * 10 ** i) for i in range(3)]
+    fig, (a, b) = plt.subplots(1, 2)
+    _panel(a, gemm, CEIL, ["cuda", "triton"])
+    _panel(b, copy, CEIL, ["cuda", "triton"])
+    assert a.get_xlabel() == "GFLOP per call" and b.get_xlabel() == "MB moved per call"
+    labels_a = [t.get_text() for t in a.get_legend().get_texts()]
+    labels_b = [t.get_text() for t in b.get_legend().get_texts()]
+    assert any(t.startswith("bf16 GEMM ceiling") for t in labels_a)
+    assert "torch.compile: failed (InductorError)" in labels_a
+    assert any(t.startswith("copy ceiling") for t in labels_b)
+    line_a = next(line for line in a.get_lines() if line.get_label() == "best triton")
+    line_b = next(line for line in b.get_lines() if line.get_label() == "best triton")
+    assert line_a.get_color() == line_b.get_color()
+    assert list(line_a.get_xdata()) == [1.0, 10.0, 100.0]  # GFLOP
+    plt.close(fig)
+
+
 def test_cli_without_cuda_fails_clearly(capsys):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")

@@ -150,8 +150,73 @@ def render_table(rows: Sequence[Row], ceilings: Ceilings | None, *, console: Any
     return text
 
 
+# One colour per backend in every plot (others take the spare ones in name order).
+_BACKEND_COLORS = {"cuda": "tab:blue", "triton": "tab:orange", "cutile": "tab:purple", "cutedsl": "tab:brown"}
+_SPARE_COLORS = ("tab:pink", "tab:olive", "tab:cyan", "tab:gray")
+_FIXED_STYLES = {
+    EAGER: {"color": "tab:green", "linestyle": "--", "marker": "o"},
+    COMPILE: {"color": "tab:red", "linestyle": "--", "marker": "o"},
+    TUNED: {"color": "black", "linestyle": "-", "marker": "x", "linewidth": 1.0, "zorder": 5},
+}
+
+
+def _style(kind: str, backend: str, backends: list[str]) -> dict[str, Any]:
+    """The same line style for a variant in every panel: torch eager, torch.compile and the tuned
+    op fixed; each backend's best its own colour."""
+    if kind in _FIXED_STYLES:
+        return dict(_FIXED_STYLES[kind])
+    color = _BACKEND_COLORS.get(backend)
+    if color is None:
+        spare = [b for b in backends if b not in _BACKEND_COLORS]
+        color = _SPARE_COLORS[spare.index(backend) % len(_SPARE_COLORS)] if backend in spare else "gray"
+    return {"color": color, "linestyle": "-", "marker": "o", "linewidth": 2.2, "alpha": 0.75}
+
+
+def _panel(ax: Any, op_rows: list[Row], ceilings: Ceilings | None, backends: list[str]) -> None:
+    # Compute-bound ops (the rows declare FLOPs) are plotted against GFLOP per call with the GEMM
+    # ceiling; the rest against MB moved with the copy ceiling.
+    by_flops = any(r.flops and math.isfinite(r.flops) for r in op_rows)
+    scale = 1e9 if by_flops else 1e6
+
+    def x_of(r: Row) -> float | None:
+        x = r.flops if by_flops else r.bytes
+        return x / scale if x and math.isfinite(x) else None
+
+    series: dict[str, tuple[str, str, list[tuple[float, float]]]] = {}
+    failed: dict[str, str] = {}
+    for r in op_rows:
+        if r.kind not in PLOTTED:
+            continue
+        x = x_of(r)
+        if r.time_us and x is not None:
+            series.setdefault(r.variant, (r.kind, r.backend, []))[2].append((x, r.time_us))
+        elif r.error:
+            failed.setdefault(r.variant, r.error.split(":")[0])
+    for variant, (kind, backend, points) in series.items():
+        points.sort()
+        ax.plot(*zip(*points), markersize=3, label=variant, **_style(kind, backend, backends))
+    xs = sorted({x for _, _, pts in series.values() for x, _ in pts})
+    if ceilings and xs:
+        if by_flops and ceilings.bf16_tflops:
+            ax.plot(xs, [x * 1e9 / (ceilings.bf16_tflops * 1e12) * 1e6 for x in xs], ":", color="gray",
+                    label=f"bf16 GEMM ceiling {ceilings.bf16_tflops:.0f} TFLOP/s")
+        elif not by_flops and ceilings.copy_gbps:
+            ax.plot(xs, [x * 1e6 / (ceilings.copy_gbps * 1e9) * 1e6 for x in xs], ":", color="gray",
+                    label=f"copy ceiling {ceilings.copy_gbps:.0f} GB/s")
+    for variant, why in failed.items():
+        if variant not in series:  # failed on every size: say so where its line would be
+            ax.plot([], [], linestyle="none", label=f"{variant}: failed ({why})")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("GFLOP per call" if by_flops else "MB moved per call")
+    ax.set_ylabel("median time (us)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+
+
 def plot(rows: Sequence[Row], path: str | os.PathLike, ceilings: Ceilings | None = None) -> str | None:
-    """Per op, median time against bytes moved for each backend, eager, compile and tuned.
+    """Per op, median time against size (bytes moved, or FLOPs for ops that declare them) for each
+    backend's best candidate, torch eager, torch.compile and the tuned op, with the device ceiling.
     Returns None on success, else why no plot was written."""
     try:
         import matplotlib
@@ -163,29 +228,13 @@ def plot(rows: Sequence[Row], path: str | os.PathLike, ceilings: Ceilings | None
     ops = list(dict.fromkeys(r.op for r in rows))
     if not ops:
         return "no rows to plot"
+    backends = sorted({r.backend for r in rows if r.kind == BACKEND})
     cols = min(3, len(ops))
     nrows = math.ceil(len(ops) / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(5.5 * cols, 4.2 * nrows), squeeze=False)
     for ax, op in zip(axes.flat, ops):
-        series: dict[str, list[tuple[float, float]]] = {}
-        for r in rows:
-            if r.op == op and r.kind in PLOTTED and r.time_us and r.bytes and math.isfinite(r.bytes):
-                series.setdefault(r.variant, []).append((r.bytes / 1e6, r.time_us))
-        for variant, points in series.items():
-            points.sort()
-            style = "--" if variant.startswith("torch") else "-"
-            ax.plot(*zip(*points), style, marker="o", markersize=3, label=variant)
-        if ceilings and ceilings.copy_gbps and series:
-            xs = sorted({x for pts in series.values() for x, _ in pts})
-            ax.plot(xs, [x * 1e6 / (ceilings.copy_gbps * 1e9) * 1e6 for x in xs], ":", color="gray",
-                    label=f"copy ceiling {ceilings.copy_gbps:.0f} GB/s")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        _panel(ax, [r for r in rows if r.op == op], ceilings, backends)
         ax.set_title(op.split("::")[-1])
-        ax.set_xlabel("MB moved per call")
-        ax.set_ylabel("median time (us)")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(ops):]:
         ax.axis("off")
     fig.tight_layout()
