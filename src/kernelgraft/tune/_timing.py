@@ -7,9 +7,9 @@ ahead of it for twice its host cost, for the same reason. Cold-L2 timing rotates
 copies of the inputs that together exceed the L2 cache. Mutating ops get their inputs restored
 before every launch, outside the timed region (and without graphs, so the copy is not timed);
 with cold-L2 timing the L2 is then flushed too, since the restore leaves the mutated inputs in it
-while ``kernelgraft bench`` times every call from a flushed L2. (The likely reason the tuner chose
-an FP8 scatter config 4% slower than the best in one bench run; not yet re-measured on a GPU:
-benchmarks/results/2026-11-30-h200-s4/SUMMARY.md.)
+while ``kernelgraft bench`` times every call from a flushed L2. (Without it the tuner chose an FP8
+scatter config 4% slower than the best in one bench run, benchmarks/results/2026-11-30-h200-s4/;
+with it, the best: -s5/.)
 
 A timer is any callable ``timer(trial, settings) -> milliseconds``; tests inject a fake one.
 """
