@@ -56,6 +56,21 @@ def test_timer_graph_and_eager_agree_roughly():
     assert 0.1 < g / e < 3.0
 
 
+def test_cold_timing_reads_from_hbm():
+    """cold_l2 times each launch after an L2 flush: a copy whose 16 MB fit the L2 (50 MB) takes
+    clearly longer cold than warm, and the cold time stays near what its bytes cost at HBM speed."""
+    x = torch.randn(1 << 21, device="cuda")  # 8 MB in, 8 MB out
+    out = torch.empty_like(x)
+
+    class S:
+        warmup, repeats, graph = 3, 30, True
+
+    warm = _timing.cuda_timer(_timing.Trial("copy", lambda i: out.copy_(x)), S)
+    cold = _timing.cuda_timer(_timing.Trial("copy", lambda i: out.copy_(x), cold=True), S)
+    assert cold > 1.1 * warm, (cold, warm)
+    assert cold < 16e6 / 1e12 * 1e3 * 20  # well under 20x the time at 1 TB/s: a timing, not a stall
+
+
 def test_mutating_op_restored_between_timed_runs():
     import triton
     import triton.language as tl

@@ -1,15 +1,19 @@
 """Timing one candidate on the GPU: CUDA events, warm-up, repeats, median.
 
-Kernels are timed by replaying a CUDA graph of launches (as many as fill about 1 ms), so the
-host launch cost (~10 us for Triton) neither hides a kernel of a few microseconds nor is added to
-some candidates and not others. Timed eagerly (mutating ops), each launch has GPU work queued
-ahead of it for twice its host cost, for the same reason. Cold-L2 timing rotates over
-copies of the inputs that together exceed the L2 cache. Mutating ops get their inputs restored
-before every launch, outside the timed region (and without graphs, so the copy is not timed);
-with cold-L2 timing the L2 is then flushed too, since the restore leaves the mutated inputs in it
-while ``kernelgraft bench`` times every call from a flushed L2. (Without it the tuner chose an FP8
-scatter config 4% slower than the best in one bench run, benchmarks/results/2026-11-30-h200-s4/;
-with it, the best: -s5/.)
+Warm (the default), kernels are timed by replaying a CUDA graph of launches (as many as fill about
+1 ms), so the host launch cost (~10 us for Triton) neither hides a kernel of a few microseconds nor
+is added to some candidates and not others. Timed eagerly (mutating ops, or ``graph=False``), each
+launch has GPU work queued ahead of it for twice its host cost, for the same reason.
+
+With ``cold_l2`` every launch is timed alone after an L2 flush (writing a buffer larger than the
+cache), as ``kernelgraft bench`` and ``triton.testing.do_bench`` time them; the flush is also the
+GPU work queued ahead of the launch. Graph replay over rotated copies of the inputs was the cold
+mode before: it ranked two softmax kernels within 1% of each other that per-launch flushed timing
+put 7% apart (benchmarks/results/2026-11-30-h200-s5/diag_softmax_choice.txt), so the tuner and the
+bench disagreed on which was fastest. Mutating ops get their inputs restored before every launch,
+outside the timed region; the flush comes after the restore, which would otherwise leave the
+mutated inputs in the L2 (it made the tuner choose an FP8 scatter config 4% slower than the best in
+benchmarks/results/2026-11-30-h200-s4/).
 
 A timer is any callable ``timer(trial, settings) -> milliseconds``; tests inject a fake one.
 """
@@ -46,7 +50,7 @@ class Trial:
     n_sets: int = 1
     restore: Callable[[int], None] | None = None
     budget_s: float = math.inf  # time this trial may take
-    cold: bool = False  # cold-L2 timing asked for: evict the L2 after each restore
+    cold: bool = False  # cold-L2 timing asked for: evict the L2 before each timed launch
 
 
 Timer = Callable[[Trial, Any], float]
@@ -72,9 +76,9 @@ def _eager(trial: Trial, reps: int, host_us: float | None = None) -> tuple[list[
         k = i % trial.n_sets
         if trial.restore is not None:
             trial.restore(k)
-            if trial.cold:  # the restore just wrote the mutated inputs into the L2: evict them
-                flush(torch.device("cuda"))
-        if host_us is not None:
+        if trial.cold:  # after the restore, which leaves the mutated inputs in the L2
+            flush(torch.device("cuda"))  # tens of microseconds of GPU work: covers the launch too
+        elif host_us is not None:
             cover(host_us, slack_us=20.0)
         start.record()
         t = time.perf_counter()
@@ -127,7 +131,7 @@ def cuda_timer(trial: Trial, settings: Any) -> float:
     # Every candidate of a key is timed the same way: mixing graph replay (no launch gaps) for
     # some with eager events (launch latency included) for others misranks kernels near the
     # cut-off (seen on the H200: a 25 us GEMM timed eagerly lost to a 49 us one timed by replay).
-    if use_graph and trial.restore is None:
+    if use_graph and trial.restore is None and not trial.cold:
         times = _graphed(trial, reps, est)
         if times is not None:
             return statistics.median(times)

@@ -35,7 +35,6 @@ from ._timing import Trial, cuda_timer
 __all__ = ["Result", "run_trials"]
 
 log = logging.getLogger(__name__)
-_MAX_COLD_SETS = 16
 WARM_MS = 30.0  # GPU busy time before the first timing, every key (see the module docstring)
 # Finalists: first-pass times within 3% of the fastest (three times the tuner's tie margin),
 # where noise, not the kernels, would decide; the two fastest are re-timed once more each. Kept
@@ -71,27 +70,6 @@ def _copy_into(dst: Any, src: Any) -> None:
             d.copy_(s)
 
 
-def _nbytes(args: Sequence[Any]) -> int:
-    total = 0
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            total += a.numel() * a.element_size()
-        elif isinstance(a, (list, tuple)):
-            total += sum(t.numel() * t.element_size() for t in a if isinstance(t, torch.Tensor))
-    return total
-
-
-def _cold_sets(args: Sequence[Any], device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1
-    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20) or (50 << 20)
-    size = max(1, _nbytes(args))
-    free = torch.cuda.mem_get_info(device)[0]
-    want = math.ceil(2 * l2 / size) + 1
-    fit = max(1, int(free * 0.25 // size))
-    return max(1, min(_MAX_COLD_SETS, want, fit))
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -114,13 +92,9 @@ def run_trials(
     mutated = [i for i, p in enumerate(op.signature.params) if p.mutated]
     oracle = make_oracle(op, args)
     out_specs = op._output_specs(args) if op.signature.returns != "none" else []
-    n_sets = _cold_sets(args, device) if settings.cold_l2 else 1
     pristine = {i: _clone_arg(args[i]) for i in mutated}
-    sets = []
-    for k in range(n_sets):
-        own = [(_clone_arg(a) if (k > 0 or i in mutated) else a) for i, a in enumerate(args)]
-        outs = [torch.empty(s, dtype=d, device=dev) for s, d, dev in out_specs]
-        sets.append((own, outs))
+    own = [(_clone_arg(a) if i in mutated else a) for i, a in enumerate(args)]
+    sets = [(own, [torch.empty(s, dtype=d, device=dev) for s, d, dev in out_specs])]
 
     def restore(k: int) -> None:
         for i in mutated:
