@@ -1,9 +1,10 @@
-"""Why the tuner and the bench may rank softmax kernels differently at bf16[2048, 32768].
+"""Why the tuner and the bench ranked softmax kernels differently at bf16[2048, 32768].
 
-The tuner times candidates by replaying a CUDA graph of back-to-back launches (cold L2: inputs
-rotated); ``kernelgraft bench`` times one launch at a time after an L2 flush. Prints the tuner's
-ranking (``kg.decision``) for the vocab-wide shape next to per-launch and graph-replay timings of
-the two fastest kernels. GPU only: ``python benchmarks/_diag_softmax_choice.py``.
+Until s5 run 4 the tuner's cold-L2 mode replayed a CUDA graph of back-to-back launches over
+rotated input copies, while ``kernelgraft bench`` times one launch at a time after an L2 flush;
+the tuner now times cold the way the bench does. Prints the tuner's ranking
+(``kg.tune.decision``) for the vocab-wide shape next to per-launch and graph-replay timings of the
+two fastest kernels. GPU only: ``python benchmarks/_diag_softmax_choice.py``.
 """
 
 import json
