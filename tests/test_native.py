@@ -307,6 +307,31 @@ def test_triton_example_ops_replay_natively(module):
     assert checked >= 2
 
 
+@pytest.mark.gpu
+def test_triton_autotuned_and_specialised_kernels_replay():
+    """A ``triton.autotune``d kernel (its first call benchmarks configs: not recorded) replays
+    with the config it chose; a stride that Triton specialises to a constant when it is 1 gives
+    two signatures (contiguous and strided input), each replaying its own compiled kernel."""
+    from _triton_replay_kernels import ops
+
+    assert _native.load() is not None, _native.reason()
+    scale, gather = ops()
+    for n in (1000, 1000, 1000, 1000, 77777, 77777, 77777, 1000):
+        x = torch.randn(n, device="cuda")
+        torch.testing.assert_close(scale(x, 0.5), x * 0.5)
+    assert scale._replay is not None, [p.native.get("why") for p in scale._plans.values()]
+    assert scale._replay.stats()["calls"] >= 1
+    base = torch.randn(2 * 4099, device="cuda")
+    for step in (1, 2, 1, 2, 1, 2, 2, 1):
+        base.copy_(torch.randn_like(base))
+        x = base[: 4099 * step : step]
+        torch.testing.assert_close(gather(x), x.contiguous())
+    replays = [p.native.get("replay") for p in gather._plans.values()]
+    assert len(replays) == 2 and all(r is not None for r in replays), \
+        [p.native.get("why") for p in gather._plans.values()]
+    assert all(r.stats()["calls"] >= 1 for r in replays)
+
+
 def test_a_build_killed_midway_leaves_no_stale_lock(tmp_path):
     """A process may exit while the background build runs; the next one must build, not wait on
     the dead one's lock (torch's own build lock file is never cleared in that case)."""
