@@ -8,9 +8,9 @@ under ``torch.library.custom_op``, rather than ``custom_op`` or ``triton_op`` th
 - ``custom_op`` wraps every call in a Python autograd shim; ``benchmarks/bench_host_overhead.py``
   measures its eager host cost against ours (the numbers are in benchmarks/results/).
 Eager calls on plain tensors skip the dispatcher entirely (``__call__`` below) and reach a cached
-plan in a few dict lookups, or, for a one-launch plan of a replayable backend, the native replay of
-its signature (kernelgraft/_native) in one C++ call; everything else (torch.compile, export, fake/functional tensors,
-autograd, user dispatch modes) goes through ``torch.ops`` and the same plans.
+plan in a few dict lookups, or, for a one-launch plan, the native replay of its signature
+(kernelgraft/_native) in one C++ call; everything else (torch.compile, export, fake/functional
+tensors, autograd, user dispatch modes) goes through ``torch.ops`` and the same plans.
 """
 
 from __future__ import annotations

@@ -181,7 +181,8 @@ def replay_for(native: Any, args: tuple, outs: Sequence[torch.Tensor], out_kind:
     if recorder.refused:
         return recorder.refused[0]
     if recorder.triton_launches > recorder.triton_described:
-        return "the call launches a Triton kernel other than through JITFunction.run, which a replay would skip"
+        return ("the call launches a Triton kernel other than through JITFunction.run, which a "
+                "replay would skip")
     if recorder.ops:
         return f"the call runs torch ops besides its kernel ({', '.join(sorted(set(recorder.ops)))})"
     if len(recorder.launches) != 1:

@@ -63,7 +63,8 @@ def params_of(kernel: Any, bound: dict[str, Any]) -> tuple[list[str], list[Any]]
         return "the Triton kernel uses scratch memory, which its launcher allocates per launch"
     if getattr(md, "launch_cooperative_grid", False) or getattr(md, "launch_pdl", False):
         return "the Triton kernel needs a cooperative or PDL launch"
-    if getattr(md, "num_ctas", 1) != 1 or tuple(getattr(md, "cluster_dims", (1, 1, 1)) or (1, 1, 1)) != (1, 1, 1):
+    cluster = tuple(getattr(md, "cluster_dims", None) or (1, 1, 1))
+    if getattr(md, "num_ctas", 1) != 1 or cluster != (1, 1, 1):
         return "the Triton kernel runs in thread block clusters"
     if getattr(md, "tensordesc_meta", None):
         return "the Triton kernel takes TMA descriptors"
@@ -99,8 +100,9 @@ def params_of(kernel: Any, bound: dict[str, Any]) -> tuple[list[str], list[Any]]
         return f"Triton kernel {md.name} has {len(sizes)} parameters for {len(kinds)} arguments"
     kinds += ["ptr"] * extra
     values += [0] * extra
-    if sizes != [_SIZES[k] for k in kinds]:
-        return f"Triton kernel {md.name}: PTX parameter sizes {sizes} differ from {[_SIZES[k] for k in kinds]}"
+    packed = [_SIZES[k] for k in kinds]
+    if sizes != packed:
+        return f"Triton kernel {md.name}: PTX parameter sizes {sizes} differ from the packed {packed}"
     return kinds, values
 
 
