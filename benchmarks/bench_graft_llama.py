@@ -1,7 +1,9 @@
 """Forward time of a small Llama (Hugging Face transformers, random weights) before and after
 grafting kernelgraft ops: RMSNorm by module type (kgexamples::rmsnorm), the SwiGLU gate by pattern
 (kgexamples::swiglu), in eager and under torch.compile (Inductor). Eager grafted runs twice: with
-the ops' native replay, and on their Python path (KERNELGRAFT_NATIVE=0 for new plans).
+the ops' native replay, and on their Python path (KERNELGRAFT_NATIVE=0 for new plans). Last, under
+torch.compile, each residual add and the norm of its sum grafted by pattern as one
+kgexamples::rmsnorm_residual, with the SwiGLU pattern.
 
 In eager only the module graft applies (a pattern graft acts inside torch.compile). Each section
 runs in its own try/except, reports and continues. Prints a ratio table last; writes JSON to
@@ -69,6 +71,7 @@ def main() -> int:
     import kernelgraft as kg
     from kernelgraft import _native
     from kernelgraft.examples.rmsnorm import rmsnorm
+    from kernelgraft.examples.rmsnorm_residual import add_rmsnorm_pattern, rmsnorm_residual
 
     # Build (or load) the native replay before timing: it otherwise builds in the background.
     print(f"native replay: {'ready' if _native.load() is not None else _native.reason()}", flush=True)
@@ -169,6 +172,23 @@ def main() -> int:
         section("compile_grafted", lambda: compiled("compile_grafted"))
     if "pattern" in reports:
         result["pattern_matches_compiled"] = reports["pattern"].compiled
+
+    def fused():
+        # Under torch.compile an opaque RMSNorm keeps Inductor from fusing the residual add into
+        # it; graft the add and the norm together (one rmsnorm_residual per add) instead.
+        kg.ungraft(model)
+        inputs = ((ids,), {"use_cache": False})
+        fused_reports = {
+            "add_rmsnorm": kg.graft(model, pattern=add_rmsnorm_pattern, replacement=rmsnorm_residual,
+                                    example_inputs=inputs),
+            "swiglu": kg.graft(model, pattern=swiglu_pattern, replacement=swiglu, example_inputs=inputs),
+        }
+        result["graft_fused"] = {k: {"count": r.count, "verified": r.verified} for k, r in fused_reports.items()}
+        print(f"    fused graft: {fused_reports}", flush=True)
+        compiled("compile_grafted_fused")
+
+    if not args.eager_only:
+        section("compile_grafted_fused", fused)
     if args.cudagraphs and not args.eager_only:
         section("compile_cudagraphs_grafted", lambda: compiled("compile_cudagraphs_grafted", "reduce-overhead"))
     try:
@@ -188,6 +208,7 @@ def main() -> int:
         ("eager grafted / eager", ratio("eager_grafted", "eager")),
         ("eager grafted, Python path / eager", ratio("eager_grafted_python_path", "eager")),
         ("compile grafted / compile", ratio("compile_grafted", "compile")),
+        ("compile, add+norm fused graft / compile", ratio("compile_grafted_fused", "compile")),
         ("compile / eager", ratio("compile", "eager")),
         ("compile grafted / eager", ratio("compile_grafted", "eager")),
     ]

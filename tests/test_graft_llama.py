@@ -111,6 +111,26 @@ def test_inductor_runs_the_pattern_pass(grafted):
     assert not counters["graph_break"]
 
 
+def test_residual_add_and_norm_graft_as_one_op_by_pattern():
+    """A two-output pattern: each residual add with the RMSNorm of its sum becomes one
+    rmsnorm_residual call (the sum is also the next residual); the first layer's norm has no add
+    before it and stays."""
+    from kernelgraft.examples.rmsnorm_residual import add_rmsnorm_pattern, rmsnorm_residual
+
+    model = tiny_llama()
+    ids = torch.randint(0, 256, (2, 12))
+    expected = _logits(model, ids)
+    report = kg.graft(model, pattern=add_rmsnorm_pattern, replacement=rmsnorm_residual,
+                      example_inputs=((ids,), {"use_cache": False}))
+    try:
+        # counted and verified in Inductor's IR, the graph run eagerly after the rewrite
+        assert report.count == 4 and report.verified  # 2 layers x 2 adds; the first norm has none
+        torch.testing.assert_close(_logits(model, ids), expected)  # eager: the model as written
+    finally:
+        kg.ungraft(model)
+        torch._dynamo.reset()
+
+
 def test_training_graft_keeps_rmsnorm_without_backward():
     model = tiny_llama()
     with pytest.warns(kg.GraftWarning, match="no backward"):

@@ -130,3 +130,71 @@ def test_pattern_inside_saved_activations_is_not_replaced_in_training_graphs():
     f(g, u).backward()
     assert counts and sum(counts) == 0
     torch.testing.assert_close(g.grad, torch.func.grad(lambda a: (swiglu_pattern(a, u) * 2).sum())(g))
+
+
+def _add_rmsnorm(x, residual, weight, eps):
+    """A residual add and the RMSNorm of its result, as a float32 decoder layer writes them."""
+    h = x + residual
+    return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * weight, h
+
+
+class _Blocks(torch.nn.Module):
+    """Two residual blocks: each sum is used again (the next residual), each norm feeds a layer."""
+
+    def __init__(self, d=64):
+        super().__init__()
+        self.w1, self.w2 = (torch.nn.Parameter(torch.rand(d) + 0.5) for _ in range(2))
+        self.f1, self.f2 = torch.nn.Linear(d, d), torch.nn.Linear(d, d)
+
+    def forward(self, x, r):
+        n1, h1 = _add_rmsnorm(self.f1(x), r, self.w1, 1e-6)
+        n2, h2 = _add_rmsnorm(self.f2(n1), h1, self.w2, 1e-6)
+        return n2 * 2, h2
+
+
+def test_tuple_pattern_rewrites_exported_program():
+    """A pattern with two outputs (the norm and the sum) becomes one call of an op returning both:
+    every outside use of either output reads the op's result; the program still matches."""
+    from kernelgraft.examples.rmsnorm_residual import rmsnorm_residual
+
+    torch.manual_seed(0)
+    model, x, r = _Blocks().eval(), torch.randn(5, 64), torch.randn(5, 64)
+    ep = torch.export.export(model, (x, r))
+    report = kg.graft(ep, pattern=_add_rmsnorm, replacement=rmsnorm_residual, example_inputs=(x, r))
+    assert report.count == 2 and report.verified is True
+    assert _targets(ep).count("kgexamples.rmsnorm_residual.default") == 2
+    assert "aten.rsqrt.default" not in _targets(ep)
+    out_names = [s.arg.name for s in ep.graph_signature.output_specs]
+    assert out_names == [n.name for n in next(n for n in ep.graph.nodes if n.op == "output").args[0]]
+    x2, r2 = torch.randn(5, 64), torch.randn(5, 64)
+    for got, want in zip(ep.module()(x2, r2), model(x2, r2)):
+        torch.testing.assert_close(got, want)
+
+
+def test_tuple_pattern_in_inductor_ir_counts_and_runs():
+    from kernelgraft.examples.rmsnorm_residual import rmsnorm_residual
+
+    torch.manual_seed(0)
+    model, x, r = _Blocks().eval(), torch.randn(5, 64), torch.randn(5, 64)
+    report = kg.graft(model, pattern=_add_rmsnorm, replacement=rmsnorm_residual, example_inputs=(x, r))
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+    from torch._inductor.utils import run_and_get_code
+
+    try:
+        assert report.count == 2 and report.verified is True
+        torch._dynamo.reset()
+        # a compile-cache hit would skip the post-grad pass (and so its count)
+        with torch.no_grad(), inductor_config.patch(fx_graph_cache=False), \
+                functorch_config.patch(enable_autograd_cache=False):
+            got, code = run_and_get_code(lambda: torch.compile(model)(x, r))
+        for g, w in zip(got, model(x, r)):
+            torch.testing.assert_close(g, w)
+        assert report.compiled == 2 and "kgexamples.rmsnorm_residual" in "\n".join(code)
+    finally:
+        kg.ungraft(model)
+
+
+def test_tuple_pattern_output_count_must_match_the_op():
+    with pytest.raises(kg.SpecError, match="returns 2 tensor"):
+        kg.graft(torch.nn.Identity(), pattern=lambda x, y: (torch.relu(x + y), x + y), replacement=add_relu)

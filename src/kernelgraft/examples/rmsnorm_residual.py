@@ -187,6 +187,16 @@ def bench_inputs(device: str = "cuda"):
         )
 
 
+def add_rmsnorm_pattern(x, residual, weight, eps):
+    """What ``kg.graft(model, pattern=add_rmsnorm_pattern, replacement=rmsnorm_residual)`` looks
+    for: a residual add and the RMSNorm of its sum, spelled as Hugging Face's Llama writes them
+    (the norm's weight multiplies after the cast back). Returns (norm, sum), as the op does."""
+    h = x + residual
+    hf = h.to(torch.float32)
+    hf = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * hf.to(h.dtype), h
+
+
 @kg.op(
     "kgexamples::rmsnorm_residual",
     impls=IMPLS,

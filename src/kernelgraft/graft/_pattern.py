@@ -21,7 +21,10 @@ matter (``x.pow(2)``, ``x ** 2`` and ``torch.pow(x, 2)`` trace alike), once per 
   ``run_decompositions()`` for decomposed programs); the program's graph is rewritten in place.
 
 Scalars in the pattern's signature (an ``eps``) are fixed to the example values it is traced
-with, and passed to the op as constants. The pattern must return one tensor.
+with, and passed to the op as constants. The pattern returns one tensor, or a tuple of them for an
+op that returns as many (an add and the norm of its result: ``(norm, sum)``); a tuple match is
+replaced where one op call can stand for all of its outputs (after every input, before every
+outside use), else left as is.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import logging
+import operator
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -119,6 +123,14 @@ class Pattern:
                     out.append(graph)
         if not out:
             raise SpecError(f"kg.graft: the pattern {self.fn} could not be traced for {ir}")
+        want = self.op.signature.n_returns if self.op.signature.returns == "tuple" else 1
+        for graph in out:
+            got = len(_outputs(graph))
+            if got != want:
+                raise SpecError(
+                    f"kg.graft: the pattern {getattr(self.fn, '__qualname__', self.fn)} returns {got} "
+                    f"tensor(s) but {self.op.name}{self.op.signature.schema} returns {want}"
+                )
         self._graphs[ir] = out
         return out
 
@@ -162,10 +174,13 @@ def _clean(graph: fx.Graph) -> fx.Graph:
         if node.op == "placeholder" or node in live:
             env[node] = new.node_copy(node, lambda n: env[n])
     del gm
-    outs = next(n for n in reversed(new.nodes) if n.op == "output")
-    if len(outs.all_input_nodes) != 1:
-        raise SpecError(f"kg.graft: a pattern must return one tensor, its graph returns {outs.args}")
     return new
+
+
+def _outputs(graph: fx.Graph) -> list[fx.Node]:
+    """The nodes a traced pattern returns, in order."""
+    out = next(n for n in reversed(graph.nodes) if n.op == "output")
+    return list(out.all_input_nodes)
 
 
 def _graph_key(graph: fx.Graph) -> str:
@@ -201,6 +216,9 @@ def rewrite_graph(graph: fx.Graph, patterns: Sequence[Pattern], ir: str) -> tupl
     """Replace every match of each pattern in ``graph``; returns (count, {old name: new name})."""
     total = 0
     renamed: dict[str, str] = {}
+    # A replaced output node -> the node that stands for it now: a later match may take it as an
+    # input (the sum one block returns is the next block's residual).
+    substitutes: dict[fx.Node, fx.Node] = {}
     for pattern in patterns:
         for pgraph in pattern.graphs(ir):
             matcher = SubgraphMatcher(pgraph, match_output=False, match_placeholder=False,
@@ -208,7 +226,7 @@ def rewrite_graph(graph: fx.Graph, patterns: Sequence[Pattern], ir: str) -> tupl
             matches = matcher.match(graph)
             done = 0
             for match in matches:
-                if _replace(graph, pattern, match, renamed):
+                if _replace(graph, pattern, match, renamed, substitutes):
                     done += 1
             if done:
                 pattern.replaced[ir] = pattern.replaced.get(ir, 0) + done
@@ -218,26 +236,44 @@ def rewrite_graph(graph: fx.Graph, patterns: Sequence[Pattern], ir: str) -> tupl
     return total, renamed
 
 
-def _replace(graph: fx.Graph, pattern: Pattern, match: Any, renamed: dict[str, str]) -> bool:
-    if len(match.returning_nodes) != 1:
-        return False
-    ret = match.returning_nodes[0]
-    if ret.graph is not graph or any(n.graph is not graph for n in match.placeholder_nodes):
+def _insertion_point(graph: fx.Graph, match: Any, inputs: list[fx.Node]) -> fx.Node | None:
+    """The node to insert a tuple op's call before: after every input, before the first use of
+    an output outside the match; None when no such place exists (the match stays)."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    inner = {n for pn, n in match.nodes_map.items() if pn.op not in ("placeholder", "output")}
+    returning = list(match.returning_nodes)
+    after = max((order[n] for n in inputs), default=-1)
+    outside = [u for r in returning for u in r.users if u not in inner]
+    first_use = min((order[u] for u in outside), default=len(order))
+    first_ret = min(order[r] for r in returning)
+    nodes = list(graph.nodes)
+    if after >= first_use:
+        return None
+    # Inside the match's own span the call can go before its first output; else after the last input.
+    return nodes[first_ret] if after < first_ret else nodes[after + 1]
+
+
+def _live(node: fx.Node, graph: fx.Graph) -> bool:
+    return node.graph is graph and not getattr(node, "_erased", False)
+
+
+def _replace(graph: fx.Graph, pattern: Pattern, match: Any, renamed: dict[str, str],
+             substitutes: dict[fx.Node, fx.Node]) -> bool:
+    returning = list(match.returning_nodes)
+    inputs = []
+    for node in match.placeholder_nodes:
+        while node in substitutes:
+            node = substitutes[node]
+        inputs.append(node)
+    if not all(_live(n, graph) for n in returning + inputs):
         return False  # part of it was consumed by an earlier replacement
-    inputs = list(match.placeholder_nodes)
     if len(inputs) != len(pattern.tensor_slots):
         return False
-    args: list[Any] = list(pattern.example)
+    if len(returning) > 1:
+        return _replace_tuple(graph, pattern, match, inputs, renamed, substitutes)
+    ret = returning[0]
     with graph.inserting_before(ret):
-        for slot, node in zip(pattern.tensor_slots, inputs):
-            val = node.meta.get("val")
-            if isinstance(val, torch.Tensor) and not val.is_contiguous():
-                # the matched ops took any layout; kernels may need a dense one
-                dense = graph.call_function(torch.ops.aten.clone.default, (node,),
-                                            {"memory_format": torch.contiguous_format})
-                dense.meta = {**node.meta, "val": val.clone(memory_format=torch.contiguous_format)}
-                node = dense
-            args[slot] = node
+        args = _op_args(graph, pattern, inputs)
         new = graph.call_function(pattern.op.overload, tuple(args))
     meta = dict(ret.meta)
     meta.pop("tensor_meta", None)
@@ -259,13 +295,83 @@ def _replace(graph: fx.Graph, pattern: Pattern, match: Any, renamed: dict[str, s
     new.meta = meta
     old_name = ret.name
     ret.replace_all_uses_with(new)
-    inner = [n for pn, n in match.nodes_map.items() if pn.op not in ("placeholder", "output")]
-    for node in reversed(list(graph.nodes)):
-        if node in inner and not node.users:
-            graph.erase_node(node)
+    substitutes[ret] = new
+    _erase_inner(graph, match)
     new._rename(old_name)
     if new.name != old_name:
         renamed[old_name] = new.name
+    return True
+
+
+def _op_args(graph: fx.Graph, pattern: Pattern, inputs: list[fx.Node]) -> list[Any]:
+    """The op call's arguments: the matched inputs in the pattern's tensor slots (made dense
+    where a match took a strided view), its example scalars elsewhere."""
+    args: list[Any] = list(pattern.example)
+    for slot, node in zip(pattern.tensor_slots, inputs):
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and not val.is_contiguous():
+            # the matched ops took any layout; kernels may need a dense one
+            dense = graph.call_function(torch.ops.aten.clone.default, (node,),
+                                        {"memory_format": torch.contiguous_format})
+            dense.meta = {**node.meta, "val": val.clone(memory_format=torch.contiguous_format)}
+            node = dense
+        args[slot] = node
+    return args
+
+
+def _erase_inner(graph: fx.Graph, match: Any) -> None:
+    inner = {n for pn, n in match.nodes_map.items() if pn.op not in ("placeholder", "output")}
+    for node in reversed(list(graph.nodes)):
+        if node in inner and not node.users:
+            graph.erase_node(node)
+
+
+def _replace_tuple(graph: fx.Graph, pattern: Pattern, match: Any, inputs: list[fx.Node],
+                   renamed: dict[str, str], substitutes: dict[fx.Node, fx.Node]) -> bool:
+    """Replace a match with several outputs by one op call and a getitem per output."""
+    returning = list(match.returning_nodes)
+    where = _insertion_point(graph, match, inputs)
+    if where is None:
+        log.info("kg.graft: no place for one %s call in a match of %d outputs; left as is",
+                 pattern.op.name, len(returning))
+        return False
+    with graph.inserting_before(where):
+        args = _op_args(graph, pattern, inputs)
+        new = graph.call_function(pattern.op.overload, tuple(args))
+        items = [graph.call_function(operator.getitem, (new, i)) for i in range(len(returning))]
+    added = [a for a in args if isinstance(a, fx.Node) and a not in inputs] + [new, *items]
+    try:
+        vals = _fake_value(pattern.op, args)
+    except Exception as exc:
+        vals = exc
+    ok = isinstance(vals, (tuple, list)) and len(vals) == len(returning) or vals is None
+    if ok and vals is not None:
+        for r, v in zip(returning, vals):
+            rv = r.meta.get("val")
+            if isinstance(rv, torch.Tensor) and (rv.dtype != v.dtype or rv.dim() != v.dim()):
+                ok = False
+    if not ok:
+        log.info("kg.graft: %s cannot stand for this match (%s); left as is", pattern.op.name,
+                 vals if isinstance(vals, Exception) else "its outputs differ in dtype or rank")
+        for node in reversed(added):
+            graph.erase_node(node)
+        return False
+    new.meta = {"val": tuple(vals)} if vals is not None else {}
+    for r, item, v in zip(returning, items, vals if vals is not None else [None] * len(items)):
+        meta = dict(r.meta)
+        meta.pop("tensor_meta", None)
+        if v is not None:
+            meta["val"] = v
+        item.meta = meta
+    names = [r.name for r in returning]
+    for r, item in zip(returning, items):
+        r.replace_all_uses_with(item)
+        substitutes[r] = item
+    _erase_inner(graph, match)
+    for item, name in zip(items, names):
+        item._rename(name)
+        if item.name != name:
+            renamed[name] = item.name
     return True
 
 
