@@ -184,7 +184,8 @@ def main() -> int:
             "swiglu": kg.graft(model, pattern=swiglu_pattern, replacement=swiglu, example_inputs=inputs),
         }
         result["graft_fused"] = {k: {"count": r.count, "verified": r.verified} for k, r in fused_reports.items()}
-        print(f"    fused graft: {fused_reports}", flush=True)
+        print("    fused graft: " + ", ".join(f"{k} {r.count} site(s), verified={r.verified}"
+                                          for k, r in fused_reports.items()), flush=True)
         compiled("compile_grafted_fused")
 
     if not args.eager_only:
