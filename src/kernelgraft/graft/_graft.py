@@ -98,7 +98,8 @@ def graft(
 
     By pattern: ``kg.graft(model, pattern=fn, replacement=op)`` replaces every subgraph equal to
     ``fn`` under ``torch.compile`` (Inductor) or, for an ``ExportedProgram``, in its graph (rewritten
-    in place, also in ``report.program``).
+    in place, also in ``report.program``). ``fn`` returns one tensor, or a tuple of as many tensors
+    as the op returns (``add_rmsnorm_pattern`` returns the norm and the sum it normalised).
 
     ``verify=True``: the grafted model's outputs must equal the original's on ``example_inputs``
     (a tuple of args, a dict of kwargs, or ``(args, kwargs)``), each grafted module's on the inputs
