@@ -126,6 +126,17 @@ def test_residual_add_and_norm_graft_as_one_op_by_pattern():
         # counted and verified in Inductor's IR, the graph run eagerly after the rewrite
         assert report.count == 4 and report.verified  # 2 layers x 2 adds; the first norm has none
         torch.testing.assert_close(_logits(model, ids), expected)  # eager: the model as written
+        # torch.export's IR checks each .to() result with an assertion node: the rewrite sets
+        # them aside while matching and puts back those whose value is still in the program
+        ep = torch.export.export(model, (ids,), {"use_cache": False})
+        asserts = sum("_assert_tensor_metadata" in str(n.target) for n in ep.graph.nodes)
+        exported = kg.graft(ep, pattern=add_rmsnorm_pattern, replacement=rmsnorm_residual,
+                            example_inputs=((ids,), {"use_cache": False}))
+        assert exported.count == 4 and exported.verified
+        assert _kg_ops(ep.graph).count("kgexamples.rmsnorm_residual.default") == 4
+        left = sum("_assert_tensor_metadata" in str(n.target) for n in ep.graph.nodes)
+        assert 0 < left < asserts
+        torch.testing.assert_close(ep.module()(ids, use_cache=False).logits, expected, atol=1e-5, rtol=1e-5)
     finally:
         kg.ungraft(model)
         torch._dynamo.reset()

@@ -219,6 +219,7 @@ def rewrite_graph(graph: fx.Graph, patterns: Sequence[Pattern], ir: str) -> tupl
     # A replaced output node -> the node that stands for it now: a later match may take it as an
     # input (the sum one block returns is the next block's residual).
     substitutes: dict[fx.Node, fx.Node] = {}
+    lifted = _lift_asserts(graph) if ir == "export" else []
     for pattern in patterns:
         for pgraph in pattern.graphs(ir):
             matcher = SubgraphMatcher(pgraph, match_output=False, match_placeholder=False,
@@ -231,9 +232,43 @@ def rewrite_graph(graph: fx.Graph, patterns: Sequence[Pattern], ir: str) -> tupl
             if done:
                 pattern.replaced[ir] = pattern.replaced.get(ir, 0) + done
                 total += done
-    if total:
+    _restore_asserts(graph, lifted, substitutes)
+    if total or lifted:
         graph.lint()
     return total, renamed
+
+
+def _lift_asserts(graph: fx.Graph) -> list[tuple]:
+    """Take out the tensor-metadata assertions ``torch.export`` adds for ``.to()`` calls: they
+    are users of the values they check, so a matched value they check would count as used
+    outside its match. Returns what ``_restore_asserts`` puts back."""
+    op = getattr(torch.ops.aten, "_assert_tensor_metadata", None)
+    if op is None:
+        return []
+    lifted = []
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target is op.default and not node.users:
+            lifted.append((node.target, node.args, dict(node.kwargs), node.meta, node.next))
+            graph.erase_node(node)
+    return lifted
+
+
+def _restore_asserts(graph: fx.Graph, lifted: list[tuple], substitutes: dict[fx.Node, fx.Node]) -> None:
+    """Put the assertions back where they were, checking what stands for their value now; one
+    whose value went inside a replacement (an intermediate of the kernel) is dropped."""
+    for target, args, kwargs, meta, where in lifted:
+        checked = args[0]
+        while checked in substitutes:
+            checked = substitutes[checked]
+        if not isinstance(checked, fx.Node) or not _live(checked, graph):
+            continue
+        if _live(where, graph) and checked is args[0]:
+            context = graph.inserting_before(where)
+        else:
+            context = graph.inserting_after(checked)
+        with context:
+            node = graph.call_function(target, (checked, *args[1:]), kwargs)
+        node.meta = meta
 
 
 def _insertion_point(graph: fx.Graph, match: Any, inputs: list[fx.Node]) -> fx.Node | None:
