@@ -94,11 +94,11 @@ def run_trials(
     out_specs = op._output_specs(args) if op.signature.returns != "none" else []
     pristine = {i: _clone_arg(args[i]) for i in mutated}
     own = [(_clone_arg(a) if i in mutated else a) for i, a in enumerate(args)]
-    sets = [(own, [torch.empty(s, dtype=d, device=dev) for s, d, dev in out_specs])]
+    outs = [torch.empty(s, dtype=d, device=dev) for s, d, dev in out_specs]
 
-    def restore(k: int) -> None:
+    def restore(_: int) -> None:  # one argument set (Trial.n_sets == 1)
         for i in mutated:
-            _copy_into(sets[k][0][i], pristine[i])
+            _copy_into(own[i], pristine[i])
 
     results: list[Result | Trial] = []
     started = time.perf_counter()
@@ -108,7 +108,7 @@ def run_trials(
         if n > 0 and time.perf_counter() - started > settings.budget_s:
             results.append(_over_budget(cand, settings))
             continue
-        result = _gate(op, cand, sets, restore if mutated else None, oracle, mutated, device)
+        result = _gate(op, cand, own, outs, restore if mutated else None, oracle, mutated, device)
         if isinstance(result, Trial):
             result.cold = bool(settings.cold_l2)
         results.append(result)
@@ -178,14 +178,13 @@ def _refine(trials: list[Trial], times: dict[int, float], timer: Any, settings: 
                 times[id(t)] = min(times[id(t)], outcome)
 
 
-def _gate(op, cand, sets, restore, oracle, mutated, device) -> Result | Trial:
+def _gate(op, cand, own, outs, restore, oracle, mutated, device) -> Result | Trial:
     """Compile and run ``cand`` once on poisoned outputs and compare with the oracle: a Trial
     ready to time, or the Result that excludes it."""
     try:
         runner = op._runner(cand)
     except Exception as exc:
         return Result(cand, kind=classify_error(exc.__cause__ or exc), reason=f"{type(exc).__name__}: {exc}")
-    own, outs = sets[0]
     if restore is not None:
         restore(0)
     gate_outs = [poisoned(o.shape, o.dtype, o.device) for o in outs]
@@ -205,11 +204,10 @@ def _gate(op, cand, sets, restore, oracle, mutated, device) -> Result | Trial:
         if why:
             return Result(cand, kind="wrong", reason=f"wrong result: {why}")
 
-    def run(k: int) -> None:
-        a, o = sets[k]
-        runner(*a, *o)
+    def run(_: int) -> None:
+        runner(*own, *outs)
 
-    return Trial(cand, run, n_sets=len(sets), restore=restore)
+    return Trial(cand, run, restore=restore)
 
 
 def _time(trial: Trial, timer: Any, settings: Any) -> float | Result:
