@@ -274,14 +274,14 @@ def _restore_asserts(graph: fx.Graph, lifted: list[tuple], substitutes: dict[fx.
 def _insertion_point(graph: fx.Graph, match: Any, inputs: list[fx.Node]) -> fx.Node | None:
     """The node to insert a tuple op's call before: after every input, before the first use of
     an output outside the match; None when no such place exists (the match stays)."""
-    order = {n: i for i, n in enumerate(graph.nodes)}
+    nodes = list(graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
     inner = {n for pn, n in match.nodes_map.items() if pn.op not in ("placeholder", "output")}
     returning = list(match.returning_nodes)
     after = max((order[n] for n in inputs), default=-1)
     outside = [u for r in returning for u in r.users if u not in inner]
     first_use = min((order[u] for u in outside), default=len(order))
     first_ret = min(order[r] for r in returning)
-    nodes = list(graph.nodes)
     if after >= first_use:
         return None
     # Inside the match's own span the call can go before its first output; else after the last input.
@@ -294,6 +294,7 @@ def _live(node: fx.Node, graph: fx.Graph) -> bool:
 
 def _replace(graph: fx.Graph, pattern: Pattern, match: Any, renamed: dict[str, str],
              substitutes: dict[fx.Node, fx.Node]) -> bool:
+    """Replace one match by one op call (and a getitem per output when it returns a tuple)."""
     returning = list(match.returning_nodes)
     inputs = []
     for node in match.placeholder_nodes:
@@ -304,38 +305,65 @@ def _replace(graph: fx.Graph, pattern: Pattern, match: Any, renamed: dict[str, s
         return False  # part of it was consumed by an earlier replacement
     if len(inputs) != len(pattern.tensor_slots):
         return False
-    if len(returning) > 1:
-        return _replace_tuple(graph, pattern, match, inputs, renamed, substitutes)
-    ret = returning[0]
-    with graph.inserting_before(ret):
+    single = len(returning) == 1
+    where = returning[0] if single else _insertion_point(graph, match, inputs)
+    if where is None:
+        log.info("kg.graft: no place for one %s call in a match of %d outputs; left as is",
+                 pattern.op.name, len(returning))
+        return False
+    with graph.inserting_before(where):
         args = _op_args(graph, pattern, inputs)
         new = graph.call_function(pattern.op.overload, tuple(args))
-    meta = dict(ret.meta)
-    meta.pop("tensor_meta", None)
+        outs = [new] if single else [graph.call_function(operator.getitem, (new, i))
+                                     for i in range(len(returning))]
+    added = [a for a in args if isinstance(a, fx.Node) and a not in inputs] + [new] + ([] if single else outs)
+
+    def undo() -> bool:
+        for node in reversed(added):
+            graph.erase_node(node)
+        return False
+
     try:
         val = _fake_value(pattern.op, args)
     except Exception as exc:
         log.warning("kg.graft: %s cannot take the matched values (%s); match left as is",
                     pattern.op.name, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-        graph.erase_node(new)
-        return False
-    if val is not None:
-        ret_val = ret.meta.get("val")
-        if isinstance(ret_val, torch.Tensor) and (ret_val.dtype != val.dtype or ret_val.dim() != val.dim()):
-            log.info("kg.graft: %s returns %s where the pattern gave %s; match left as is",
-                     pattern.op.name, describe(val), describe(ret_val))
-            graph.erase_node(new)
-            return False
-        meta["val"] = val
-    new.meta = meta
-    old_name = ret.name
-    ret.replace_all_uses_with(new)
-    substitutes[ret] = new
+        return undo()
+    vals = None if val is None else (val,) if single else tuple(val)
+    if vals is not None:
+        if len(vals) != len(returning):
+            log.info("kg.graft: %s returns %d tensors where the pattern gave %d; match left as is",
+                     pattern.op.name, len(vals), len(returning))
+            return undo()
+        for r, v in zip(returning, vals):
+            if not _same_kind(r.meta.get("val"), v):
+                log.info("kg.graft: %s returns %s where the pattern gave %s; match left as is",
+                         pattern.op.name, describe(v), describe(r.meta.get("val")))
+                return undo()
+        if not single:
+            new.meta = {"val": vals}
+    for r, out, v in zip(returning, outs, vals or [None] * len(outs)):
+        meta = dict(r.meta)
+        meta.pop("tensor_meta", None)
+        if v is not None:
+            meta["val"] = v
+        out.meta = meta
+    names = [r.name for r in returning]
+    for r, out in zip(returning, outs):
+        r.replace_all_uses_with(out)
+        substitutes[r] = out
     _erase_inner(graph, match)
-    new._rename(old_name)
-    if new.name != old_name:
-        renamed[old_name] = new.name
+    for out, name in zip(outs, names):
+        out._rename(name)
+        if out.name != name:
+            renamed[name] = out.name
     return True
+
+
+def _same_kind(original: Any, val: Any) -> bool:
+    """The op's output may stand for the pattern's: same dtype and rank (where both are known)."""
+    return not (isinstance(original, torch.Tensor) and isinstance(val, torch.Tensor)
+                and (original.dtype != val.dtype or original.dim() != val.dim()))
 
 
 def _op_args(graph: fx.Graph, pattern: Pattern, inputs: list[fx.Node]) -> list[Any]:
@@ -359,55 +387,6 @@ def _erase_inner(graph: fx.Graph, match: Any) -> None:
     for node in reversed(list(graph.nodes)):
         if node in inner and not node.users:
             graph.erase_node(node)
-
-
-def _replace_tuple(graph: fx.Graph, pattern: Pattern, match: Any, inputs: list[fx.Node],
-                   renamed: dict[str, str], substitutes: dict[fx.Node, fx.Node]) -> bool:
-    """Replace a match with several outputs by one op call and a getitem per output."""
-    returning = list(match.returning_nodes)
-    where = _insertion_point(graph, match, inputs)
-    if where is None:
-        log.info("kg.graft: no place for one %s call in a match of %d outputs; left as is",
-                 pattern.op.name, len(returning))
-        return False
-    with graph.inserting_before(where):
-        args = _op_args(graph, pattern, inputs)
-        new = graph.call_function(pattern.op.overload, tuple(args))
-        items = [graph.call_function(operator.getitem, (new, i)) for i in range(len(returning))]
-    added = [a for a in args if isinstance(a, fx.Node) and a not in inputs] + [new, *items]
-    try:
-        vals = _fake_value(pattern.op, args)
-    except Exception as exc:
-        vals = exc
-    ok = isinstance(vals, (tuple, list)) and len(vals) == len(returning) or vals is None
-    if ok and vals is not None:
-        for r, v in zip(returning, vals):
-            rv = r.meta.get("val")
-            if isinstance(rv, torch.Tensor) and (rv.dtype != v.dtype or rv.dim() != v.dim()):
-                ok = False
-    if not ok:
-        log.info("kg.graft: %s cannot stand for this match (%s); left as is", pattern.op.name,
-                 vals if isinstance(vals, Exception) else "its outputs differ in dtype or rank")
-        for node in reversed(added):
-            graph.erase_node(node)
-        return False
-    new.meta = {"val": tuple(vals)} if vals is not None else {}
-    for r, item, v in zip(returning, items, vals if vals is not None else [None] * len(items)):
-        meta = dict(r.meta)
-        meta.pop("tensor_meta", None)
-        if v is not None:
-            meta["val"] = v
-        item.meta = meta
-    names = [r.name for r in returning]
-    for r, item in zip(returning, items):
-        r.replace_all_uses_with(item)
-        substitutes[r] = item
-    _erase_inner(graph, match)
-    for item, name in zip(items, names):
-        item._rename(name)
-        if item.name != name:
-            renamed[name] = item.name
-    return True
 
 
 # ---------------------------------------------------------------------------- the Inductor pass
