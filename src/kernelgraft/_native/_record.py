@@ -27,7 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import _triton
 
-__all__ = ["Record", "recording", "note", "replay_for", "ACTIVE"]
+__all__ = ["Record", "recording", "note", "launch_record", "replay_for", "ACTIVE"]
 
 # The recorder of the thread that records, or None: read on every Python-path launch.
 ACTIVE: list = [None]
@@ -115,6 +115,17 @@ def note(record: Record | None, why: str = "") -> None:
         recorder.refused.append(why)
     else:
         recorder.launches.append(record)
+
+
+def launch_record(raw: Any, function: int, grid: tuple, block: tuple, smem: int, buffer: Any,
+                  values: Sequence[Any], stream: int | None, device: int, owner: Any) -> Record:
+    """The Record of one ``cuLaunchKernel`` (``raw``, the ctypes entry point) of ``function`` with
+    ``values`` packed by ``buffer`` (a ``kernelgraft.driver`` ParamBuffer)."""
+    packed = buffer.pack(values)
+    pointers = [(o, int(v or 0)) for o, k, v in zip(buffer.offsets, buffer.kinds, values) if k == "ptr"]
+    return Record(kind=0, fn=address_of(raw), function=function, grid=grid, block=block, smem=smem,
+                  buffer=packed + bytes(-len(packed) % 8), offsets=buffer.offsets, pointers=pointers,
+                  stream=int(stream or 0), device=device, owner=owner)
 
 
 def address_of(fn: Any) -> int:

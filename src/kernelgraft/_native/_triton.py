@@ -18,7 +18,6 @@ launched directly) leaves the call in Python rather than being skipped by the re
 
 from __future__ import annotations
 
-import re
 import threading
 from typing import Any
 
@@ -31,33 +30,11 @@ _INSTALLED: list = [0, None]  # recordings in flight, the original JITFunction.r
 _INTS = {"i1": "i8", "i8": "i8", "i16": "i16", "i32": "i32", "i64": "i64",
          "u1": "u8", "u8": "u8", "u16": "u16", "u32": "u32", "u64": "u64"}
 _FLOATS = {"fp32": "f32", "f32": "f32", "fp64": "f64"}
-_PTX_SIZES = {".u64": 8, ".b64": 8, ".s64": 8, ".f64": 8, ".u32": 4, ".b32": 4, ".s32": 4, ".f32": 4,
-              ".u16": 2, ".b16": 2, ".s16": 2, ".f16": 2, ".u8": 1, ".b8": 1, ".s8": 1}
-_SIZES = {"ptr": 8, "i64": 8, "u64": 8, "f64": 8, "i32": 4, "u32": 4, "f32": 4, "i16": 2, "u16": 2,
-          "i8": 1, "u8": 1}
-
-
-def _bind(jit: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
-    """Every kernel parameter's value in this launch (positional, keyword or default)."""
-    bound = dict(zip(jit.arg_names, args))
-    for p in jit.params:
-        if p.name not in bound:
-            if p.name in kwargs:
-                bound[p.name] = kwargs[p.name]
-            elif p.default is not p._param.empty:
-                bound[p.name] = p.default
-    return bound
-
-
-def ptx_param_sizes(ptx: str, name: str) -> list[int] | None:
-    m = re.search(r"\.entry\s+" + re.escape(name) + r"\s*\((.*?)\)", ptx, re.S)
-    if m is None:
-        return None
-    return [_PTX_SIZES.get(k, 0) for k in re.findall(r"\.param\s+(\.\w+)", m.group(1))]
-
-
 def params_of(kernel: Any, bound: dict[str, Any]) -> tuple[list[str], list[Any]] | str:
     """(kinds, values) of the compiled kernel's parameters for these arguments, or why not."""
+    from ..backends._triton import ptx_param_sizes  # imported here: the driver imports this module
+    from ..driver._params import SIZES
+
     md = kernel.metadata
     if getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0):
         return "the Triton kernel uses scratch memory, which its launcher allocates per launch"
@@ -100,7 +77,7 @@ def params_of(kernel: Any, bound: dict[str, Any]) -> tuple[list[str], list[Any]]
         return f"Triton kernel {md.name} has {len(sizes)} parameters for {len(kinds)} arguments"
     kinds += ["ptr"] * extra
     values += [0] * extra
-    packed = [_SIZES[k] for k in kinds]
+    packed = [SIZES[k] for k in kinds]
     if sizes != packed:
         return f"Triton kernel {md.name}: PTX parameter sizes {sizes} differ from the packed {packed}"
     return kinds, values
@@ -108,11 +85,12 @@ def params_of(kernel: Any, bound: dict[str, Any]) -> tuple[list[str], list[Any]]
 
 def describe(jit: Any, kernel: Any, grid: Any, args: tuple, kwargs: dict) -> Any:
     """A Record of the launch Triton just made, or a str saying why it cannot be described."""
+    from ..backends._triton import bind_arguments
     from ..driver import _cu
     from ..driver._params import ParamBuffer
     from . import _record
 
-    bound = _bind(jit, args, kwargs)
+    bound = bind_arguments(jit, args, kwargs)
     described = params_of(kernel, bound)
     if isinstance(described, str):
         return described
@@ -128,14 +106,10 @@ def describe(jit: Any, kernel: Any, grid: Any, args: tuple, kwargs: dict) -> Any
     grid = grid + (1,) * (3 - len(grid))
     md = kernel.metadata
     device = torch.cuda.current_device()
-    buffer = ParamBuffer(kinds)
-    packed = buffer.pack(values)
-    return _record.Record(
-        kind=0, fn=_record.address_of(raw), function=int(kernel.function), grid=grid,
-        block=(md.num_warps * getattr(md, "warp_size", 32), 1, 1), smem=int(md.shared),
-        buffer=packed + bytes(-len(packed) % 8), offsets=buffer.offsets,
-        pointers=[(o, v) for o, k, v in zip(buffer.offsets, kinds, values) if k == "ptr"],
-        stream=torch.cuda.current_stream(device).cuda_stream, device=device, owner=kernel,
+    return _record.launch_record(
+        raw, int(kernel.function), grid, (md.num_warps * getattr(md, "warp_size", 32), 1, 1),
+        int(md.shared), ParamBuffer(kinds), values, torch.cuda.current_stream(device).cuda_stream,
+        device, owner=kernel,
     )
 
 

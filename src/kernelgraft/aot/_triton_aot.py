@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import threading
 from typing import Any
 
 import torch
 
+from ..backends._triton import bind_arguments, ptx_param_sizes
+from ..driver._params import SIZES
 from ._expr import Unsupported
 from ._trace import Context
 
@@ -34,9 +35,6 @@ _TYPES = {
     torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8",
     torch.bool: "i1",
 }
-_PTX_KINDS = {".u64": "u64", ".b64": "u64", ".s64": "i64", ".u32": "u32", ".b32": "u32",
-              ".s32": "i32", ".f32": "f32", ".f64": "f64", ".u16": "u16", ".b16": "u16",
-              ".s16": "i16", ".u8": "u8", ".b8": "u8", ".s8": "i8", ".f16": "f16"}
 
 
 def toolchain_version() -> str:
@@ -87,13 +85,11 @@ def record(ctx: Context, args: tuple, kwargs: dict, launch) -> dict:
     kernel, grid, kargs, kkwargs = calls[0]
     jit = _jit(kernel)
     names = jit.arg_names
-    bound: dict[str, Any] = {}
-    for name, value in zip(names, kargs):
-        bound[name] = value
+    bound = bind_arguments(jit, kargs, kkwargs)
     options = {}
     for key, value in kkwargs.items():
         if key in names:
-            bound[key] = value
+            continue
         elif key in _OPTION_KEYS:
             options[key] = ctx.hint(value)
         else:
@@ -101,12 +97,9 @@ def record(ctx: Context, args: tuple, kwargs: dict, launch) -> dict:
     signature, constexprs, attrs, params, aligned, untied = {}, {}, {}, [], [], False
     guards: list[str] = []
     for i, p in enumerate(jit.params):
-        if p.name in bound:
-            value = bound[p.name]
-        elif p.default is not p._param.empty:
-            value = p.default
-        else:
+        if p.name not in bound:
             raise Unsupported(f"kernel argument {p.name} has no value")
+        value = bound[p.name]
         if p.is_constexpr or value is None:
             if isinstance(value, torch.SymInt):
                 value = int(value)  # the ShapeEnv records the guard that fixes this value
@@ -181,12 +174,18 @@ def compile_call(call: dict, arch: str) -> tuple[dict, dict[str, bytes]]:
     ptx = compiled.asm["ptx"]
     # Triton's launcher appends scratch pointers after the arguments (3.9: global + profile; older
     # releases fewer): take their number from the kernel's own PTX parameter list.
-    extra = len(_ptx_params(ptx, md.name)) - len(params)
+    sizes = ptx_param_sizes(ptx, md.name)
+    if sizes is None:
+        raise Unsupported(f"kernel {md.name} not found in its PTX")
+    extra = len(sizes) - len(params)
     roles = ["global_scratch", "profile_scratch"]
     if not 0 <= extra <= len(roles):
         raise Unsupported(f"kernel {md.name}: {extra} parameters beyond its arguments")
     params += [{"kind": "ptr", "null": True, "role": roles[i]} for i in range(extra)]
-    _check_ptx_params(ptx, md.name, params)
+    # the kernel's own parameter list (from its PTX) must match what the runner will pack
+    packed = [SIZES[p["kind"]] for p in params]
+    if sizes != packed:
+        raise Unsupported(f"kernel {md.name}: PTX parameter sizes {sizes} differ from the packed {packed}")
     entry = {
         "kernel": md.name,
         "block": [md.num_warps * md.warp_size if hasattr(md, "warp_size") else md.num_warps * 32, 1, 1],
@@ -205,21 +204,3 @@ def compile_call(call: dict, arch: str) -> tuple[dict, dict[str, bytes]]:
     }
     ptx_bytes = ptx.encode() if isinstance(ptx, str) else bytes(ptx)
     return entry, {"cubin": bytes(compiled.asm["cubin"]), "ptx": ptx_bytes}
-
-
-def _ptx_params(ptx: str, name: str) -> list[str]:
-    m = re.search(r"\.entry\s+" + re.escape(name) + r"\s*\((.*?)\)", ptx, re.S)
-    if m is None:
-        raise Unsupported(f"kernel {name} not found in its PTX")
-    return re.findall(r"\.param\s+(\.\w+)", m.group(1))
-
-
-def _check_ptx_params(ptx: str, name: str, params: list[dict]) -> None:
-    """The kernel's own parameter list (from its PTX) must match what we will pack."""
-    found = _ptx_params(ptx, name)
-    sizes = {"ptr": 8, "i64": 8, "u64": 8, "f64": 8, "i32": 4, "u32": 4, "f32": 4, "i16": 2,
-             "u16": 2, "f16": 2, "i8": 1, "u8": 1}
-    have = [sizes[_PTX_KINDS.get(k, "u8")] for k in found]
-    want = [sizes[p["kind"]] for p in params]
-    if have != want:
-        raise Unsupported(f"kernel {name}: PTX parameter sizes {have} differ from the packed {want}")

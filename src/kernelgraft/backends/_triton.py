@@ -7,18 +7,45 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import re
+from typing import Any
 
 import torch
 
 from .._spec import Config, ImplSpec
 from ._base import register
 
-__all__ = ["TritonBackend", "interpreting"]
+__all__ = ["TritonBackend", "interpreting", "bind_arguments", "ptx_param_sizes"]
+
+# PTX parameter type -> bytes (anything else, e.g. an ``.align`` struct, counts as 0: no match)
+_PTX_BYTES = {".u64": 8, ".b64": 8, ".s64": 8, ".f64": 8, ".u32": 4, ".b32": 4, ".s32": 4, ".f32": 4,
+              ".u16": 2, ".b16": 2, ".s16": 2, ".f16": 2, ".u8": 1, ".b8": 1, ".s8": 1}
 
 
 def interpreting() -> bool:
     """True when Triton kernels run on the CPU through Triton's interpreter."""
     return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def bind_arguments(jit: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """Each parameter of a ``@triton.jit`` function that this call gives a value, positionally,
+    by keyword or by default (launch options such as ``num_warps`` are not parameters)."""
+    bound = dict(zip(jit.arg_names, args))
+    for p in jit.params:
+        if p.name not in bound:
+            if p.name in kwargs:
+                bound[p.name] = kwargs[p.name]
+            elif p.default is not p._param.empty:
+                bound[p.name] = p.default
+    return bound
+
+
+def ptx_param_sizes(ptx: str, name: str) -> list[int] | None:
+    """The byte size of each parameter of kernel ``name`` in its PTX, or None if it is not there."""
+    m = re.search(r"\.entry\s+" + re.escape(name) + r"\s*\((.*?)\)", ptx, re.S)
+    if m is None:
+        return None
+    return [_PTX_BYTES.get(k, 0) for k in re.findall(r"\.param\s+(\.\w+)", m.group(1))]
 
 
 class TritonBackend:

@@ -275,14 +275,9 @@ class Launcher:
         if not raw:
             _record.note(None, "cuLaunchKernel is not reachable through ctypes here")
             return
-        buffer = self.buffer
-        offsets, kinds = buffer.offsets, buffer.kinds
-        packed = buffer.pack(values)
-        _record.note(_record.Record(
-            kind=0, fn=_record.address_of(raw), function=self.function._raw_handle(device_index, handle),
-            grid=grid, block=block, smem=shared_mem, buffer=packed + bytes(-len(packed) % 8),
-            offsets=offsets, pointers=[(o, int(v or 0)) for o, k, v in zip(offsets, kinds, values) if k == "ptr"],
-            stream=int(stream or 0), device=device_index, owner=self,
+        _record.note(_record.launch_record(
+            raw, self.function._raw_handle(device_index, handle), grid, block, shared_mem, self.buffer,
+            values, stream, device_index, owner=self,
         ))
 
     def _fail(self, err, device_index, grid, block, shared_mem, values) -> None:

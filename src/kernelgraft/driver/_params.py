@@ -20,7 +20,7 @@ import torch
 from .._errors import LaunchError, describe
 
 __all__ = [
-    "Scalar", "KINDS", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "f16", "f32", "f64",
+    "Scalar", "KINDS", "SIZES", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "f16", "f32", "f64",
     "ptr", "kind_of", "value_of", "ParamBuffer",
 ]
 
@@ -29,6 +29,8 @@ KINDS: dict[str, str] = {
     "ptr": "Q", "i8": "b", "i16": "h", "i32": "i", "i64": "q",
     "u8": "B", "u16": "H", "u32": "I", "u64": "Q", "f16": "e", "f32": "f", "f64": "d",
 }
+# kind -> its size in bytes
+SIZES: dict[str, int] = {kind: struct.calcsize("=" + fmt) for kind, fmt in KINDS.items()}
 _CTYPES = {
     ctypes.c_int8: "i8", ctypes.c_int16: "i16", ctypes.c_int32: "i32", ctypes.c_int64: "i64",
     ctypes.c_uint8: "u8", ctypes.c_uint16: "u16", ctypes.c_uint32: "u32", ctypes.c_uint64: "u64",
@@ -111,7 +113,7 @@ class ParamBuffer:
         for kind in kinds:
             if kind not in KINDS:
                 raise LaunchError(f"unknown parameter kind {kind!r}; allowed: {sorted(KINDS)}")
-            width = struct.calcsize("=" + KINDS[kind])
+            width = SIZES[kind]
             pad = (-size) % width
             if pad:
                 fmt += f"{pad}x"
