@@ -573,3 +573,20 @@ def test_the_replay_keeps_its_kernel_alive(native):
     del replay
     gc.collect()
     assert ref() is None
+
+
+def test_launch_record_packs_like_the_driver_buffer():
+    """The Record the driver launcher and the Triton describer build: the driver's packed bytes
+    padded to 8, each parameter's offset, and the pointer slots with their addresses (null too)."""
+    from kernelgraft.driver._params import ParamBuffer
+
+    buffer = ParamBuffer(["ptr", "i32", "f32", "i8", "ptr", "ptr"])
+    values = [0x7F0000001000, 5, 0.5, 1, 0x7F0000002000, 0]
+    owner = object()
+    rec = _record.launch_record(HOST_FN(lambda p: None), 1234, (3, 1, 1), (128, 1, 1), 0, buffer,
+                                values, None, 0, owner=owner)
+    assert rec.kind == 0 and rec.function == 1234 and rec.fn != 0
+    assert rec.buffer[:buffer.size] == buffer.pack(values) and len(rec.buffer) % 8 == 0
+    assert rec.offsets == buffer.offsets == (0, 8, 12, 16, 24, 32)
+    assert rec.pointers == [(0, 0x7F0000001000), (24, 0x7F0000002000), (32, 0)]
+    assert rec.stream == 0 and rec.owner is owner
