@@ -232,7 +232,7 @@ def main() -> int:
             if cores:
                 os.sched_setaffinity(0, cores)
         # a fresh plan on a warm in-memory decision: the per-new-signature cost
-        from kernelgraft import _select
+        from kernelgraft._op import _select
 
         replans = []
         for _ in range(20):

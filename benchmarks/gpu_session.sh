@@ -44,11 +44,11 @@ run_section() {
     examples) run_section examples_a; run_section examples_b ;;
     examples_a) step bench_a 420 python3 -m kernelgraft bench kernelgraft.examples.add_relu kernelgraft.examples.rmsnorm kernelgraft.examples.rmsnorm_residual kernelgraft.examples.softmax --json "$R/bench_a.json" --png "$R/bench_a.png" ;;
     examples_b) step bench_b 420 python3 -m kernelgraft bench kernelgraft.examples.swiglu kernelgraft.examples.gemm kernelgraft.examples.fp8_kcache_scatter --json "$R/bench_b.json" --png "$R/bench_b.png" ;;
-    explore) step explore 200 python3 benchmarks/_explore_softmax_fp8.py ;;
-    explore5) step explore_round5 200 python3 benchmarks/_explore_softmax_stream.py ;;
-    explore6) step explore_round6 200 python3 benchmarks/_explore_softmax_regs.py ;;
-    explore7) step explore_round7 200 python3 benchmarks/_explore_softmax_tma.py ;;
-    diagsoftmax) step diag_softmax_choice 150 python3 benchmarks/_diag_softmax_choice.py ;;
+    explore) step explore 200 python3 research/explore_softmax_fp8.py ;;
+    explore5) step explore_round5 200 python3 research/explore_softmax_stream.py ;;
+    explore6) step explore_round6 200 python3 research/explore_softmax_regs.py ;;
+    explore7) step explore_round7 200 python3 research/explore_softmax_tma.py ;;
+    diagsoftmax) step diag_softmax_choice 150 python3 research/diag_softmax_choice.py ;;
     native) step native_build 240 python3 -c "from kernelgraft import _native; m = _native.load(); print('native replay:', m.__file__ if m else _native.reason())"
             step test_native 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_native.py -rs --tb=short ;;
     hostcost) step backend_host_cost 110 python3 benchmarks/bench_backend_host_cost.py --out "$R" ;;

@@ -43,7 +43,7 @@ def pytest_collection_modifyitems(config, items):
 def _clean_registry():
     """Ops created inside a test are removed from torch.ops when it ends. Ops that kernelgraft's
     own modules define on import (the examples) stay: their module, imported once, keeps them."""
-    from kernelgraft import _registry
+    from kernelgraft._op import _registry
 
     before = set(_registry._OPS)
     yield

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import kernelgraft as kg
-from kernelgraft import _nvrtc
+from kernelgraft.backends import _nvrtc
 from kernelgraft.backends._cuda import CudaRunner
 
 nvrtc_missing = None

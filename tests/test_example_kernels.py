@@ -23,7 +23,7 @@ CUDA_DTYPES = {"gemm": (torch.float16, torch.bfloat16), "swiglu": (torch.float32
 
 def _nvrtc_missing():
     try:
-        from kernelgraft._nvrtc import nvrtc_version
+        from kernelgraft.backends._nvrtc import nvrtc_version
 
         nvrtc_version()
         return None

@@ -98,7 +98,7 @@ def test_reference_hints_resolve_torch_imported_locally():
     # A reference defined where torch is imported inside a function, under
     # ``from __future__ import annotations``: its hints are strings naming a non-global ``torch``.
     from kernelgraft._errors import SpecError
-    from kernelgraft._schema import parse_signature
+    from kernelgraft._op._schema import parse_signature
 
     ns: dict = {}
     exec("from __future__ import annotations\n"

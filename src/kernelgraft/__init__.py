@@ -6,8 +6,8 @@ a test harness.
 """
 
 from . import driver
-from ._candidates import Candidate
-from ._cuda_spec import CudaImpl, Launch, ctype, cuda
+from ._op._candidates import Candidate
+from ._spec import CudaImpl, Launch, ctype, cuda
 from ._errors import (
     BundleError,
     CompileError,
@@ -23,11 +23,11 @@ from ._errors import (
     UnsupportedError,
     VerificationError,
 )
-from ._op import KernelOp, op
+from ._op._operator import KernelOp, op
 from .aot import Bundle, load_bundle
 from ._spec import Config, ImplSpec, triton
 from .graft import GraftReport, graft, lower_as, ungraft
-from ._spec_cute import CuteDSLImpl, CuTileImpl, cutedsl, cutile
+from ._spec import CuteDSLImpl, CuTileImpl, cutedsl, cutile
 from . import tune  # noqa: E402  (installs the autotuner; kg.tune(...) is callable)
 
 __version__ = "0.1.0"

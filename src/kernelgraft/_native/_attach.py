@@ -10,9 +10,9 @@ from .. import backends
 from . import _record, enabled, get
 
 if TYPE_CHECKING:
-    from .._candidates import Candidate
-    from .._op import KernelOp
-    from .._plan import Plan
+    from .._op._candidates import Candidate
+    from .._op._operator import KernelOp
+    from .._op._plan import Plan
 
 __all__ = ["attach"]
 

@@ -141,7 +141,7 @@ def _meta(entry: dict, names: Sequence[str], n_inputs: int):
 
 def make_op(entry: dict, runners: dict, bundle_id: str):
     """Register a KernelOp for a manifest op entry whose module is not importable."""
-    from .._op import op as kg_op
+    from .._op._operator import op as kg_op
 
     impls = []
     by_impl: dict[int, list] = {}

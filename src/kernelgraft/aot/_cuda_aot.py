@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .._cuda_spec import Launch
+from .._spec import Launch
 from ..driver._params import Scalar, kind_of
 from ._expr import Unsupported
 from ._trace import Context
@@ -15,7 +15,7 @@ __all__ = ["record", "compile_call", "toolchain_version"]
 
 
 def toolchain_version() -> str:
-    from .._nvrtc import nvrtc_version
+    from ..backends._nvrtc import nvrtc_version
 
     return nvrtc_version()
 

@@ -18,8 +18,9 @@ from typing import Any
 
 import torch
 
-from .. import _registry, _select
-from .._candidates import BUNDLED
+from .._op import _registry
+from .._op import _select
+from .._op._candidates import BUNDLED
 from .._errors import BundleError, KernelgraftError, KernelgraftWarning
 from .._spec import Config
 from ._manifest import read

@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from .._cuda_spec import CudaImpl, Launch
+from .._spec import CudaImpl, Launch
 from .._errors import CompileError, LaunchError, describe
-from .._nvrtc import compile_cuda
+from ._nvrtc import compile_cuda
 from .._spec import Config, ImplSpec
 from ..driver import load_module
 from ..driver._params import kind_of, value_of

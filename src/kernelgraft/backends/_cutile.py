@@ -170,7 +170,7 @@ def _constant_params(kernel: Any) -> tuple[bool, ...]:
 @functools.lru_cache(maxsize=None)
 def kernel_key(kernel: Any) -> str:
     """A stable hash of a kernel's source (and of the functions it calls), for cubin lookup."""
-    from .._spec_cute import kernel_sources
+    from .._spec import kernel_sources
 
     return hashlib.sha256(kernel_sources(kernel).encode()).hexdigest()[:16]
 
@@ -419,7 +419,7 @@ def build_for_op(op: Any, inputs: Any, out_dir: str | os.PathLike | None = None,
     """Cubins for every cuTile candidate of ``op`` over the argument tuples ``inputs`` (CPU tensors
     are fine), deduplicated by symbol; written under ``out_dir`` when given. This is the AOT hook
     bundles use; candidates whose ``supports`` refuses an input are skipped for it."""
-    from .._candidates import evaluate_one
+    from .._op._candidates import evaluate_one
 
     seen: dict[tuple[str, str, str], CubinArtifact] = {}
     for args in inputs:

@@ -69,7 +69,7 @@ def tuned_label() -> str:
 
 def _candidate_fn(op: Any, candidate: Any, args: tuple) -> Callable[[], object]:
     """The candidate's plan built once, so timing sees launch cost, not planning."""
-    from .._plan import kernel_plan
+    from .._op._plan import kernel_plan
 
     plan = kernel_plan(op, candidate, op._runner(candidate), op._output_specs(args))
     return lambda: plan(args)

@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 import torch
 
-from .._gpu_busy import cover
-from .._l2 import FLUSH_BYTES, flush_buffer as _flush
+from .._timing._gpu_busy import cover
+from .._timing._l2 import FLUSH_BYTES, flush_buffer as _flush
 
 __all__ = ["Timing", "measure", "FLUSH_BYTES"]
 
@@ -84,7 +84,7 @@ def measure(
     for i in range(reps):
         if flush is not None:
             flush.zero_()
-        # GPU work queued ahead of the call, so its host enqueue is not timed (kernelgraft._gpu_busy);
+        # GPU work queued ahead of the call, so its host enqueue is not timed (kernelgraft._timing._gpu_busy);
         # the slack covers the flush's and the events' own launches
         cover(host_us, slack_us=30.0)
         starts[i].record()

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .._candidates import Candidate
+from .._op._candidates import Candidate
 from .._errors import KernelgraftError
 from . import _compare, _inputs
 

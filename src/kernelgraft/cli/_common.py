@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from .._op import KernelOp
+from .._op._operator import KernelOp
 
 __all__ = ["prepare_environment", "load_target", "ops_of"]
 

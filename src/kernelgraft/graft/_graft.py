@@ -302,7 +302,7 @@ def _check_pattern_vs_op(pattern: _pattern.Pattern, tolerance) -> None:
 
 
 def _graft_pattern(model, fn, replacement, report, verify, example_inputs, pattern_inputs, tolerance):
-    from .._op import KernelOp
+    from .._op._operator import KernelOp
 
     if not isinstance(replacement, KernelOp):
         raise SpecError(f"kg.graft: replacement must be a kernelgraft op, got {describe(replacement)}")

@@ -69,7 +69,7 @@ class lower_as:  # noqa: N801 (used as a decorator, like torch.no_grad)
         verify: bool = True,
         tolerance: tuple[float, float] | None = None,
     ) -> None:
-        from .._op import KernelOp
+        from .._op._operator import KernelOp
 
         if not isinstance(op, KernelOp):
             raise SpecError(f"kg.lower_as: expected a kernelgraft op (made by kg.op), got {describe(op)}")

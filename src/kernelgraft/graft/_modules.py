@@ -283,7 +283,7 @@ def graft_modules(
     report: Any,
 ) -> list[torch.nn.Module]:
     """Replace the forward of every module whose type is a key of ``rules``; returns those grafted."""
-    from .._op import KernelOp
+    from .._op._operator import KernelOp
 
     training = mode == "training"
     parsed = {}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import _select
-from .._candidates import evaluate
+from .._op import _select
+from .._op._candidates import evaluate
 from ._key import build_key
 from ._modes import settings, tune
 from ._tuner import TUNER, Decision

@@ -35,7 +35,7 @@ def _to(value: Any, device: Any) -> Any:
 
 
 def _load_op(module: str, path: str | None, name: str) -> Any:
-    from .. import _registry
+    from .._op import _registry
 
     try:
         importlib.import_module(module)

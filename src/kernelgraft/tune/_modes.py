@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from .. import _select
+from .._op import _select
 from .._errors import SpecError, TuneWarning
 
 __all__ = ["Settings", "settings", "tune", "no_tune_reason", "MODES"]

@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from .._gpu_busy import cover
-from .._l2 import flush
+from .._timing._gpu_busy import cover
+from .._timing._l2 import flush
 
 __all__ = ["Trial", "Timer", "cuda_timer", "default_timer"]
 
@@ -68,7 +68,7 @@ def _events(n: int):
 def _eager(trial: Trial, reps: int, host_us: float | None = None) -> tuple[list[float], float]:
     """Per-launch times (ms) and the host's cost per launch (us). Given ``host_us`` (a launch's
     host cost), GPU work is queued before each start event so the launch is enqueued before the
-    GPU reaches it (see kernelgraft._gpu_busy); without it a short kernel is timed by its host
+    GPU reaches it (see kernelgraft._timing._gpu_busy); without it a short kernel is timed by its host
     launch cost."""
     pairs = _events(reps)
     host = []

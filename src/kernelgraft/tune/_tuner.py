@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .. import _select
+from .._op import _select
 from .._errors import FallbackWarning, TuneWarning
 from .._spec import Config
 from . import _dist

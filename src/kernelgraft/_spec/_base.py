@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from ._errors import SpecError
+from .._errors import SpecError
 
 __all__ = ["Config", "ImplSpec", "TritonImpl", "normalize_capability", "callable_source"]
 

@@ -8,7 +8,7 @@ math at all (a burst of 16-byte loads per row, then a burst of stores) take 78.6
 (64 KiB, so three blocks per SM), loaded by bulk copies that complete on an mbarrier, normalised in
 place, and written back by bulk copies (``STORE=1``) or by 16-byte streaming stores (``STORE=0``).
 Checked against float32 torch.softmax before timing. Run on a GPU:
-``python benchmarks/_explore_softmax_tma.py``.
+``python research/explore_softmax_tma.py``.
 
 The kernel became the library's ``softmax_row_tma`` (this script now runs that one). The measured
 run (explore_round7.txt) used it written for bf16 only, with ``__launch_bounds__(THREADS, 3)`` (a
@@ -25,7 +25,7 @@ from kernelgraft.backends._cuda import CudaRunner
 from kernelgraft.examples import _softmax_cuda as C
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from _softmax_explore import check_and_time  # noqa: E402
+from softmax_explore import check_and_time  # noqa: E402
 
 # The library's kernel over more configs (bulk-copy size, store path, threads).
 TMA = kg.cuda(C._ROW_TMA_SOURCE, "softmax_row_tma<{T}, {THREADS}, {STORE}, {CHUNK}>",

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ._errors import InputError, SpecError, describe
+from .._errors import InputError, SpecError, describe
 
 __all__ = ["Param", "Signature", "parse_signature"]
 

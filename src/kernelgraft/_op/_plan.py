@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ._candidates import Candidate
-from ._errors import KernelgraftError, LaunchError
+from .._errors import KernelgraftError, LaunchError
 
 if TYPE_CHECKING:
-    from ._op import KernelOp
+    from ._operator import KernelOp
 
 __all__ = ["Plan", "kernel_plan", "reference_plan"]
 

@@ -25,14 +25,15 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from . import _registry, _select
+from . import _registry
+from . import _select
 from ._candidates import LAYOUT, Candidate, evaluate, evaluate_one
-from ._native._attach import attach
-from ._errors import FallbackWarning, InputError, LaunchError, SpecError, UnsupportedError, describe
+from .._native._attach import attach
+from .._errors import FallbackWarning, InputError, LaunchError, SpecError, UnsupportedError, describe
 from ._plan import Plan, reference_plan, kernel_plan
 from ._schema import Signature, parse_signature
-from ._spec import ImplSpec, callable_source
-from .backends._triton import interpreting
+from .._spec import ImplSpec, callable_source
+from ..backends._triton import interpreting
 
 __all__ = ["KernelOp", "op"]
 
@@ -110,7 +111,7 @@ class KernelOp:
             raise SpecError(f"{where}: prune must be a function (candidates, *inputs) -> candidates, "
                             f"got {describe(prune)}")
         self.prune = prune  # tuning: which candidates to measure (see kernelgraft.tune)
-        from .tune._key import normalize_buckets
+        from ..tune._key import normalize_buckets
 
         self.buckets = normalize_buckets(buckets, where=where, params=[
             p.name for p in self.signature.params if p.kind in ("tensor", "tensor_list")])
@@ -328,7 +329,7 @@ class KernelOp:
         key = (candidate.index, candidate.config)
         runner = self._runners.get(key) or self._bundled.get(key)
         if runner is None:
-            from . import backends
+            from .. import backends
 
             try:
                 runner = backends.get(candidate.impl.backend).bind(candidate.impl, candidate.config)

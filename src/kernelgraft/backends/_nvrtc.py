@@ -15,8 +15,8 @@ import logging
 import os
 from collections.abc import Sequence
 
-from ._codecache import CodeCache
-from ._errors import CompileError
+from .._codecache import CodeCache
+from .._errors import CompileError
 
 __all__ = ["Compiled", "compile_cuda", "nvrtc_version", "include_dirs", "cache_key", "CACHE"]
 

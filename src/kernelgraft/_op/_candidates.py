@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from . import backends
-from ._spec import Config, ImplSpec
+from .. import backends
+from .._spec import Config, ImplSpec
 
 __all__ = ["Candidate", "LAYOUT", "evaluate", "capability"]
 

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ._errors import RegistrationError
+from .._errors import RegistrationError
 
 if TYPE_CHECKING:
-    from ._op import KernelOp
+    from ._operator import KernelOp
 
 __all__ = ["default_name", "split_name", "register", "unregister", "lookup", "all_ops"]
 
@@ -101,7 +101,7 @@ class _Unregistered:
     def _fail(self) -> RegistrationError:
         return RegistrationError(
             f"{self.qualname}: the op was unregistered from torch.ops; register it again "
-            "(kernelgraft._registry.register(op)) before calling it through the dispatcher"
+            "(kernelgraft._op._registry.register(op)) before calling it through the dispatcher"
         )
 
     def __call__(self, *args, **kwargs):

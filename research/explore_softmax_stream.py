@@ -5,7 +5,7 @@ three times (max, sum, write) and spends about 5.4 us per row and block on bf16[
 moving the row's bytes takes about 4 us at the copy rate (benchmarks/results/2026-11-30-h200-s3/).
 This variant reads the row from shared memory once into registers (CHUNKS 16-byte vectors per
 thread, so rows up to THREADS * CHUNKS * 16 bytes) and keeps the exponentials there between the
-sum and the write. Run on a GPU: ``python benchmarks/_explore_softmax_stream.py``; it checks every
+sum and the write. Run on a GPU: ``python research/explore_softmax_stream.py``; it checks every
 variant against float32 torch.softmax before timing it, and times the library's kernels beside it.
 """
 import json
@@ -18,7 +18,7 @@ from kernelgraft.backends._cuda import CudaRunner
 from kernelgraft.examples import _softmax_cuda as C
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from _softmax_explore import check_and_time  # noqa: E402
+from softmax_explore import check_and_time  # noqa: E402
 
 # the library's streaming source brings block_reduce, fast_exp2 and prefetch_row
 SOURCE = C._STREAM_SOURCE + r"""

@@ -20,8 +20,8 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ._errors import SpecError
-from ._spec import ImplSpec, _source_of
+from .._errors import SpecError
+from ._base import ImplSpec, _source_of
 
 __all__ = ["CuTileImpl", "CuteDSLImpl", "cutile", "cutedsl", "kernel_sources"]
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from ._errors import SpecError
-from ._spec import Config, ImplSpec, callable_source
+from .._errors import SpecError
+from ._base import Config, ImplSpec, callable_source
 
 __all__ = ["CudaImpl", "Launch", "cuda", "ctype"]
 

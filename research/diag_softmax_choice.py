@@ -4,7 +4,7 @@ Until s5 run 4 the tuner's cold-L2 mode replayed a CUDA graph of back-to-back la
 rotated input copies, while ``kernelgraft bench`` times one launch at a time after an L2 flush;
 the tuner now times cold the way the bench does. Prints the tuner's ranking
 (``kg.tune.decision``) for the vocab-wide shape next to per-launch and graph-replay timings of the
-two fastest kernels. GPU only: ``python benchmarks/_diag_softmax_choice.py``.
+two fastest kernels. GPU only: ``python research/diag_softmax_choice.py``.
 """
 
 import json

@@ -15,7 +15,7 @@ torch.softmax unless it is a diagnostic (``diag``, wrong on purpose):
 - the library kernel at several row counts (1980 = 396 x 5 rows: 132 SMs x 3 blocks), against a copy
   of the same bytes: a fixed cost per launch shows up as an offset.
 
-Run on a GPU: ``python benchmarks/_explore_softmax_regs.py``. (Since the measured run the shared
+Run on a GPU: ``python research/explore_softmax_regs.py``. (Since the measured run the shared
 load, max, sum and store loops are device functions; the operations are the same.)
 """
 
@@ -29,7 +29,7 @@ from kernelgraft.backends._cuda import CudaRunner
 from kernelgraft.examples import _softmax_cuda as C
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from _softmax_explore import check_and_time  # noqa: E402
+from softmax_explore import check_and_time  # noqa: E402
 
 SOURCE = C._ROW_REGS_SOURCE + C._CLUSTER_PRIMITIVES + r"""
 // the cluster barrier split in two: arrive when done reading the peers, wait before exiting
