@@ -134,18 +134,14 @@ def main() -> int:
                 # A twin op without the native replay: a plan whose signature has a replay
                 # replays every call of that signature, so each call first takes the replay off
                 # the op and its plans (a few dict stores, timed with the path).
-                for plan in op._plans.values():
-                    state = getattr(plan, "native", None)
-                    if state is not None:
-                        state["replay"], state["done"] = None, True
-                op._replay = None
+                op.dispatcher.drop_replays()
                 return op(x, y)
 
             record(f"op {spec.backend} (python path)", python_path, check=python_path)
             ops[f"op {spec.backend} (python path)"] = py_op
             try:
                 cand = next(c for c in op.candidates(x, y) if c.supported)
-                runner = op._runner(cand)
+                runner = op.dispatcher.runner(cand)
                 out = torch.empty_like(x)
                 record(f"runner {spec.backend}", lambda r=runner, o=out: r(x, y, o),
                        check=lambda r=runner, o=out: (r(x, y, o), o)[1])
@@ -161,7 +157,7 @@ def main() -> int:
         spec = next(s for s in ex.IMPLS if s.backend == "cuda")
         op = kg.op("kgbench_host::add_relu_cuda_parts", impls=[spec], fallback="error")(ex.add_relu.reference)
         cand = next(c for c in op.candidates(x, y) if c.supported)
-        runner = op._runner(cand)
+        runner = op.dispatcher.runner(cand)
         out = torch.empty_like(x)
         runner(x, y, out)
         (launcher,) = runner._launchers.values()

@@ -158,14 +158,14 @@ def main() -> int:
         before = os.environ.get("KERNELGRAFT_NATIVE")
         os.environ["KERNELGRAFT_NATIVE"] = "0"
         try:
-            rmsnorm._new_epoch()
+            rmsnorm.dispatcher.reset()
             measure("eager_grafted_python_path", model)
         finally:
             if before is None:
                 del os.environ["KERNELGRAFT_NATIVE"]
             else:
                 os.environ["KERNELGRAFT_NATIVE"] = before
-            rmsnorm._new_epoch()
+            rmsnorm.dispatcher.reset()
 
     section("eager_grafted_python_path", python_path)
     if not args.eager_only:

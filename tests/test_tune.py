@@ -38,7 +38,7 @@ def _fresh_tuner(tmp_path, monkeypatch):
 def chosen(op, *args):
     """The config the op's plan for these inputs runs (after calling it)."""
     op(*args)
-    plan = op._plans[op._key(tuple(args), False)]
+    plan = op.dispatcher.plan_for(tuple(args))
     return None if plan.candidate is None else plan.candidate.config.as_dict()
 
 
@@ -245,9 +245,9 @@ def test_no_tuning_while_compiling_warns_once(monkeypatch):
     op = make_scale("tm::trace")
     with kg.tune("on", timer=fake_timer), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        key = op._key((torch.randn(100),), False)
-        op._execute((torch.randn(100),), key)
-        op._execute((torch.randn(3000),), op._key((torch.randn(3000),), False))
+        key = op.dispatcher.key((torch.randn(100),), False)
+        op.dispatcher.execute((torch.randn(100),), key)
+        op.dispatcher.execute((torch.randn(3000),), op.dispatcher.key((torch.randn(3000),), False))
     msgs = [w for w in caught if issubclass(w.category, TuneWarning)]
     assert len(msgs) == 1 and "torch.compile is tracing" in str(msgs[0].message)
     assert kg.tune.stats().get("tuned", 0) == 0
@@ -403,7 +403,7 @@ def test_new_process_reuses_decision(tmp_path):
         "op = make_scale('tc::proc')\n"
         "with kg.tune('on', timer=fake_timer):\n"
         "    x = torch.randn(1000); op(x)\n"
-        "plan = op._plans[op._key((x,), False)]\n"
+        "    plan = op.dispatcher.plan_for((x,))\n"
         "print(plan.candidate.config.as_dict()['BLOCK'], kg.tune.stats().get('tuned', 0))\n"
     ) % str(Path(__file__).parent)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,

@@ -1,5 +1,6 @@
 """Giving a kernel plan a native replay: after the extension is ready, one call of the plan is
-recorded, and later calls with the same signature go through ``op._replay`` (see _record.py)."""
+recorded, and later calls with the same signature try the replay first (the dispatcher's
+``install_replay``; see _record.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from . import _record, enabled, get
 
 if TYPE_CHECKING:
     from .._op._candidates import Candidate
-    from .._op._operator import KernelOp
+    from .._op._dispatcher import Dispatcher
     from .._op._plan import Plan
 
 __all__ = ["attach"]
@@ -20,14 +21,18 @@ log = logging.getLogger(__name__)
 _OUT_KINDS = {"none": 0, "tensor": 1}
 
 
-def attach(op: "KernelOp", plan: "Plan", candidate: "Candidate", runner: Any, plain: tuple) -> "Plan":
+def attach(dispatcher: "Dispatcher", plan: "Plan", candidate: "Candidate", runner: Any, plain: tuple,
+           scope: Any, epoch: int) -> "Plan":
     """``plan`` wrapped to record its second call (the first may compile) into a native Replay.
-    The runner says whether its launches can be recorded (``replayable``), else its backend does."""
+    The runner says whether its launches can be recorded (``replayable``), else its backend does.
+    ``scope`` and ``epoch`` are those the plan was made under: the replay serves only calls in that
+    tuning scope, and is not installed once plans have moved on to a later epoch."""
     replayable = getattr(runner, "replayable", None)
     if replayable is None:
         replayable = getattr(backends.get(candidate.impl.backend), "replayable", False)
     if not enabled() or not replayable:
         return plan
+    op = dispatcher.op
     out_kind = _OUT_KINDS.get(op.signature.returns, 2)
     state: dict[str, Any] = {"calls": 0, "replay": None, "done": False}
 
@@ -36,7 +41,7 @@ def attach(op: "KernelOp", plan: "Plan", candidate: "Candidate", runner: Any, pl
         if replay is not None:
             # This signature is the op's active one again (its next call skips the Python key),
             # and this call replays too unless the replay hands it back (a mode, autograd...).
-            op._replay = replay
+            dispatcher.install_replay(replay, scope, epoch)
             out = replay(args)
             return plan(args) if out is NotImplemented else out
         if state["done"]:
@@ -54,7 +59,8 @@ def attach(op: "KernelOp", plan: "Plan", candidate: "Candidate", runner: Any, pl
             state["why"] = replay
             log.debug("%s: %s stays on the Python path: %s", op.name, candidate.label, replay)
         else:
-            state["replay"] = op._replay = replay
+            state["replay"] = replay
+            dispatcher.install_replay(replay, scope, epoch)
             log.debug("%s: %s replays natively", op.name, candidate.label)
         return out
 

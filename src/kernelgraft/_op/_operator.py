@@ -18,48 +18,31 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
-from . import _registry
-from . import _select
-from ._candidates import LAYOUT, Candidate, evaluate, evaluate_one
-from .._native._attach import attach
-from .._errors import FallbackWarning, InputError, LaunchError, SpecError, UnsupportedError, describe
-from ._plan import Plan, reference_plan, kernel_plan
-from ._schema import Signature, parse_signature
+from .._errors import InputError, SpecError, UnsupportedError, describe
 from .._spec import ImplSpec, callable_source
-from ..backends._triton import interpreting
+from ..tune._key import normalize_buckets
+from ..tune._modes import scope as _scope
+from . import _registry, _select
+from ._candidates import Candidate, evaluate
+from ._dispatcher import ANY_TENSOR, Dispatcher
+from ._schema import Signature, parse_signature
 
 __all__ = ["KernelOp", "op"]
 
 
-class _AnyTensor:
-    """Stands in for the tuple of plain tensor types: every Tensor subclass is 'in' it."""
-
-    def __contains__(self, t: type) -> bool:
-        return issubclass(t, _Tensor)
-
-
-_ANY_TENSOR = _AnyTensor()
-
 log = logging.getLogger(__name__)
 
-_Tensor = torch.Tensor
-# Tensor types the fast path treats as plain data; other subclasses (fake, functional, user
-# subclasses with __torch_dispatch__) go through the dispatcher.
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
 _SCALAR_TYPES = (int, float, bool, str)
 _is_compiling = torch.compiler.is_compiling
 _dispatch_stack_len = torch._C._len_torch_dispatch_stack
 _function_mode_on = torch._C._is_torch_function_mode_enabled
 _functorch_on = torch._C._are_functorch_transforms_active
 _grad_enabled = torch.is_grad_enabled
-_MAX_PLANS = 4096
 _EPOCH = _select._epoch  # a one-element list; read directly on the hot path
 
 
@@ -111,8 +94,6 @@ class KernelOp:
             raise SpecError(f"{where}: prune must be a function (candidates, *inputs) -> candidates, "
                             f"got {describe(prune)}")
         self.prune = prune  # tuning: which candidates to measure (see kernelgraft.tune)
-        from ..tune._key import normalize_buckets
-
         self.buckets = normalize_buckets(buckets, where=where, params=[
             p.name for p in self.signature.params if p.kind in ("tensor", "tensor_list")])
         self._dtypes = self._normalize_dtypes(dtypes, where)
@@ -122,17 +103,8 @@ class KernelOp:
         _registry.split_name(self.name)
         self._meta_fn: Callable[..., Any] = fn
         self._meta_shape_only = False
-        self._plans: dict[Any, Plan] = {}
-        self._forced: dict[Any, Plan] = {}
-        self._runners: dict[Any, Callable[..., Any]] = {}
-        self._bundled: dict[Any, Callable[..., Any]] = {}  # (impl index, config) -> AOT bundle runner
-        self._epoch = -1
-        self._replay: Any = None  # kernelgraft._native Replay of the last signature, or None
-        self._warned: set[Any] = set()
         self._nparams = len(self.signature.params)
-        # A supports() predicate or the tuner (which keys on it) may decide by pointer alignment,
-        # so then plans are keyed on it too; a single unconditional candidate cannot care.
-        self._align = any(i.supports is not None for i in impls) or sum(len(i.configs) for i in impls) > 1
+        self._d = Dispatcher(self)  # the runtime state: plans, runners, bundles, replays
         self.__doc__ = fn.__doc__
         self.__name__ = getattr(fn, "__name__", "op")
         self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
@@ -179,182 +151,76 @@ class KernelOp:
         self._lib = lib
 
     # ---------------------------------------------------------------- calling
+    @property
+    def dispatcher(self) -> Dispatcher:
+        """The op's runtime state (plans, runners, bundles, replays); see ``_dispatcher``."""
+        return self._d
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs or len(args) != self._nparams:
             args = self.signature.bind(self.name, args, dict(kwargs))
         if _is_compiling():
             return self._overload(*args)
-        replay = self._replay  # the native replay of the last signature (checks the rest itself)
-        if replay is not None and self._epoch == _EPOCH[0]:
-            out = replay(args)
+        d = self._d
+        replay = d.replay  # (Replay, scope, epoch) of the last signature; the Replay checks the rest
+        if replay is not None and replay[2] == _EPOCH[0] and replay[1] is _scope():
+            out = replay[0](args)
             if out is not NotImplemented:
                 return out
         if _dispatch_stack_len() or _function_mode_on() or _functorch_on():
             return self._overload(*args)
-        key = self._key(args, _grad_enabled())
+        key = d.key(args, _grad_enabled())
         if key is None:
             self.signature.check_types(self.name, args)
             return self._overload(*args)
-        if self._epoch == _EPOCH[0]:  # the steady state, inlined: one dict lookup and the plan
-            plan = self._plans.get(key)
-            if plan is not None:
-                return plan(args)
-        return self._execute(args, key)
+        if d.epoch == _EPOCH[0]:  # the steady state, inlined: two dict lookups and the plan
+            table = d.tables.get(_scope())
+            if table is not None:
+                plan = table.get(key)
+                if plan is not None:
+                    return plan(args)
+        return d.execute(args, key)
 
-    def _key(self, args: tuple, grad: bool, plain: tuple = _PLAIN) -> tuple | None:
-        """A small hashable signature of the call, or None when the dispatcher must handle it
-        (tensor subclasses, autograd, anything unusual)."""
-        parts = []
-        align = self._align
-        for a in args:
-            t = type(a)
-            if t in plain:
-                if grad and a.requires_grad:
-                    return None
-                parts.append((a.dtype, a.device, a.shape, a.stride(), a.data_ptr() & 15 if align else 0))
-            elif t in _SCALAR_TYPES or a is None or t is torch.dtype:
-                parts.append((t, a))
-            elif t is list or t is tuple:
-                sub = []
-                for item in a:
-                    if type(item) not in plain or (grad and item.requires_grad):
-                        return None
-                    sub.append((item.dtype, item.device, item.shape, item.stride(),
-                                item.data_ptr() & 15 if align else 0))
-                parts.append(tuple(sub))
-            else:
-                return None
-        return tuple(parts)
+    # Transitional: the packages that reached into these are moving to ``op.dispatcher``.
+    def _runner(self, candidate: Candidate) -> Any:
+        return self._d.runner(candidate)
+
+    def _output_specs(self, args: tuple) -> Any:
+        return self._d.output_specs(args)
+
+    def _check(self, args: tuple) -> Any:
+        return self._d.check(args)
+
+    @property
+    def _bundled(self) -> dict:
+        return self._d.bundled
+
+    @property
+    def _runners(self) -> dict:
+        return self._d.runners
+
+    @property
+    def _plans(self) -> dict:
+        return self._d.plans()
+
+    @property
+    def _replay(self) -> Any:
+        return self._d.current_replay()
+
+    def _key(self, args: tuple, grad: bool) -> Any:
+        return self._d.key(args, grad)
 
     def _dispatcher_kernel(self, *args: Any) -> Any:
         # Below the dispatcher every tensor holds real data, whatever its Python type.
-        key = self._key(args, False, _ANY_TENSOR)
+        key = self._d.key(args, False, ANY_TENSOR)
         if key is None:
             self.signature.check_types(self.name, args)
             raise InputError(f"{self.name}: unsupported argument types {[describe(a) for a in args]}")
-        return self._execute(args, key)
+        return self._d.execute(args, key)
 
     def _fake(self, *args: Any) -> Any:
         outs = self._meta_fn(*args)
         return self._fresh_outputs(outs, empty=True, args=args)
-
-    def _new_epoch(self) -> None:
-        # New dicts, not clear(): a plan another thread is still making under the old settings
-        # lands in the dict it started with, which no caller sees any more.
-        self._plans = {}
-        self._forced = {}
-        self._replay = None
-        self._epoch = _select.epoch()
-
-    def _execute(self, args: tuple, key: tuple) -> Any:
-        if self._epoch != _select.epoch():
-            self._new_epoch()
-        plans = self._plans
-        plan = plans.get(key)
-        if plan is None:
-            plan = self._make_plan(args)
-            if len(plans) >= _MAX_PLANS:
-                plans.clear()
-            plans[key] = plan
-        return plan(args)
-
-    # ---------------------------------------------------------------- planning (once per signature)
-    def _check(self, args: tuple) -> list[tuple[str, torch.Tensor]]:
-        self.signature.check_types(self.name, args)
-        tensors = list(self.signature.tensors(args))
-        if tensors:
-            first_name, first = tensors[0]
-            for name, t in tensors[1:]:
-                if t.device != first.device:
-                    raise InputError(
-                        f"{self.name}: argument {name!r} expected a tensor on {first.device} "
-                        f"(like {first_name!r}), got {describe(t)}"
-                    )
-        for name, t in tensors:
-            base = name.split("[")[0]
-            allowed = self._dtypes.get(base)
-            if allowed and t.dtype not in allowed:
-                raise InputError(
-                    f"{self.name}: argument {name!r} expected dtype in "
-                    f"{[str(d) for d in allowed]}, got {describe(t)}"
-                )
-            ranks = self._ndim.get(base)
-            if ranks and t.dim() not in ranks:
-                want = ranks[0] if len(ranks) == 1 else list(ranks)
-                raise InputError(
-                    f"{self.name}: argument {name!r} expected a {want}-dimensional tensor, "
-                    f"got {describe(t)}"
-                )
-        return tensors
-
-    def _make_plan(self, args: tuple) -> Plan:
-        tensors = self._check(args)
-        candidates = evaluate(self.impls, tensors, args)
-        supported = [c for c in candidates if c.supported]
-        out_specs = self._output_specs(args)
-        if supported:
-            chosen = _select.choose(self, supported, args)
-            if chosen is None:  # the tuner found no candidate that computes the right result
-                return reference_plan(self)
-            log.debug("%s: chose %s", self.name, chosen.label)
-            runner = self._runner(chosen)
-            return attach(self, kernel_plan(self, chosen, runner, out_specs, args), chosen, runner, _PLAIN)
-        device = tensors[0][1].device if tensors else torch.device("cpu")
-        if not candidates or (device.type == "cpu" and not interpreting()):
-            return reference_plan(self)
-        if candidates and all(c.category == LAYOUT for c in candidates):
-            raise InputError(
-                f"{self.name}: every kernel {candidates[0].reason}; pass contiguous tensors "
-                "(.contiguous()) or declare an impl with contiguous=False"
-            )
-        self._no_candidate(candidates, device)
-        return reference_plan(self)
-
-    def _no_candidate(self, candidates: Sequence[Candidate], device: torch.device) -> None:
-        reasons = sorted({f"{c.impl.backend}:{c.impl.display_name}: {c.reason}" for c in candidates})
-        detail = "; ".join(reasons) or "the op has no impls"
-        if self.fallback == "error":
-            raise UnsupportedError(f"{self.name}: no kernel can run these inputs on {device}: {detail}")
-        marker = tuple(reasons)
-        if marker not in self._warned:
-            self._warned.add(marker)
-            warnings.warn(
-                f"{self.name}: no kernel can run these inputs on {device}, running the PyTorch "
-                f"reference instead. Reasons: {detail}",
-                FallbackWarning,
-                stacklevel=4,
-            )
-
-    def _runner(self, candidate: Candidate) -> Callable[..., Any]:
-        key = (candidate.index, candidate.config)
-        runner = self._runners.get(key) or self._bundled.get(key)
-        if runner is None:
-            from .. import backends
-
-            try:
-                runner = backends.get(candidate.impl.backend).bind(candidate.impl, candidate.config)
-            except Exception as exc:
-                raise LaunchError(f"{self.name}: preparing {candidate.label} failed: {exc}") from exc
-            self._runners[key] = runner
-        return runner
-
-    def _output_specs(self, args: tuple) -> list[tuple[tuple[int, ...], torch.dtype, torch.device]]:
-        if self.signature.returns == "none":
-            return []
-        if self._meta_shape_only:
-            outs = self._meta_fn(*args)
-            outs = (outs,) if isinstance(outs, torch.Tensor) else outs
-            return [(tuple(int(s) for s in o.shape), o.dtype, o.device) for o in outs]
-        with FakeTensorMode(allow_non_fake_inputs=False) as mode:
-            fake_args = tuple(
-                mode.from_tensor(a) if isinstance(a, torch.Tensor)
-                else [mode.from_tensor(t) for t in a] if isinstance(a, (list, tuple))
-                and a and isinstance(a[0], torch.Tensor) else a
-                for a in args
-            )
-            outs = self._fake(*fake_args)
-        outs = (outs,) if isinstance(outs, torch.Tensor) else outs
-        return [(tuple(int(s) for s in o.shape), o.dtype, o.device) for o in outs]
 
     def _fresh_outputs(self, outs: Any, *, empty: bool, args: tuple) -> Any:
         """Outputs as the op promises them: new, contiguous tensors (None for mutate-only ops)."""
@@ -403,9 +269,7 @@ class KernelOp:
             raise SpecError(f"{self.name}: register_meta needs a function, got {describe(fn)}")
         self._meta_shape_only = shape_only
         self._meta_fn = fn
-        self._replay = None
-        self._plans = {}  # new dicts rather than clear(): a plan being made now must not land here
-        self._forced = {}  # op.run plans hold output shapes from the old meta too
+        self._d.reset()  # every plan, op.run's included, holds output shapes from the old meta
         return fn
 
     def register_autograd(
@@ -418,7 +282,7 @@ class KernelOp:
     def candidates(self, *args: Any, **kwargs: Any) -> list[Candidate]:
         """Every (impl, config) with whether it supports these inputs and, if not, why."""
         args = self.signature.bind(self.name, args, dict(kwargs))
-        tensors = self._check(args)
+        tensors = self._d.check(args)
         return evaluate(self.impls, tensors, args)
 
     def run(
@@ -435,29 +299,10 @@ class KernelOp:
         """
         args = self.signature.bind(self.name, args, dict(kwargs))
         if impl == "reference":
-            self._check(args)
+            self._d.check(args)
             return self._fresh_outputs(self.reference(*args), empty=False, args=args)
         index = self._impl_index(impl)
-        spec = self.impls[index]
-        frozen = spec.config(0 if config is None else config)
-        key = self._key(args, False, _ANY_TENSOR)
-        if self._epoch != _select.epoch():
-            self._new_epoch()
-        forced = self._forced
-        plan = forced.get((key, index, frozen)) if key is not None else None
-        if plan is None:
-            tensors = self._check(args)
-            candidate = evaluate_one(index, spec, frozen, tensors, args)
-            if candidate.reason is not None:
-                raise UnsupportedError(
-                    f"{self.name}: {candidate.label} cannot run these inputs: {candidate.reason}"
-                )
-            plan = kernel_plan(self, candidate, self._runner(candidate), self._output_specs(args), args)
-            if key is not None:
-                if len(forced) >= _MAX_PLANS:
-                    forced.clear()
-                forced[(key, index, frozen)] = plan
-        return plan(args)
+        return self._d.run_forced(args, index, self.impls[index].config(0 if config is None else config))
 
     def _impl_index(self, impl: int | str | ImplSpec | None) -> int:
         if not self.impls:

@@ -15,7 +15,7 @@ __all__ = ["pretune", "decision", "clear", "stats"]
 
 def _prepare(op: Any, args: tuple, kwargs: dict):
     args = op.signature.bind(op.name, args, dict(kwargs))
-    tensors = op._check(args)
+    tensors = op.dispatcher.check(args)
     supported = [c for c in evaluate(op.impls, tensors, args) if c.supported]
     key = build_key(op, args, [c.impl.backend for c in supported])
     return args, supported, key

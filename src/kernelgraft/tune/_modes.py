@@ -6,14 +6,20 @@
 - ``off``: always the default candidate; the cache is not read.
 
 ``kg.tune(...)`` overrides the environment inside a ``with`` block or a decorated function, for
-the whole process (plans are shared by all threads). Entering or leaving it with a different mode
-makes every op choose again on its next call. While ``torch.compile`` traces or a CUDA graph is
-being captured nothing is measured: the cache or the default is used and one warning says so.
+the current thread (and asyncio task: the settings live in a context variable), so a request
+handler decorated with ``@kg.tune("off")`` does not change what another thread sees. Ops keep one
+plan table per settings value (a ``Scope``): entering or leaving a block discards nothing, and a
+call made under ``kg.tune("off")`` never reuses a plan tuned under ``on`` or the other way round.
+Plans made outside any block follow the environment as it was when they were made
+(``kg.tune.clear()`` makes ops choose again after changing it). While ``torch.compile``
+traces or a CUDA graph is being captured nothing is measured: the cache or the default is used and
+one warning says so.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import os
 import threading
@@ -23,10 +29,9 @@ from typing import Any
 
 import torch
 
-from .._op import _select
 from .._errors import SpecError, TuneWarning
 
-__all__ = ["Settings", "settings", "tune", "no_tune_reason", "MODES"]
+__all__ = ["Settings", "Scope", "settings", "scope", "tune", "no_tune_reason", "MODES"]
 
 MODES = ("on", "cached", "off")
 
@@ -83,13 +88,44 @@ def _from_env() -> Settings:
     )
 
 
-_stack: list[Settings] = []
-_lock = threading.RLock()
+class Scope:
+    """One settings value, interned: ops key their plan tables by it (identity hash, cheap)."""
+
+    __slots__ = ("settings", "__weakref__")
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def __repr__(self) -> str:
+        return f"Scope({self.settings!r})"
+
+
+_MAX_SCOPES = 256  # distinct settings values kept interned (a fake timer per test makes new ones)
+_scopes: dict[Settings, Scope] = {}
+_lock = threading.Lock()
+# The innermost kg.tune block of this thread/task; None: the environment's settings.
+_current: contextvars.ContextVar[Scope | None] = contextvars.ContextVar("kernelgraft_tune", default=None)
+scope = _current.get  # the hot path reads this: None, or the Scope of the innermost block
+
+
+def _intern(value: Settings) -> Scope:
+    found = _scopes.get(value)
+    if found is None:
+        with _lock:
+            found = _scopes.get(value)
+            if found is None:
+                if len(_scopes) >= _MAX_SCOPES:
+                    _scopes.clear()  # old Scope objects stay valid for whoever holds them
+                found = _scopes[value] = Scope(value)
+    return found
 
 
 def settings() -> Settings:
-    """The settings in force: the innermost ``kg.tune`` block, else the environment."""
-    return _stack[-1] if _stack else _from_env()
+    """The settings in force: this thread's innermost ``kg.tune`` block, else the environment."""
+    current = _current.get()
+    if current is not None:
+        return current.settings
+    return _from_env()
 
 
 class tune(contextlib.ContextDecorator):
@@ -113,23 +149,23 @@ class tune(contextlib.ContextDecorator):
         self._mode = mode
         self._options = options
 
+        self._tokens: list[contextvars.Token] = []
+
+    def _recreate_cm(self) -> "tune":
+        # As a decorator, each call gets its own instance: threads calling the decorated function
+        # at once must not pop each other's tokens.
+        return tune(self._mode, **self._options)
+
     def __enter__(self) -> Settings:
-        with _lock:
-            before = settings()
-            changes = dict(self._options)
-            if self._mode is not None:
-                changes["mode"] = self._mode
-            now = dataclasses.replace(before, **changes)
-            _stack.append(now)
-            if now.mode != before.mode:
-                _select.bump_epoch()
-            return now
+        changes = dict(self._options)
+        if self._mode is not None:
+            changes["mode"] = self._mode
+        now = dataclasses.replace(settings(), **changes)
+        self._tokens.append(_current.set(_intern(now)))
+        return now
 
     def __exit__(self, *exc: Any) -> None:
-        with _lock:
-            inner = _stack.pop()
-            if settings().mode != inner.mode:
-                _select.bump_epoch()
+        _current.reset(self._tokens.pop())
 
 
 _warned: set[str] = set()

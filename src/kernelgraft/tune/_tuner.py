@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 import warnings
 from collections import Counter
@@ -131,6 +132,24 @@ class Tuner:
         self.memory: dict[str, Decision] = {}
         self.disk = disk or DiskCache()
         self.stats: Counter = Counter()
+        # One lock per device: threads whose first calls tune at once would time their candidates
+        # against each other on one GPU. Re-entrant: a reference may call another op that tunes.
+        self._device_locks: dict[str, threading.RLock] = {}
+        self._locks_guard = threading.Lock()
+
+    def _device_lock(self, args: tuple) -> threading.RLock:
+        device = "cpu"
+        for a in args:
+            t = a if isinstance(a, torch.Tensor) else a[0] if isinstance(a, (list, tuple)) and a and \
+                isinstance(a[0], torch.Tensor) else None
+            if t is not None:
+                device = str(t.device)
+                break
+        with self._locks_guard:
+            lock = self._device_locks.get(device)
+            if lock is None:
+                lock = self._device_locks[device] = threading.RLock()
+        return lock
 
     # ------------------------------------------------------------------ the chooser
     def __call__(self, op: Any, candidates: Sequence[Any], args: tuple) -> Any:
@@ -166,6 +185,17 @@ class Tuner:
 
     def _resolve(self, op: Any, candidates: Sequence[Any], args: tuple, key: TuneKey, s: Settings) -> Decision:
         measure = self._may_measure(op, args, s)
+        if not measure:
+            return self._resolve_locked(op, candidates, args, key, s, measure)
+        with self._device_lock(args):
+            found = self.memory.get(key.digest)  # another thread may have tuned it while we waited
+            if found is not None:
+                self.stats["memory_hit"] += 1
+                return found
+            return self._resolve_locked(op, candidates, args, key, s, measure)
+
+    def _resolve_locked(self, op: Any, candidates: Sequence[Any], args: tuple, key: TuneKey, s: Settings,
+                        measure: bool) -> Decision:
         env = dict(key.env)
 
         def local() -> Decision:

@@ -1,0 +1,360 @@
+"""The dispatcher: the runtime state of one op, with one owner.
+
+A ``KernelOp`` is the immutable definition (reference, impls, options, fingerprint); its
+``Dispatcher`` owns everything that calls create: plans (one table per tuning scope, see
+``kernelgraft.tune._modes``), forced plans of ``op.run``, bound runners, runners served by AOT
+bundles, the native replay of the last signature and the dtype combinations the reference accepted.
+tune/, aot/, check/, bench/ and _native/ use the methods below, never the attributes.
+
+Thread safety: plans are plain closures stored in dicts (a dict store is atomic under the GIL).
+A change that invalidates plans (``kg.tune.clear()``, a bundle loaded, ``register_meta``) swaps in new
+dicts rather than clearing them, so a plan another thread is still making lands in a dict no caller
+reads any more. A native replay is installed only if the epoch it was planned in is still current.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from .. import backends
+from .._errors import FallbackWarning, InputError, LaunchError, UnsupportedError, describe
+from .._native._attach import attach
+from ..backends._triton import interpreting
+from ..tune._modes import scope as current_scope
+from . import _select
+from ._candidates import LAYOUT, Candidate, evaluate, evaluate_one
+from ._plan import Plan, kernel_plan, reference_plan
+
+if TYPE_CHECKING:
+    from ._operator import KernelOp
+
+__all__ = ["Dispatcher", "PLAIN", "ANY_TENSOR"]
+
+log = logging.getLogger(__name__)
+
+_Tensor = torch.Tensor
+# Tensor types the fast path treats as plain data; other subclasses (fake, functional, user
+# subclasses with __torch_dispatch__) go through the dispatcher.
+PLAIN = (torch.Tensor, torch.nn.Parameter)
+_SCALAR_TYPES = (int, float, bool, str)
+_MAX_PLANS = 4096  # per scope; a workload with more signatures re-plans (cheap next to tuning)
+_MAX_SCOPES = 64
+_EPOCH = _select._epoch  # a one-element list; read directly on the hot path
+
+
+class _AnyTensor:
+    """Stands in for the tuple of plain tensor types: every Tensor subclass is 'in' it."""
+
+    def __contains__(self, t: type) -> bool:
+        return issubclass(t, _Tensor)
+
+
+ANY_TENSOR = _AnyTensor()
+
+
+class Dispatcher:
+    """Plans, runners, bundles and replays of one op (``op.dispatcher``)."""
+
+    def __init__(self, op: "KernelOp") -> None:
+        self.op = op
+        self.tables: dict[Any, dict[tuple, Plan]] = {}  # tuning scope -> signature key -> plan
+        self.forced: dict[tuple, Plan] = {}  # op.run: (key, impl index, config) -> plan
+        self.runners: dict[tuple, Callable[..., Any]] = {}  # (impl index, config) -> bound runner
+        self.bundled: dict[tuple, Callable[..., Any]] = {}  # (impl index, config) -> bundle runner
+        # (Replay, scope, epoch) of the signature called last, or None (read by KernelOp.__call__).
+        self.replay: tuple | None = None
+        self.epoch = -1
+        self.accepted: dict[tuple, None] = {}  # (device type, *tensor dtypes) the reference accepted
+        self.warned: set[Any] = set()
+        self._lock = threading.Lock()
+        # A supports() predicate or the tuner (which keys on it) may decide by pointer alignment,
+        # so then plans are keyed on it too; a single unconditional candidate cannot care.
+        impls = op.impls
+        self.align = any(i.supports is not None for i in impls) or sum(len(i.configs) for i in impls) > 1
+
+    # ------------------------------------------------------------------ keys and plans
+    def key(self, args: tuple, grad: bool, plain: Any = PLAIN) -> tuple | None:
+        """A small hashable signature of the call, or None when the dispatcher must handle it
+        (tensor subclasses, autograd, anything unusual)."""
+        parts = []
+        align = self.align
+        for a in args:
+            t = type(a)
+            if t in plain:
+                if grad and a.requires_grad:
+                    return None
+                parts.append((a.dtype, a.device, a.shape, a.stride(), a.data_ptr() & 15 if align else 0))
+            elif t in _SCALAR_TYPES or a is None or t is torch.dtype:
+                parts.append((t, a))
+            elif t is list or t is tuple:
+                sub = []
+                for item in a:
+                    if type(item) not in plain or (grad and item.requires_grad):
+                        return None
+                    sub.append((item.dtype, item.device, item.shape, item.stride(),
+                                item.data_ptr() & 15 if align else 0))
+                parts.append(tuple(sub))
+            else:
+                return None
+        return tuple(parts)
+
+    def _renew(self, epoch: int) -> None:
+        # New dicts, not clear(): see the module docstring.
+        self.tables = {}
+        self.forced = {}
+        self.replay = None
+        self.epoch = epoch
+
+    def reset(self) -> None:
+        """Forget every plan and replay (the meta function or the served runners changed)."""
+        self._renew(_EPOCH[0])
+
+    def execute(self, args: tuple, key: tuple) -> Any:
+        """Run the plan of ``key`` in the current tuning scope, making it on first use."""
+        epoch = _EPOCH[0]
+        if self.epoch != epoch:
+            self._renew(epoch)
+        scope = current_scope()
+        tables = self.tables
+        table = tables.get(scope)
+        if table is None:
+            if len(tables) >= _MAX_SCOPES:
+                tables.clear()
+            table = tables.setdefault(scope, {})
+        plan = table.get(key)
+        if plan is None:
+            plan = self._make_plan(args, scope, epoch)
+            if len(table) >= _MAX_PLANS:
+                table.clear()
+            table[key] = plan
+        return plan(args)
+
+    def plan_for(self, args: tuple) -> Plan | None:
+        """The plan that serves these arguments in the current scope, if one was made."""
+        key = self.key(args, False, ANY_TENSOR)
+        table = self.tables.get(current_scope()) if self.epoch == _EPOCH[0] else None
+        return table.get(key) if table is not None and key is not None else None
+
+    def plans(self) -> dict[tuple, Plan]:
+        """The plans of the current tuning scope, by signature key (a copy)."""
+        table = self.tables.get(current_scope()) if self.epoch == _EPOCH[0] else None
+        return dict(table or {})
+
+    def current_replay(self) -> Any:
+        """The native Replay the next call tries first, or None."""
+        replay = self.replay
+        return replay[0] if replay is not None else None
+
+    def drop_replays(self) -> None:
+        """Take the native replay off every plan (benchmarks time the Python path this way)."""
+        self.replay = None
+        for table in list(self.tables.values()):
+            for plan in table.values():
+                state = getattr(plan, "native", None)
+                if state is not None:
+                    state["replay"], state["done"] = None, True
+
+    def install_replay(self, replay: Any, scope: Any, epoch: int) -> bool:
+        """Make ``replay`` the one the next call tries first, unless plans moved on since."""
+        if epoch != _EPOCH[0] or epoch != self.epoch:
+            return False
+        self.replay = (replay, scope, epoch)
+        return True
+
+    # ------------------------------------------------------------------ planning (once per signature)
+    def check(self, args: tuple) -> list[tuple[str, torch.Tensor]]:
+        """The argument checks every plan starts with; returns the named tensors."""
+        op = self.op
+        op.signature.check_types(op.name, args)
+        tensors = list(op.signature.tensors(args))
+        if tensors:
+            first_name, first = tensors[0]
+            for name, t in tensors[1:]:
+                if t.device != first.device:
+                    raise InputError(
+                        f"{op.name}: argument {name!r} expected a tensor on {first.device} "
+                        f"(like {first_name!r}), got {describe(t)}"
+                    )
+        for name, t in tensors:
+            base = name.split("[")[0]
+            allowed = op._dtypes.get(base)
+            if allowed and t.dtype not in allowed:
+                raise InputError(
+                    f"{op.name}: argument {name!r} expected dtype in "
+                    f"{[str(d) for d in allowed]}, got {describe(t)}"
+                )
+            ranks = op._ndim.get(base)
+            if ranks and t.dim() not in ranks:
+                want = ranks[0] if len(ranks) == 1 else list(ranks)
+                raise InputError(
+                    f"{op.name}: argument {name!r} expected a {want}-dimensional tensor, "
+                    f"got {describe(t)}"
+                )
+        return tensors
+
+    def _make_plan(self, args: tuple, scope: Any, epoch: int) -> Plan:
+        op = self.op
+        tensors = self.check(args)
+        candidates = evaluate(op.impls, tensors, args)
+        supported = [c for c in candidates if c.supported]
+        out_specs = self.output_specs(args)
+        if supported:
+            self._accept_dtypes(args, tensors)
+            chosen = _select.choose(op, supported, args)
+            if chosen is None:  # the tuner found no candidate that computes the right result
+                return reference_plan(op)
+            log.debug("%s: chose %s", op.name, chosen.label)
+            runner = self.runner(chosen)
+            plan = kernel_plan(op, chosen, runner, out_specs, args)
+            return attach(self, plan, chosen, runner, PLAIN, scope, epoch)
+        device = tensors[0][1].device if tensors else torch.device("cpu")
+        if not candidates or (device.type == "cpu" and not interpreting()):
+            return reference_plan(op)
+        if all(c.category == LAYOUT for c in candidates):
+            raise InputError(
+                f"{op.name}: every kernel {candidates[0].reason}; pass contiguous tensors "
+                "(.contiguous()) or declare an impl with contiguous=False"
+            )
+        self._no_candidate(candidates, device)
+        return reference_plan(op)
+
+    def _accept_dtypes(self, args: tuple, tensors: Sequence[tuple[str, torch.Tensor]]) -> None:
+        """Without ``dtypes=``, a kernel runs only on dtypes the reference accepts.
+
+        The first call with a new combination of tensor dtypes (per device type) runs the
+        reference once on these very arguments (mutated ones cloned): a reference that raises
+        refuses the call, which becomes an ``InputError`` naming the op, the dtypes and the
+        reference's own message instead of a kernel running on data the reference rejects. An
+        accepted combination is remembered; a refused one is tried again next time (the refusal
+        may be about values, such as an index out of range, rather than dtypes).
+        """
+        op = self.op
+        if op._dtypes or not tensors:
+            return
+        combo = (tensors[0][1].device.type,) + tuple(t.dtype for _, t in tensors)
+        if combo not in self.accepted:  # only acceptances are kept: a refusal may be about values
+            mutated = set(op.signature.mutated)
+            probe = tuple(
+                (a.clone() if isinstance(a, torch.Tensor) else [t.clone() for t in a])
+                if i in mutated and a is not None else a
+                for i, a in enumerate(args)
+            )
+            try:
+                with torch.no_grad():
+                    op.reference(*probe)
+                why = None
+            except Exception as exc:  # the reference's own verdict on these dtypes
+                why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            else:
+                self.accepted[combo] = None
+        else:
+            why = None
+        if why is not None:
+            dtypes = ", ".join(f"{name}={str(t.dtype).removeprefix('torch.')}" for name, t in tensors)
+            raise InputError(
+                f"{op.name}: the reference does not accept these inputs ({dtypes}): it raised {why}. "
+                "The op declares no dtypes=, so it accepts what its reference accepts; declare "
+                "dtypes= to state what the kernels take"
+            )
+
+    def _no_candidate(self, candidates: Sequence[Candidate], device: torch.device) -> None:
+        op = self.op
+        reasons = sorted({f"{c.impl.backend}:{c.impl.display_name}: {c.reason}" for c in candidates})
+        detail = "; ".join(reasons) or "the op has no impls"
+        if op.fallback == "error":
+            raise UnsupportedError(f"{op.name}: no kernel can run these inputs on {device}: {detail}")
+        marker = tuple(reasons)
+        if marker not in self.warned:
+            self.warned.add(marker)
+            warnings.warn(
+                f"{op.name}: no kernel can run these inputs on {device}, running the PyTorch "
+                f"reference instead. Reasons: {detail}",
+                FallbackWarning,
+                stacklevel=5,
+            )
+
+    def runner(self, candidate: Candidate) -> Callable[..., Any]:
+        """The bound runner of a candidate: its bundle's if a bundle serves it, else its backend's."""
+        key = (candidate.index, candidate.config)
+        runner = self.bundled.get(key) or self.runners.get(key)
+        if runner is None:
+            try:
+                runner = backends.get(candidate.impl.backend).bind(candidate.impl, candidate.config)
+            except Exception as exc:
+                raise LaunchError(f"{self.op.name}: preparing {candidate.label} failed: {exc}") from exc
+            self.runners[key] = runner
+        return runner
+
+    def serve_bundled(self, index: int, config: Any, runner: Callable[..., Any] | None) -> None:
+        """Serve candidate (index, config) from an AOT bundle's runner (None: stop serving it)."""
+        key = (index, config)
+        if runner is None:
+            self.bundled.pop(key, None)
+        else:
+            self.bundled[key] = runner
+        self.runners.pop(key, None)
+
+    def bundled_keys(self) -> list[tuple]:
+        return list(self.bundled)
+
+    def output_specs(self, args: tuple) -> list[tuple[tuple[int, ...], torch.dtype, torch.device]]:
+        """(shape, dtype, device) of each output, from the meta function (fake tensors)."""
+        op = self.op
+        if op.signature.returns == "none":
+            return []
+        try:
+            if op._meta_shape_only:
+                outs = op._meta_fn(*args)
+            else:
+                with FakeTensorMode(allow_non_fake_inputs=False) as mode:
+                    fake_args = tuple(
+                        mode.from_tensor(a) if isinstance(a, torch.Tensor)
+                        else [mode.from_tensor(t) for t in a] if isinstance(a, (list, tuple))
+                        and a and isinstance(a[0], torch.Tensor) else a
+                        for a in args
+                    )
+                    outs = op._fake(*fake_args)
+        except InputError:
+            raise
+        except Exception as exc:
+            shapes = ", ".join(describe(a) for a in args)
+            raise InputError(
+                f"{op.name}: the {'meta function' if op._meta_fn is not op.reference else 'reference'} "
+                f"cannot compute output shapes for these inputs ({shapes}): {type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}. If the inputs are right, the reference "
+                "may not run on fake tensors (data-dependent shapes, .item(), numpy): give the op a meta "
+                "function with op.register_meta(fn)"
+            ) from exc
+        outs = (outs,) if isinstance(outs, torch.Tensor) else outs
+        return [(tuple(int(s) for s in o.shape), o.dtype, o.device) for o in outs]
+
+    # ------------------------------------------------------------------ op.run
+    def run_forced(self, args: tuple, index: int, frozen: Any) -> Any:
+        op = self.op
+        key = self.key(args, False, ANY_TENSOR)
+        epoch = _EPOCH[0]
+        if self.epoch != epoch:
+            self._renew(epoch)
+        forced = self.forced
+        plan = forced.get((key, index, frozen)) if key is not None else None
+        if plan is None:
+            tensors = self.check(args)
+            candidate = evaluate_one(index, op.impls[index], frozen, tensors, args)
+            if candidate.reason is not None:
+                raise UnsupportedError(
+                    f"{op.name}: {candidate.label} cannot run these inputs: {candidate.reason}"
+                )
+            self._accept_dtypes(args, tensors)
+            plan = kernel_plan(op, candidate, self.runner(candidate), self.output_specs(args), args)
+            if key is not None:
+                if len(forced) >= _MAX_PLANS:
+                    forced.clear()
+                forced[(key, index, frozen)] = plan
+        return plan(args)

@@ -1,0 +1,45 @@
+"""A backend whose "kernels" are plain torch code on CPU tensors: thread safe and fast, for tests of
+the dispatcher and the tuner that need real ops but no compiler (threads, scopes, planning).
+
+``kg_torch(launch, configs)``: ``launch(*inputs, *outputs, **config)`` writes the outputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from kernelgraft._spec import Config, ImplSpec
+from kernelgraft.backends import register
+
+
+@dataclasses.dataclass(frozen=True, eq=False, repr=False)
+class TorchImpl(ImplSpec):
+    backend = "kgtest_torch"
+
+
+class TorchBackend:
+    name = "kgtest_torch"
+    replayable = False
+
+    def available(self) -> str | None:
+        return None
+
+    def device_reason(self, device: torch.device) -> str | None:
+        return None if device.type == "cpu" else "torch test kernels run on CPU tensors"
+
+    def bind(self, spec: TorchImpl, config: Config):
+        launch, kwargs = spec.launch, config.as_dict()
+
+        def run(*args):
+            return launch(*args, **kwargs)
+
+        return run
+
+
+register(TorchBackend())
+
+
+def kg_torch(launch, configs=({},), **kw) -> TorchImpl:
+    return TorchImpl(launch=launch, configs=configs, **kw)

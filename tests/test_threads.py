@@ -1,0 +1,255 @@
+"""Threads: per-thread tuning settings, plans per settings scope, serialized first-call tuning,
+replays that are not installed after plans moved on, and dtypes the reference refuses."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernelgraft as kg
+from kernelgraft.tune import _modes
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _torch_backend import kg_torch  # noqa: E402
+
+# Config k multiplies by 2 and then adds k * 0: every config is correct; OFFSET plants a wrong one.
+CONFIGS = [{"K": k} for k in range(4)]
+
+
+def _launch(x, out, *, K, OFFSET=0.0):
+    torch.mul(x, 2, out=out)
+    if OFFSET:
+        out.add_(OFFSET)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_tuner(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELGRAFT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("KERNELGRAFT_TUNE", raising=False)
+    kg.tune.clear()
+    yield
+    kg.tune.clear()
+
+
+def _double_op(name, configs=CONFIGS):
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    return kg.op(double, name=name, impls=[kg_torch(_launch, configs=configs)])
+
+
+def _timer_preferring(k, seen=None, mode=None):
+    """A fake timer under which config K=k is fastest; records the settings each call saw."""
+
+    def timer(trial, settings):
+        if seen is not None:
+            seen.append((threading.get_ident(), settings.mode, mode))
+        trial.run(0)
+        return 1.0 if trial.candidate.config.as_dict()["K"] == k else 2.0 + trial.candidate.config.as_dict()["K"]
+
+    return timer
+
+
+def _chosen(op, x):
+    plan = op.dispatcher.plan_for((x,))
+    return None if plan is None or plan.candidate is None else plan.candidate.config.as_dict()["K"]
+
+
+def test_eight_threads_each_see_their_own_settings():
+    op = _double_op("tthreads::double8")
+    seen: list = []
+    barrier = threading.Barrier(8)
+    errors: list = []
+    results: dict[int, tuple] = {}
+    # thread i: (mode, the config its fake timer makes fastest)
+    plan = [("on", 2), ("off", None), ("cached", None), ("on", 3), ("off", None), ("on", 1),
+            ("cached", None), ("on", 2)]
+
+    def work(i):
+        mode, best = plan[i]
+        try:
+            options = {"timer": _timer_preferring(best, seen, mode)} if best is not None else {}
+            with kg.tune(mode, **options):
+                barrier.wait(timeout=30)  # all eight threads are inside their blocks at once
+                assert kg.tune.settings().mode == mode
+                x = torch.randn(2 ** (6 + i))  # a fresh signature (and tuning bucket) per thread
+                out = op(x)
+                barrier.wait(timeout=30)
+                assert kg.tune.settings().mode == mode
+                results[i] = (torch.equal(out, x * 2), _chosen(op, x))
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append((i, repr(exc)))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    for i, (mode, best) in enumerate(plan):
+        correct, chosen = results[i]
+        assert correct, i
+        # 'off' and 'cached' (nothing on disk for a fresh signature) run the first candidate
+        assert chosen == (best if mode == "on" else 0), (i, mode, chosen)
+    # every timing ran under the settings of the thread that asked for it
+    assert seen and all(mode_seen == mode for _, mode_seen, mode in seen)
+    assert kg.tune.settings().mode == "on"  # nothing leaked into this thread
+
+
+def test_a_decorated_function_keeps_settings_per_thread():
+    @kg.tune("off")
+    def handler(barrier):
+        barrier.wait(timeout=30)
+        time.sleep(0.01)
+        return kg.tune.settings().mode
+
+    barrier = threading.Barrier(4)
+    modes: list = []
+    threads = [threading.Thread(target=lambda: modes.append(handler(barrier))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert modes == ["off"] * 4
+    assert kg.tune.settings().mode == "on"
+
+
+def test_entering_a_mode_keeps_the_plans_of_other_scopes():
+    op = _double_op("tthreads::keep")
+    x = torch.randn(64)
+    op(x)
+    before = op.dispatcher.plans()
+    for _ in range(3):
+        with kg.tune("off"):
+            op(x)
+    after = op.dispatcher.plans()
+    assert before and all(after[k] is p for k, p in before.items())
+
+
+def test_plans_differ_by_scope():
+    op = _double_op("tthreads::scopes")
+    x = torch.randn(64)
+    timer = _timer_preferring(3)
+    with kg.tune("on", timer=timer):
+        op(x)
+        assert _chosen(op, x) == 3
+    with kg.tune("off"):
+        op(x)
+        assert _chosen(op, x) == 0
+    with kg.tune("on", timer=timer):
+        assert _chosen(op, x) == 3  # still the plan made there, not re-planned
+
+
+def test_first_call_tuning_is_serialized_per_device():
+    op = _double_op("tthreads::serial")
+    windows: list = []
+
+    def timer(trial, settings):
+        start = time.perf_counter()
+        trial.run(0)
+        time.sleep(0.002)
+        windows.append((start, time.perf_counter()))
+        return 1.0 + trial.candidate.config.as_dict()["K"]
+
+    barrier = threading.Barrier(6)
+    errors: list = []
+
+    def work(i):
+        try:
+            with kg.tune("on", timer=timer):
+                barrier.wait(timeout=30)
+                x = torch.randn(2 ** (6 + i))  # six different keys on one device
+                assert torch.equal(op(x), x * 2)
+        except Exception as exc:  # pragma: no cover
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert len(windows) == 6 * len(CONFIGS)
+    # Each key's trials ran alone: no two timing windows overlap in time.
+    windows.sort()
+    assert all(b[0] >= a[1] for a, b in zip(windows, windows[1:]))
+
+
+def test_same_key_from_many_threads_is_tuned_once():
+    op = _double_op("tthreads::once")
+    kg.tune.TUNER.stats.clear()
+    barrier = threading.Barrier(6)
+    x = torch.randn(333)
+
+    def work():
+        with kg.tune("on", timer=_timer_preferring(1)):
+            barrier.wait(timeout=30)
+            assert torch.equal(op(x), x * 2)
+
+    threads = [threading.Thread(target=work) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert kg.tune.stats().get("tuned") == 1
+
+
+def test_a_replay_is_not_installed_after_plans_moved_on():
+    op = _double_op("tthreads::replay")
+    d = op.dispatcher
+    op(torch.randn(8))
+    epoch = d.epoch
+    assert d.install_replay(object(), _modes.scope(), epoch)
+    kg.tune.clear()  # another thread clears: plans of the old epoch are stale
+    assert not d.install_replay(object(), _modes.scope(), epoch)
+    op(torch.randn(8))  # re-planned in the new epoch
+    assert d.current_replay() is None
+
+
+# ---------------------------------------------------------------- dtypes the reference refuses
+def _gelu_mul_launch(x, y, out):
+    out.copy_(x * y)  # a "kernel" that runs on anything: only the dispatcher's rule can refuse
+
+
+def test_a_dtype_the_reference_refuses_never_reaches_a_kernel():
+    @kg.op("tthreads::gelu_mul", impls=[kg_torch(_gelu_mul_launch)])
+    def gelu_mul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.gelu(x) * y
+
+    a = torch.arange(6, dtype=torch.int64)
+    with pytest.raises(kg.InputError, match=r"tthreads::gelu_mul.*x=int64, y=int64.*GELU|tthreads::gelu_mul.*x=int64"):
+        gelu_mul(a, a)
+    x, y = torch.randn(6), torch.randn(6)
+    torch.testing.assert_close(gelu_mul(x, y), x * y)  # the kernel: floats are accepted
+    with pytest.raises(kg.InputError, match="declares no dtypes="):
+        gelu_mul.run(a, a, impl=0)
+
+
+def test_declared_dtypes_are_the_rule_without_running_the_reference():
+    calls = []
+
+    @kg.op("tthreads::declared", impls=[kg_torch(_gelu_mul_launch)], dtypes=[torch.float32])
+    def declared(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        calls.append(type(x))
+        return x * y
+
+    x = torch.randn(4)
+    declared(x, x)
+    declared(x, x)
+    # the reference ran once, on fake tensors, for the output shapes; never on real data
+    assert len(calls) == 1 and calls[0] is not torch.Tensor
+
+
+def test_shape_errors_are_input_errors():
+    @kg.op("tthreads::add", impls=[kg_torch(_gelu_mul_launch)])
+    def add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x + y
+
+    with pytest.raises(kg.InputError, match=r"tthreads::add: the reference cannot compute output shapes"):
+        add(torch.randn(3, 4), torch.randn(5))
