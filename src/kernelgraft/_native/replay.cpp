@@ -16,6 +16,12 @@
 //               when given. This is the packed C ABI of a compiled CuTe DSL host function (its stream is
 //               one of the slots: `stream_offset`).
 // The GIL is held throughout, so the one parameter buffer is never used by two threads at once.
+//
+// Devices: a replay recorded for device d (its tensors' device) launches with d current, so d's
+// primary context (where its function handle lives) is the driver's current one, and on d's current
+// stream, whatever device the caller has current (one process driving several GPUs). The device is
+// switched (c10::DeviceGuard, which for CUDA is CUDAGuard's cudaSetDevice and restores it on return)
+// only when the current device differs: the common case adds one cudaGetDevice.
 
 #include <Python.h>
 
@@ -23,6 +29,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/Stream.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -32,6 +39,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -384,6 +392,14 @@ PyObject* replay_call(PyObject* obj, PyObject* const* argv, size_t nargsf, PyObj
       return miss(self);
     slots[i] = t;
   }
+  // Switch to the recorded device before allocating and launching, only if it is not current.
+  const c10::impl::DeviceGuardImplInterface* impl = nullptr;
+  std::optional<c10::DeviceGuard> guard;
+  if (self->stream_device_type != c10::DeviceType::CPU) {
+    impl = c10::impl::getDeviceGuardImpl(self->stream_device_type);
+    if (impl->getDevice().index() != self->stream_device_index)
+      guard.emplace(c10::Device(self->stream_device_type, self->stream_device_index));
+  }
   const auto& outs = *self->outs;
   try {
     for (size_t j = 0; j < outs.size(); ++j) slots[nargs + j] = at::empty(outs[j].sizes, outs[j].options);
@@ -397,10 +413,8 @@ PyObject* replay_call(PyObject* obj, PyObject* const* argv, size_t nargsf, PyObj
     std::memcpy(buf + p.offset, &address, 8);
   }
   void* stream = nullptr;
-  if (self->stream_device_type != c10::DeviceType::CPU) {
-    const c10::impl::DeviceGuardImplInterface* impl = c10::impl::getDeviceGuardImpl(self->stream_device_type);
+  if (impl != nullptr)
     stream = impl->getStream(c10::Device(self->stream_device_type, self->stream_device_index)).native_handle();
-  }
   int err;
   if (self->launch_kind == 0) {
     err = reinterpret_cast<LaunchFn>(self->fn)(self->function, self->grid[0], self->grid[1], self->grid[2],

@@ -1,7 +1,14 @@
-"""Candidates: every (impl, config) of an op, and why each can or cannot run given inputs."""
+"""Candidates: every (impl, config) of an op, and why each can or cannot run given inputs.
+
+Everything is judged against the device of the op's tensors, not torch's current device: the
+capability check reads that device's compute capability (and names the device in its reason), and
+``supports`` predicates run with that device current, so one that asks
+``torch.cuda.get_device_capability()`` gets the tensors' GPU in a process driving several.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Sequence
@@ -57,6 +64,16 @@ def _device_of(tensors: Sequence[tuple[str, torch.Tensor]]) -> torch.device:
     return tensors[0][1].device if tensors else torch.device("cpu")
 
 
+def _on(device: torch.device) -> contextlib.AbstractContextManager:
+    """``device`` current inside the block when it is a CUDA device other than the current one."""
+    if device.type == "cuda" and device.index is not None:
+        from ..backends._base import _current_device, _use_device
+
+        if device.index != _current_device():
+            return _use_device(device.index)
+    return contextlib.nullcontext()
+
+
 def evaluate(
     impls: Sequence[ImplSpec],
     tensors: Sequence[tuple[str, torch.Tensor]],
@@ -65,13 +82,14 @@ def evaluate(
     """Every candidate with the first reason it cannot run, checked from cheap to expensive."""
     device = _device_of(tensors)
     out = []
-    for index, impl in enumerate(impls):
-        reason, category = _impl_reason(impl, device, tensors)
-        for config in impl.configs:
-            r, c = reason, category
-            if r is None and impl.supports is not None:
-                r, c = _predicate(impl, config, args), "predicate"
-            out.append(Candidate(index, impl, config, r, c if r else None))
+    with _on(device):
+        for index, impl in enumerate(impls):
+            reason, category = _impl_reason(impl, device, tensors)
+            for config in impl.configs:
+                r, c = reason, category
+                if r is None and impl.supports is not None:
+                    r, c = _predicate(impl, config, args), "predicate"
+                out.append(Candidate(index, impl, config, r, c if r else None))
     return out
 
 
@@ -87,7 +105,7 @@ def _impl_reason(impl: ImplSpec, device: torch.device, tensors) -> tuple[str | N
     if have is not None and impl.min_capability is not None:
         if have < impl.min_capability:
             need = "sm_{}{}".format(*impl.min_capability)
-            return f"needs {need} or newer, device is sm_{have[0]}{have[1]}", "capability"
+            return f"needs {need} or newer, {device} is sm_{have[0]}{have[1]}", "capability"
     if impl.contiguous:
         names = None if impl.contiguous is True else set(impl.contiguous)
         for name, t in tensors:
@@ -122,7 +140,9 @@ def evaluate_one(
     args: Sequence[Any],
 ) -> Candidate:
     """One candidate, possibly with a config outside the impl's list (``op.run(config=...)``)."""
-    reason, category = _impl_reason(impl, _device_of(tensors), tensors)
-    if reason is None and impl.supports is not None:
-        reason, category = _predicate(impl, config, args), "predicate"
+    device = _device_of(tensors)
+    with _on(device):
+        reason, category = _impl_reason(impl, device, tensors)
+        if reason is None and impl.supports is not None:
+            reason, category = _predicate(impl, config, args), "predicate"
     return Candidate(index, impl, config, reason, category if reason else None)

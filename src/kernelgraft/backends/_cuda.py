@@ -1,6 +1,6 @@
 """CUDA C++ through NVRTC: the launch function returns ``kg.Launch``; kernelgraft compiles the
 (config, template) variant once per arch (memory + disk cache) and launches it through
-``kernelgraft.driver`` on torch's current stream."""
+``kernelgraft.driver`` on the tensors' device and its current stream (modules load per device)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from ._nvrtc import compile_cuda
 from .._spec import Config, ImplSpec
 from ..driver import load_module
 from ..driver._params import kind_of, value_of
-from ._base import register
+from ._base import on_tensor_device, register
 
 __all__ = ["CudaBackend", "CudaRunner"]
 
@@ -88,10 +88,12 @@ class CudaBackend:
             return None
         return f"CUDA C++ kernels run on CUDA tensors, got {device.type} tensors"
 
-    def bind(self, spec: ImplSpec, config: Config) -> CudaRunner:
+    def bind(self, spec: ImplSpec, config: Config):
         if not isinstance(spec, CudaImpl):
             raise CompileError(f"the cuda backend got a {type(spec).__name__}")
-        return CudaRunner(spec, config)
+        # The driver launcher switches devices by itself; the wrapper also gives the user's launch
+        # function the tensors' device as the current one (its own torch calls, streams).
+        return on_tensor_device(CudaRunner(spec, config))
 
 
 register(CudaBackend())

@@ -33,7 +33,7 @@ import torch
 from .._errors import CompileError, LaunchError, describe
 from .._native import _record
 from .._spec import Config, ImplSpec
-from ._base import register
+from ._base import on_tensor_device, register, tensor_device
 
 __all__ = ["CuteDSLBackend", "compile_key", "compile_for", "stats", "default_arch", "abi_mismatch"]
 
@@ -88,7 +88,7 @@ class CuteDSLBackend:
         return f"CuTe DSL kernels run on CUDA tensors, got {device.type} tensors"
 
     def bind(self, spec: ImplSpec, config: Config) -> Callable[..., Any]:
-        return _Runner(spec, config)
+        return on_tensor_device(_Runner(spec, config))
 
 
 # ---------------------------------------------------------------- keys and compilation
@@ -318,7 +318,7 @@ class _Runner:
 
     def __call__(self, *tensors: Any) -> None:
         host_fn, args = self.launch(*tensors, **self.kwargs)  # type: ignore[misc]
-        dev = tensors[0].get_device()
+        dev = tensor_device(tensors)
         key = (host_fn, dev, _arg_key(args, _params(host_fn)[1]))
         entry = self.entries.get(key)
         if entry is None:

@@ -43,7 +43,7 @@ import torch
 
 from .._errors import CompileError, LaunchError, describe
 from .._spec import Config, ImplSpec
-from ._base import register
+from ._base import on_tensor_device, register, tensor_device
 
 __all__ = [
     "CuTileBackend", "CubinArtifact", "toolchain_reason", "build_cubin", "add_cubin",
@@ -144,7 +144,7 @@ class CuTileBackend:
         return f"cuTile kernels run on CUDA tensors, got {device.type} tensors"
 
     def bind(self, spec: ImplSpec, config: Config) -> Callable[..., Any]:
-        return _Runner(spec, config)
+        return on_tensor_device(_Runner(spec, config))
 
 
 # ---------------------------------------------------------------- signatures
@@ -339,7 +339,8 @@ class _Runner:
         grid, kernel, args = self.launch(*tensors, **self.kwargs)  # type: ignore[misc]
         if type(grid) is int:
             grid = (grid,)
-        key = (kernel, _arg_key(args, _constant_params(kernel)))
+        # per device: the cubin is chosen by the device's arch, and GPUs of one process may differ
+        key = (kernel, tensor_device(tensors), _arg_key(args, _constant_params(kernel)))
         entry = self.entries.get(key)
         if entry is None:
             entry = self._resolve(grid, kernel, args, key)

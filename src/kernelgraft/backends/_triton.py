@@ -1,6 +1,14 @@
 """Triton: the user's launch function issues ``kernel[grid](...)``; Triton picks the current
-torch stream itself and caches compiled kernels per signature and constexprs. A plan's recorded
-call describes its launch to the native replay, which then launches the compiled kernel itself."""
+torch device and stream itself and caches compiled kernels per device, signature and constexprs.
+The runner makes the tensors' device current first (``on_tensor_device``), so a kernel for tensors
+on ``cuda:1`` compiles, loads and launches on device 1 while the caller's current device is 0.
+A plan's recorded call describes its launch to the native replay, which then launches the compiled
+kernel itself.
+
+Triton's interpreter (``TRITON_INTERPRET=1``, CPU tensors) is not thread-safe: concurrent raw
+``kernel[grid]`` calls on the CPU fail (5 to 11 of 24 in one run), so interpreted launches are
+serialized by one lock per process; GPU launches are not.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +16,17 @@ import functools
 import importlib.util
 import os
 import re
+import threading
 from typing import Any
 
 import torch
 
 from .._spec import Config, ImplSpec
-from ._base import register
+from ._base import on_tensor_device, register
 
 __all__ = ["TritonBackend", "interpreting", "bind_arguments", "ptx_param_sizes"]
 
+INTERPRETER_LOCK = threading.RLock()  # reentrant: a launch function may call another Triton op
 # PTX parameter type -> bytes (anything else, e.g. an ``.align`` struct, counts as 0: no match)
 _PTX_BYTES = {".u64": 8, ".b64": 8, ".s64": 8, ".f64": 8, ".u32": 4, ".b32": 4, ".s32": 4, ".f32": 4,
               ".u16": 2, ".b16": 2, ".s16": 2, ".f16": 2, ".u8": 1, ".b8": 1, ".s8": 1}
@@ -69,7 +79,8 @@ class TritonBackend:
 
     def bind(self, spec: ImplSpec, config: Config):
         assert spec.launch is not None
-        return functools.partial(spec.launch, **config.as_dict())
+        return on_tensor_device(functools.partial(spec.launch, **config.as_dict()),
+                                cpu_lock=INTERPRETER_LOCK)
 
 
 register(TritonBackend())

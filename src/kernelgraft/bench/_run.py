@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from .._timing import on_device
 from ._ceilings import Ceilings
 from ._cost import call_cost, describe_inputs
 from ._timing import Timing, measure
@@ -65,6 +66,16 @@ def tuned_label() -> str:
     import kernelgraft as kg
 
     return "tuned (kg.tune)" if callable(getattr(kg, "tune", None)) else "tuned (best measured)"
+
+
+def _device_of(args: tuple) -> torch.device | None:
+    """The device of the first tensor among ``args`` (or in a list of tensors), None if none."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a.device
+        if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
+            return a[0].device
+    return None
 
 
 def _candidate_fn(op: Any, candidate: Any, args: tuple) -> Callable[[], object]:
@@ -151,71 +162,73 @@ def bench_op(
 
     for size, args in enumerate(inputs):
         args = tuple(args)
-        shape = describe_inputs(args)
-        try:
-            with _mode("off"):
-                outputs = op(*args)
-            nbytes, flops = call_cost(op, args, outputs)
-        except Exception as exc:
-            emit(Row(op.name, shape, size, math.nan, math.nan, DEFAULT, "kg op",
-                     error=f"{type(exc).__name__}: {exc}".splitlines()[0][:300]))
-            continue
-        base = dict(op=op.name, shape=shape, size=size, bytes=nbytes, flops=flops)
-        cand_rows, cand_fns = [], {}
-        for cand in op.candidates(*args):
-            if not cand.supported:
+        # every timing of this shape on the device of its tensors, whatever device is current
+        with on_device(_device_of(args)):
+            shape = describe_inputs(args)
+            try:
+                with _mode("off"):
+                    outputs = op(*args)
+                nbytes, flops = call_cost(op, args, outputs)
+            except Exception as exc:
+                emit(Row(op.name, shape, size, math.nan, math.nan, DEFAULT, "kg op",
+                         error=f"{type(exc).__name__}: {exc}".splitlines()[0][:300]))
                 continue
-            row = Row(**base, kind=CANDIDATE, variant=cand.label, backend=cand.impl.backend)
-            try:
-                fn = _candidate_fn(op, cand, args)
-            except Exception as exc:
-                row.error, fn = f"{type(exc).__name__}: {exc}".splitlines()[0][:300], None
-            cand_rows.append(emit(_timed(row, fn, timer, ceilings)))
-            cand_fns[id(cand_rows[-1])] = fn
-        timed = [r for r in cand_rows if r.time_us is not None]
-        for backend in sorted({r.backend for r in timed}):
-            best = min((r for r in timed if r.backend == backend), key=lambda r: r.time_us)
-            emit(dataclasses.replace(best, kind=BACKEND, variant=f"best {backend}", detail=best.variant))
-        emit(_timed(Row(**base, kind=EAGER, variant="torch eager", backend="torch"),
-                    lambda: op.reference(*args), timer, ceilings))
-        compile_fn = None
-        if compile:
-            row = Row(**base, kind=COMPILE, variant="torch.compile", backend="torch")
-            try:
-                compiled = compiled or _compiled(op.reference)
-                fn = lambda: compiled(*args)  # noqa: E731
-            except Exception as exc:
-                row.error, fn = f"{type(exc).__name__}: {exc}".splitlines()[0][:300], None
-            emit(_timed(row, fn, timer, ceilings))
-            compile_fn = fn if row.time_us is not None else None
-        with _mode("off"):
-            emit(_timed(Row(**base, kind=DEFAULT, variant="kg op (untuned default)", backend="kg"),
-                        lambda: op(*args), timer, ceilings))
-        label = tuned_label() if tune else "tuned (best measured)"
-        tuned = Row(**base, kind=TUNED, variant=label, backend="kg")
-        if tune and label == "tuned (kg.tune)":
-            # The first call inside the block tunes (or reads the cache); the timer's own first
-            # call is untimed, so the timed calls all run the chosen plan.
-            try:
-                # tune in the regime this report measures (cold L2), so "tuned" and "best
-                # candidate" are judged by the same clock
-                with _mode("on", cold_l2=True):
-                    _timed(tuned, lambda: op(*args), timer, ceilings)
-                    plan = op._plans.get(op._key(args, False))
-                    tuned.detail = getattr(getattr(plan, "candidate", None), "label", "") or ""
-                    if tuned.time_us is not None:
-                        _compare(tuned, lambda: op(*args), timed, cand_fns, compile_fn, quick)
-                emit(tuned)
-            except Exception as exc:
-                tuned.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-                if tuned not in rows:
+            base = dict(op=op.name, shape=shape, size=size, bytes=nbytes, flops=flops)
+            cand_rows, cand_fns = [], {}
+            for cand in op.candidates(*args):
+                if not cand.supported:
+                    continue
+                row = Row(**base, kind=CANDIDATE, variant=cand.label, backend=cand.impl.backend)
+                try:
+                    fn = _candidate_fn(op, cand, args)
+                except Exception as exc:
+                    row.error, fn = f"{type(exc).__name__}: {exc}".splitlines()[0][:300], None
+                cand_rows.append(emit(_timed(row, fn, timer, ceilings)))
+                cand_fns[id(cand_rows[-1])] = fn
+            timed = [r for r in cand_rows if r.time_us is not None]
+            for backend in sorted({r.backend for r in timed}):
+                best = min((r for r in timed if r.backend == backend), key=lambda r: r.time_us)
+                emit(dataclasses.replace(best, kind=BACKEND, variant=f"best {backend}", detail=best.variant))
+            emit(_timed(Row(**base, kind=EAGER, variant="torch eager", backend="torch"),
+                        lambda: op.reference(*args), timer, ceilings))
+            compile_fn = None
+            if compile:
+                row = Row(**base, kind=COMPILE, variant="torch.compile", backend="torch")
+                try:
+                    compiled = compiled or _compiled(op.reference)
+                    fn = lambda: compiled(*args)  # noqa: E731
+                except Exception as exc:
+                    row.error, fn = f"{type(exc).__name__}: {exc}".splitlines()[0][:300], None
+                emit(_timed(row, fn, timer, ceilings))
+                compile_fn = fn if row.time_us is not None else None
+            with _mode("off"):
+                emit(_timed(Row(**base, kind=DEFAULT, variant="kg op (untuned default)", backend="kg"),
+                            lambda: op(*args), timer, ceilings))
+            label = tuned_label() if tune else "tuned (best measured)"
+            tuned = Row(**base, kind=TUNED, variant=label, backend="kg")
+            if tune and label == "tuned (kg.tune)":
+                # The first call inside the block tunes (or reads the cache); the timer's own first
+                # call is untimed, so the timed calls all run the chosen plan.
+                try:
+                    # tune in the regime this report measures (cold L2), so "tuned" and "best
+                    # candidate" are judged by the same clock
+                    with _mode("on", cold_l2=True):
+                        _timed(tuned, lambda: op(*args), timer, ceilings)
+                        plan = op._plans.get(op._key(args, False))
+                        tuned.detail = getattr(getattr(plan, "candidate", None), "label", "") or ""
+                        if tuned.time_us is not None:
+                            _compare(tuned, lambda: op(*args), timed, cand_fns, compile_fn, quick)
                     emit(tuned)
-        elif timed:
-            best = min(timed, key=lambda r: r.time_us)
-            emit(dataclasses.replace(best, kind=TUNED, variant=label, backend="kg", detail=best.variant))
-        del args, outputs
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+                except Exception as exc:
+                    tuned.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                    if tuned not in rows:
+                        emit(tuned)
+            elif timed:
+                best = min(timed, key=lambda r: r.time_us)
+                emit(dataclasses.replace(best, kind=TUNED, variant=label, backend="kg", detail=best.variant))
+            del args, outputs
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
     return rows
 
 

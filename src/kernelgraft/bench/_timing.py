@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import torch
 
+from .._timing import on_device
 from .._timing._gpu_busy import cover
 from .._timing._l2 import FLUSH_BYTES, flush_buffer as _flush
 
@@ -52,10 +53,17 @@ def measure(
     max_reps: int = 500,
     cold_l2: bool = True,
 ) -> Timing:
-    """Median time of ``fn()`` in microseconds over about ``rep_ms`` of GPU time."""
+    """Median time of ``fn()`` in microseconds over about ``rep_ms`` of GPU time, measured on
+    ``device`` (the device of the tensors ``fn`` works on; "cuda" is the current one)."""
     device = torch.device(device)
     if device.type != "cuda":
         raise RuntimeError("kernelgraft.bench.measure needs a CUDA device")
+    # events, the flush buffer and the busy cover follow torch's current device: make it ``device``
+    with on_device(device):
+        return _measure(fn, device, warmup_ms, rep_ms, min_reps, max_reps, cold_l2)
+
+
+def _measure(fn, device, warmup_ms, rep_ms, min_reps, max_reps, cold_l2) -> Timing:
     fn()  # compile / allocate outside the timed region
     torch.cuda.synchronize(device)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

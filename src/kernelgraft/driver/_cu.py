@@ -6,17 +6,23 @@ and the CUDA error, and a machine without a driver says so instead of crashing a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from .._errors import LaunchError
 
-__all__ = ["cu", "call", "available", "ensure_context", "capability"]
+__all__ = [
+    "cu", "call", "available", "ensure_context", "device_context", "context_device", "primary_context",
+    "capability",
+]
 
 log = logging.getLogger(__name__)
 _LOCK = threading.Lock()
+_PRIMARY: dict[int, Any] = {}  # device index -> its retained primary context (retained once)
 
 
 @functools.cache
@@ -72,16 +78,54 @@ def call(fn_name: str, *args: Any, what: str = "") -> Any:
     return rest[0] if len(rest) == 1 else rest
 
 
-def ensure_context(device_index: int) -> None:
-    """Make the device's primary context (the one torch uses) current on this thread."""
+def primary_context(device_index: int) -> Any:
+    """The device's primary context (the one torch and the CUDA runtime use), retained once."""
+    ctx = _PRIMARY.get(device_index)
+    if ctx is None:
+        with _LOCK:
+            ctx = _PRIMARY.get(device_index)
+            if ctx is None:
+                dev = call("cuDeviceGet", device_index, what=f"opening device {device_index}")
+                ctx = call("cuDevicePrimaryCtxRetain", dev,
+                           what=f"retaining the primary context of device {device_index}")
+                _PRIMARY[device_index] = ctx
+    return ctx
+
+
+def context_device() -> int | None:
+    """The device of this thread's current context, or None when no context is current."""
     ctx = call("cuCtxGetCurrent", what="reading the current context")
-    if ctx is not None and int(ctx) != 0:
+    if ctx is None or int(ctx) == 0:
+        return None
+    return int(call("cuCtxGetDevice", what="reading the current context's device"))
+
+
+def ensure_context(device_index: int) -> None:
+    """Make the device's primary context current on this thread, unless a context of that device
+    already is. A context of another device (the current device is 0, the tensors are on 1) is
+    replaced: this changes the thread's current device, so code that must leave it as it was uses
+    ``device_context`` instead."""
+    if context_device() == device_index:
         return
-    with _LOCK:
-        dev = call("cuDeviceGet", device_index, what=f"opening device {device_index}")
-        primary = call("cuDevicePrimaryCtxRetain", dev, what="retaining the primary context")
-        call("cuCtxSetCurrent", primary, what="making the primary context current")
-        log.debug("made the primary context of device %d current", device_index)
+    call("cuCtxSetCurrent", primary_context(device_index),
+         what=f"making the primary context of device {device_index} current")
+    log.debug("made the primary context of device %d current", device_index)
+
+
+@contextlib.contextmanager
+def device_context(device_index: int) -> Iterator[None]:
+    """The device's primary context current inside the block, the thread's previous one (or none)
+    current again after it. Loading a module, finding a kernel and setting its attributes happen
+    in the context of the device they are for, whatever device the caller has current."""
+    if context_device() == device_index:
+        yield
+        return
+    call("cuCtxPushCurrent", primary_context(device_index),
+         what=f"pushing the primary context of device {device_index}")
+    try:
+        yield
+    finally:
+        call("cuCtxPopCurrent", what=f"popping the primary context of device {device_index}")
 
 
 @functools.cache

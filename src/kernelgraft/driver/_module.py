@@ -3,6 +3,12 @@
 An image is loaded into a device's primary context (the one torch uses) the first time a
 function of it is needed on that device; handles are cached per (module, device), so a module can
 serve several GPUs. Nothing here touches the GPU until the first launch or ``handle`` call.
+
+Every driver object belongs to one device: a module is loaded, a kernel found and its shared-memory
+limit raised with that device's primary context pushed (``_cu.device_context``), whatever device
+the caller has current, and a launch for device ``d`` runs with ``d`` current and on ``d``'s
+current torch stream (``Launcher``), so tensors on ``cuda:1`` launch correctly while the current
+device is 0 (one process driving several GPUs: ``device_map="auto"``, pipeline stages).
 """
 
 from __future__ import annotations
@@ -21,13 +27,21 @@ from .._native import _record
 from . import _cu
 from ._params import KINDS, ParamBuffer, kind_of, value_of
 
-__all__ = ["Module", "Function", "Launcher", "load_module", "current_stream"]
+__all__ = ["Module", "Function", "Launcher", "load_module", "current_stream", "current_device"]
 
 log = logging.getLogger(__name__)
 _MODULES: dict[tuple[str, str], "Module"] = {}
 _LOCK = threading.Lock()
 _DEFAULT_SMEM_LIMIT = 48 * 1024
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_get_device = getattr(torch._C, "_cuda_getDevice", None)
+
+
+def current_device() -> int:
+    """torch's current CUDA device on this thread (the runtime's, so the driver's current context)."""
+    if _get_device is not None:
+        return _get_device()
+    return torch.cuda.current_device()  # pragma: no cover
 
 
 def current_stream(device_index: int) -> int:
@@ -81,9 +95,9 @@ class Module:
             with _LOCK:
                 h = self._handles.get(device_index)
                 if h is None:
-                    _cu.ensure_context(device_index)
-                    h = _cu.call("cuModuleLoadData", self.image,
-                                 what=f"loading {self.kind} module {self.name} on device {device_index}")
+                    with _cu.device_context(device_index):
+                        h = _cu.call("cuModuleLoadData", self.image,
+                                     what=f"loading {self.kind} module {self.name} on device {device_index}")
                     self._handles[device_index] = h
                     log.debug("loaded %s module %s on device %d", self.kind, self.name, device_index)
         return h
@@ -115,8 +129,10 @@ class Function:
         h = self._handles.get(device_index)
         if h is None:
             mod = self.module.handle(device_index)
-            h = _cu.call("cuModuleGetFunction", mod, self.name.encode(),
-                         what=f"finding kernel {self.name!r} in module {self.module.name}")
+            with _cu.device_context(device_index):
+                h = _cu.call("cuModuleGetFunction", mod, self.name.encode(),
+                             what=f"finding kernel {self.name!r} in module {self.module.name} "
+                                  f"on device {device_index}")
             self._handles[device_index] = h
         return h
 
@@ -132,9 +148,13 @@ class Function:
         if shared_mem <= _DEFAULT_SMEM_LIMIT or self._smem_set.get(device_index, 0) >= shared_mem:
             return
         driver = _cu.cu()
-        _cu.call("cuFuncSetAttribute", self.handle(device_index),
-                 driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                 int(shared_mem), what=f"allowing {shared_mem} bytes of shared memory for {self.name}")
+        handle = self.handle(device_index)
+        with _cu.device_context(device_index):
+            _cu.call("cuFuncSetAttribute", handle,
+                     driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                     int(shared_mem),
+                     what=f"allowing {shared_mem} bytes of shared memory for {self.name} on device "
+                          f"{device_index}")
         self._smem_set[device_index] = shared_mem
 
     def check_params(self, device_index: int, kinds: Sequence[str]) -> None:
@@ -196,12 +216,12 @@ class Function:
 
 def _device_index(device: int | torch.device | None) -> int:
     if device is None:
-        return torch.cuda.current_device()
+        return current_device()
     if isinstance(device, int):
         return device
     if device.type != "cuda":
         raise LaunchError(f"kernels launch on CUDA devices, got tensors on {device}")
-    return device.index if device.index is not None else torch.cuda.current_device()
+    return device.index if device.index is not None else current_device()
 
 
 def _dims(value: int | Sequence[int], what: str) -> tuple[int, int, int]:
@@ -222,8 +242,12 @@ class Launcher:
     """``launcher(device_index, grid, block, values, shared_mem=0, stream=None)``: pack raw values
     (addresses as ints, numbers) into the parameter buffer and call ``cuLaunchKernel``.
 
-    An empty grid launches nothing. ``stream`` defaults to torch's current stream, so launches are
-    recorded into a CUDA graph being captured on that stream.
+    An empty grid launches nothing. ``stream`` defaults to torch's current stream of the device, so
+    launches are recorded into a CUDA graph being captured on that stream. When torch's current
+    device is another one, the launch switches to ``device_index`` for its duration (through torch,
+    which makes that device's primary context current and switches back after): the function
+    handle and the stream are that device's and are only valid in its context. The check is one
+    ``cudaGetDevice``; the switch happens only when the devices differ.
     """
 
     __slots__ = ("function", "buffer", "_launch")
@@ -245,6 +269,9 @@ class Launcher:
         gx, gy, gz = _dims(grid, "grid")
         if gx <= 0 or gy <= 0 or gz <= 0:
             return
+        if device_index != current_device():
+            with torch.cuda.device(device_index):
+                return self(device_index, grid, block, values, shared_mem, stream)
         bx, by, bz = _dims(block, "block")
         fn = self.function
         handle = fn._handles.get(device_index)

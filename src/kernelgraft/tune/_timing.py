@@ -15,6 +15,11 @@ outside the timed region; the flush comes after the restore, which would otherwi
 mutated inputs in the L2 (it made the tuner choose an FP8 scatter config 4% slower than the best in
 benchmarks/results/2026-11-30-h200-s4/).
 
+Everything runs on the trial's device (``Trial.device``, the tensors' device), whatever device the
+caller has current: events, the capture stream and graph, the L2 flush, the busy cover and the
+synchronisations all use torch's current device, so ``cuda_timer`` makes the trial's device current
+for its duration (``kernelgraft._timing.on_device``).
+
 A timer is any callable ``timer(trial, settings) -> milliseconds``; tests inject a fake one.
 """
 
@@ -30,6 +35,7 @@ from typing import Any
 
 import torch
 
+from .._timing import on_device
 from .._timing._gpu_busy import cover
 from .._timing._l2 import flush
 
@@ -51,6 +57,7 @@ class Trial:
     restore: Callable[[int], None] | None = None
     budget_s: float = math.inf  # time this trial may take
     cold: bool = False  # cold-L2 timing asked for: evict the L2 before each timed launch
+    device: torch.device | None = None  # the tensors' device (None: the current one)
 
 
 Timer = Callable[[Trial, Any], float]
@@ -77,7 +84,7 @@ def _eager(trial: Trial, reps: int, host_us: float | None = None) -> tuple[list[
         if trial.restore is not None:
             trial.restore(k)
         if trial.cold:  # after the restore, which leaves the mutated inputs in the L2
-            flush(torch.device("cuda"))  # tens of microseconds of GPU work: covers the launch too
+            flush(trial.device or torch.device("cuda"))  # tens of microseconds of GPU work: covers the launch too
         elif host_us is not None:
             cover(host_us, slack_us=20.0)
         start.record()
@@ -116,7 +123,13 @@ def _graphed(trial: Trial, reps: int, est_ms: float) -> list[float] | None:
 
 
 def cuda_timer(trial: Trial, settings: Any) -> float:
-    """Median milliseconds of one launch of ``trial`` on the current CUDA device."""
+    """Median milliseconds of one launch of ``trial`` on its device (``trial.device``, else the
+    current CUDA device)."""
+    with on_device(trial.device):
+        return _cuda_timer(trial, settings)
+
+
+def _cuda_timer(trial: Trial, settings: Any) -> float:
     warmup = max(1, int(getattr(settings, "warmup", 3)))
     max_reps = max(3, int(getattr(settings, "repeats", 50)))
     use_graph = bool(getattr(settings, "graph", True))

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from ._gate import classify_error, compare, make_oracle, poisoned
+from .._timing import on_device
 from ._timing import Trial, cuda_timer
 
 __all__ = ["Result", "run_trials"]
@@ -144,6 +145,11 @@ def _warm_up(trial: Trial, device: torch.device, ms: float = WARM_MS) -> None:
     GPU's sustained clock (see the module docstring)."""
     if device.type != "cuda":
         return
+    with on_device(device):  # the events must be on the device the trial launches on
+        _warm_up_on(trial, ms)
+
+
+def _warm_up_on(trial: Trial, ms: float) -> None:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     batch = 1
     for _ in range(12):  # doubling batches: at most a few hundred ms even for tiny kernels
@@ -207,7 +213,7 @@ def _gate(op, cand, own, outs, restore, oracle, mutated, device) -> Result | Tri
     def run(_: int) -> None:
         runner(*own, *outs)
 
-    return Trial(cand, run, restore=restore)
+    return Trial(cand, run, restore=restore, device=device)
 
 
 def _time(trial: Trial, timer: Any, settings: Any) -> float | Result:
