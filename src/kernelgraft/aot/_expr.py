@@ -181,19 +181,35 @@ _SAFE = {"_kg_mul": _mul, "_kg_pow": _pow, "_kg_lshift": _lshift,
          "_kg_div": _divider(lambda a, b: a / b)}
 
 
+class _Source:
+    """Source segments of nodes (``ast.get_source_segment`` re-splits the text on every call)."""
+
+    def __init__(self, text: str) -> None:
+        self.lines = [line.encode() for line in text.splitlines(keepends=True)] or [b""]
+
+    def segment(self, node: ast.AST, limit: int = 120) -> str:
+        first, last = node.lineno - 1, node.end_lineno - 1
+        if first == last:
+            data = self.lines[first][node.col_offset:node.end_col_offset]
+        else:
+            data = b"".join([self.lines[first][node.col_offset:], *self.lines[first + 1:last],
+                             self.lines[last][:node.end_col_offset]])
+        return data.decode(errors="replace")[:limit] if limit else data.decode()
+
+
 class _Bound(ast.NodeTransformer):
     """Routes every operator that can grow or divide through the checked helpers above."""
 
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.sites: list[str] = []
+    def __init__(self, source: str, sites: list[str]) -> None:
+        self.source = _Source(source)
+        self.sites = sites
 
     def visit_BinOp(self, node: ast.BinOp) -> ast.AST:
         self.generic_visit(node)
         helper = _HELPERS.get(type(node.op))
         if helper is None:
             return node
-        self.sites.append((ast.get_source_segment(self.source, node) or "?")[:120])
+        self.sites.append(self.source.segment(node))
         call = ast.Call(func=ast.Name(helper, ast.Load()),
                         args=[node.left, node.right, ast.Constant(len(self.sites) - 1)], keywords=[])
         return ast.copy_location(call, node)
@@ -217,11 +233,15 @@ def _check_constants(text: str, tree: ast.Expression) -> None:
     """Load-time domain check: every constant part is evaluated now (bounded), and a divisor that
     is a constant zero is refused, so these faults are a ``BundleError`` when the bundle loads."""
     named = _named(tree)
+    source = _Source(text)
 
     def value(node: ast.AST) -> Any:
         if isinstance(node, ast.Constant):
             return node.value
-        return _compile([], [ast.get_source_segment(text, node) or "0"], when="")()[0]
+        if isinstance(node, ast.UnaryOp) and isinstance(node.operand, ast.Constant):  # -1: no compile
+            return {ast.USub: lambda v: -v, ast.UAdd: lambda v: +v, ast.Not: lambda v: not v}[
+                type(node.op)](node.operand.value)
+        return _compile([], [source.segment(node, limit=0)], when="")()[0]  # bounded: may raise
 
     if id(tree.body) not in named:
         value(tree.body)
@@ -236,13 +256,15 @@ def _check_constants(text: str, tree: ast.Expression) -> None:
         if isinstance(node, ast.BinOp) and isinstance(node.op, _DIVS) and id(node.right) not in named:
             if value(node.right) == 0:
                 raise BundleError(f"bundle expression {text[:120]!r} divides by zero "
-                                  f"({(ast.get_source_segment(text, node) or '')[:80]})")
+                                  f"({source.segment(node, limit=80)})")
 
 
-def constant_value(text: str) -> Any:
-    """The value of an expression without names (a grid of ``"1"``), or None when it reads inputs."""
-    tree = check_expr(text, ())
-    return compile_exprs([], [text])()[0] if not _has_names(tree.body) else None  # BundleError on names
+def constant_value(text: str, names: Sequence[str]) -> Any:
+    """The value of an expression that reads none of ``names`` (a grid of ``"1"``), or None when it does."""
+    tree = check_expr(text, names)
+    if isinstance(tree.body, ast.Constant):
+        return tree.body.value
+    return _compile([], [text], [tree], when="")()[0] if id(tree.body) not in _named(tree) else None
 
 
 def compile_exprs(names: Sequence[str], exprs: Sequence[str]) -> Callable[..., tuple]:
@@ -256,24 +278,29 @@ def compile_exprs(names: Sequence[str], exprs: Sequence[str]) -> Callable[..., t
             raise BundleError(f"bundle parameter name {n!r} is not a plain identifier")
     if len(set(names)) != len(names):
         raise BundleError(f"bundle parameter names {list(names)} repeat a name")
-    for text in exprs:
-        _check_constants(text, check_expr(text, names))
-    return _compile(names, exprs)
+    trees = [check_expr(text, names) for text in exprs]
+    for text, tree in zip(exprs, trees):
+        _check_constants(text, tree)
+    return _compile(names, exprs, trees)
 
 
-def _compile(names: Sequence[str], exprs: Sequence[str], when: str = " for these inputs") -> Callable[..., tuple]:
-    body = "(" + "".join(f"{e}, " for e in exprs) + ")"
-    source = f"lambda {', '.join(names)}: {body}"
-    check_expr(source.split(": ", 1)[1], names)
-    bound = _Bound(source)
+def _compile(names: Sequence[str], exprs: Sequence[str], trees: Sequence[ast.Expression] | None = None,
+             when: str = " for these inputs") -> Callable[..., tuple]:
+    """The checked expressions as one function; ``trees`` (their parses) are consumed."""
+    if trees is None:
+        trees = [check_expr(text, names) for text in exprs]
+    sites: list[str] = []
+    body = ", ".join(exprs)
     try:
-        tree = ast.fix_missing_locations(bound.visit(ast.parse(source, mode="eval")))
-        code = compile(tree, "<kernelgraft bundle>", "eval")
+        elts = [_Bound(text, sites).visit(tree).body for text, tree in zip(exprs, trees)]
+        args = ast.arguments(posonlyargs=[], args=[ast.arg(n) for n in names], vararg=None, kwonlyargs=[],
+                             kw_defaults=[], kwarg=None, defaults=[])
+        tree = ast.Expression(ast.Lambda(args, ast.Tuple(elts, ast.Load())))
+        code = compile(ast.fix_missing_locations(tree), "<kernelgraft bundle>", "eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         raise BundleError(f"bundle expressions {body[:120]!r} do not compile: "
                           f"{type(exc).__name__}: {exc}") from None
     fn = eval(code, {"__builtins__": {}, **_FUNCS, **_SAFE})  # noqa: S307
-    sites = bound.sites
 
     def evaluate(*values: Any) -> tuple:
         try:

@@ -121,9 +121,9 @@ class Kernel:
         self.aligned = bool(needs) and {p["source"] for p in params if "source" in p} <= needs
         self.block = tuple(b if type(b) is int else -1 for b in entry["block"])
         # what does not depend on the inputs is checked now, the rest once per shape in prepare()
-        constant = [constant_value(str(e)) for e in entry["grid"]]
+        constant = [constant_value(str(e), inputs) for e in entry["grid"]]
         grid = tuple(1 if v is None else v for v in constant)
-        smem = constant_value(str(entry["shared_mem"]))
+        smem = constant_value(str(entry["shared_mem"]), inputs)
         check_launch(self.where, grid, self.block, 0 if smem is None else smem)
         outs = entry["outputs"]["dtypes"]
         sources = {names[i]: dt for i, dt in self.dtypes}
