@@ -117,7 +117,7 @@ def load_bundle(
     does not verify, a file that is not a regular file or is too large, or a malformed manifest.
 
     >>> bundle = kg.load_bundle("bundle/", arch="sm_90", key="bundle.key")  # doctest: +SKIP
-    >>> bundle
+    >>> bundle  # doctest: +SKIP
     Bundle('bundle/', arch='sm_90', ops=['kgexamples::add_relu'], kernels=30, signed)
     """
     root = Path(path)
