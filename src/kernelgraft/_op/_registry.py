@@ -2,7 +2,8 @@
 
 Registering the same op twice (same reference, schema and impl fingerprints) is a no-op that returns
 the first op, so re-imports and pytest-xdist workers are safe; a different op under a taken name is
-an error. Double-checked locking keeps the common path lock-free.
+an error, except that an op rebuilt from an AOT bundle (a stand-in) yields the name to the module
+that defines it (``aot/_load.py`` says how). Double-checked locking keeps the common path lock-free.
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ def register(op: "KernelOp") -> "KernelOp":
                 _OPS[op.name] = op
                 return op
     if existing.fingerprint != op.fingerprint:
+        take_over = getattr(existing, "_bundle_stand_in", None)
+        if take_over is not None:  # rebuilt from an AOT bundle: the op's own module wins the name
+            return take_over(op)
         raise RegistrationError(
             f"op name {op.name!r} is already registered by {existing.reference.__module__}."
             f"{existing.reference.__qualname__} with different code or impls; pick another name "

@@ -1,8 +1,8 @@
 """Ahead-of-time bundles: every candidate compiled to cubins on a machine without a GPU, loaded
 and launched through ``kernelgraft.driver`` where the kernel DSL is not even installed.
 
-Build: ``kernelgraft aot TARGET --arch sm_90 [--arch sm_100] -o DIR [--static]`` (or
-``build_bundle(ops, DIR, archs=...)``). Load: ``kg.load_bundle(DIR)``.
+Build: ``kernelgraft aot TARGET --arch sm_90 [--arch sm_100] -o DIR [--static] [--sign KEYFILE]``
+(or ``build_bundle(ops, DIR, archs=..., sign=...)``). Load: ``kg.load_bundle(DIR[, key=KEYFILE])``.
 
 What is supported (and what is not):
 - Backends: Triton (``triton.compile`` for ``GPUTarget('cuda', cc, 32)``: cubin + PTX) and CUDA C++
@@ -20,8 +20,13 @@ What is supported (and what is not):
   checked for 16-byte aligned pointers too: ``supports()`` was traced on fake tensors, which look
   aligned, so a misaligned call falls back. A launch that needs the device (a grid of one block
   per SM, say) cannot be traced without a GPU and is skipped with the reason.
-- A call no bundled kernel covers goes to the JIT when the op's module is importable, else raises
+- A call no bundled kernel covers goes to the JIT when the op's module is imported, else raises
   ``UnsupportedError``. A bundle for another arch or with a bad checksum raises ``BundleError``.
+- A bundle is untrusted input: loading imports no module it names (``import_modules=`` allows
+  some), reads only regular files under size caps, bounds JSON nesting and expression evaluation,
+  validates grids and blocks against device limits, and never overrides an op that Python code
+  defines. ``--sign KEYFILE`` / ``build_bundle(..., sign=)`` add an HMAC-SHA256 signature that
+  ``load_bundle(..., key=)`` requires; without a key only unkeyed sha256 sums protect it.
 - The manifest is JSON only; expressions are checked against a whitelisted grammar at load. Each
   kernel entry carries what a TensorRT plugin's ``aot_impl`` needs: kernel name, binary, grid,
   block and shared memory as expressions of input shapes, and ``scalar_order``.
@@ -29,5 +34,6 @@ What is supported (and what is not):
 
 from ._build import build_bundle
 from ._load import Bundle, load_bundle
+from ._sign import sign_bundle, verify_bundle
 
-__all__ = ["build_bundle", "load_bundle", "Bundle"]
+__all__ = ["build_bundle", "load_bundle", "Bundle", "sign_bundle", "verify_bundle"]

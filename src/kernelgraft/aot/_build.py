@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -21,20 +22,13 @@ import torch
 from .._errors import BundleError
 from . import _cuda_aot, _manifest, _triton_aot
 from ._expr import Unsupported
+from ._sign import SIGNATURE, load_key, sign_bundle
 from ._trace import trace
 
 __all__ = ["build_bundle"]
 
 log = logging.getLogger(__name__)
 _BACKENDS = {"triton": _triton_aot, "cuda": _cuda_aot}
-
-
-def _normalize_arch(arch: str) -> str:
-    text = str(arch).lower().strip()
-    text = text if text.startswith("sm_") else f"sm_{text.replace('.', '')}"
-    if not text[3:].rstrip("a").isdigit():
-        raise BundleError(f"arch {arch!r} is not a CUDA arch; write sm_90, sm_100, ...")
-    return text
 
 
 def _param_entry(p) -> dict:
@@ -85,13 +79,17 @@ def build_bundle(
     inputs: Mapping[str, Callable[[], Iterable[tuple]] | Iterable[tuple]] | None = None,
     dynamic: bool = True,
     progress: Callable[[str], None] | None = None,
+    sign: bytes | str | os.PathLike | None = None,
 ) -> dict:
     """Compile ``ops`` into a bundle directory ``out`` (manifest.json + bin/); returns the manifest.
 
     ``inputs`` maps an op name to sample input tuples (CPU tensors are fine) that declare the
-    signatures to compile; without it the op's ``sample_inputs()`` are used.
+    signatures to compile; without it the op's ``sample_inputs()`` are used. ``sign``: a key (bytes)
+    or key file to sign the bundle with (``signature.json``; ``load_bundle(..., key=...)`` checks it).
     """
-    archs = list(dict.fromkeys(_normalize_arch(a) for a in archs))
+    if sign is not None:
+        load_key(sign)  # a missing or short key fails before minutes of compiling
+    archs = list(dict.fromkeys(_manifest.normalize_arch(a) for a in archs))
     out = Path(out)
     (out / "bin").mkdir(parents=True, exist_ok=True)
     toolchain = {"torch": torch.__version__}
@@ -112,6 +110,11 @@ def build_bundle(
         "build_seconds": round(time.perf_counter() - started, 2), "ops": manifest_ops,
     }
     _manifest.write(out, manifest)
+    signature = out / SIGNATURE
+    if sign is not None:
+        sign_bundle(out, sign)
+    elif signature.exists():  # left by an earlier signed build: it no longer matches
+        signature.unlink()
     return manifest
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from .._errors import BundleError
 
-__all__ = ["Unsupported", "to_text", "compile_exprs", "check_expr"]
+__all__ = ["Unsupported", "to_text", "compile_exprs", "check_expr", "constant_value"]
 
 
 class Unsupported(Exception):
@@ -130,21 +130,185 @@ def check_expr(text: str, names: Sequence[str]) -> ast.Expression:
     return tree
 
 
+# Evaluation is bounded: '**', '*' and '<<' refuse int results over _MAX_BITS bits (a tower such as
+# ((9 ** 64) ** 64) ** 64 would otherwise compute for minutes) and a zero divisor is an error that
+# names the expression. A size expression never needs more than a few hundred bits.
+_MAX_BITS = 4096
+_DIVS = (ast.FloorDiv, ast.Mod, ast.Div)
+
+
+class _Limit(Exception):
+    def __init__(self, site: int, why: str) -> None:
+        super().__init__(why)
+        self.site = site
+
+
+def _int_operands(a: Any, b: Any) -> bool:
+    return isinstance(a, int) and isinstance(b, int)
+
+
+def _mul(a: Any, b: Any, site: int) -> Any:
+    if _int_operands(a, b) and a.bit_length() + b.bit_length() > _MAX_BITS:
+        raise _Limit(site, f"the product exceeds {_MAX_BITS} bits")
+    return a * b
+
+
+def _pow(a: Any, b: Any, site: int) -> Any:
+    if _int_operands(a, b) and a.bit_length() * b > _MAX_BITS:
+        raise _Limit(site, f"the power exceeds {_MAX_BITS} bits")
+    return a ** b
+
+
+def _lshift(a: Any, b: Any, site: int) -> Any:
+    if _int_operands(a, b) and a.bit_length() + b > _MAX_BITS:
+        raise _Limit(site, f"the shift exceeds {_MAX_BITS} bits")
+    return a << b
+
+
+def _divider(op: Callable[[Any, Any], Any]) -> Callable[[Any, Any, int], Any]:
+    def divide(a: Any, b: Any, site: int) -> Any:
+        if b == 0:
+            raise _Limit(site, "it divides by zero")
+        return op(a, b)
+
+    return divide
+
+
+_HELPERS = {ast.Mult: "_kg_mul", ast.Pow: "_kg_pow", ast.LShift: "_kg_lshift", ast.FloorDiv: "_kg_floordiv",
+            ast.Mod: "_kg_mod", ast.Div: "_kg_div"}
+_SAFE = {"_kg_mul": _mul, "_kg_pow": _pow, "_kg_lshift": _lshift,
+         "_kg_floordiv": _divider(lambda a, b: a // b), "_kg_mod": _divider(lambda a, b: a % b),
+         "_kg_div": _divider(lambda a, b: a / b)}
+
+
+class _Source:
+    """Source segments of nodes (``ast.get_source_segment`` re-splits the text on every call)."""
+
+    def __init__(self, text: str) -> None:
+        self.lines = [line.encode() for line in text.splitlines(keepends=True)] or [b""]
+
+    def segment(self, node: ast.AST, limit: int = 120) -> str:
+        first, last = node.lineno - 1, node.end_lineno - 1
+        if first == last:
+            data = self.lines[first][node.col_offset:node.end_col_offset]
+        else:
+            data = b"".join([self.lines[first][node.col_offset:], *self.lines[first + 1:last],
+                             self.lines[last][:node.end_col_offset]])
+        return data.decode(errors="replace")[:limit] if limit else data.decode()
+
+
+class _Bound(ast.NodeTransformer):
+    """Routes every operator that can grow or divide through the checked helpers above."""
+
+    def __init__(self, source: str, sites: list[str]) -> None:
+        self.source = _Source(source)
+        self.sites = sites
+
+    def visit_BinOp(self, node: ast.BinOp) -> ast.AST:
+        self.generic_visit(node)
+        helper = _HELPERS.get(type(node.op))
+        if helper is None:
+            return node
+        self.sites.append(self.source.segment(node))
+        call = ast.Call(func=ast.Name(helper, ast.Load()),
+                        args=[node.left, node.right, ast.Constant(len(self.sites) - 1)], keywords=[])
+        return ast.copy_location(call, node)
+
+
+def _has_names(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Name) and n.id not in _FUNCS for n in ast.walk(node))
+
+
+def _named(tree: ast.AST) -> set[int]:
+    """ids of the nodes that read a name; one pass (children come after parents in ast.walk)."""
+    out: set[int] = set()
+    for node in reversed(list(ast.walk(tree))):
+        if (isinstance(node, ast.Name) and node.id not in _FUNCS) or any(
+                id(c) in out for c in ast.iter_child_nodes(node)):
+            out.add(id(node))
+    return out
+
+
+def _check_constants(text: str, tree: ast.Expression) -> None:
+    """Load-time domain check: every constant part is evaluated now (bounded), and a divisor that
+    is a constant zero is refused, so these faults are a ``BundleError`` when the bundle loads."""
+    named = _named(tree)
+    source = _Source(text)
+
+    def value(node: ast.AST) -> Any:
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.UnaryOp) and isinstance(node.operand, ast.Constant):  # -1: no compile
+            return {ast.USub: lambda v: -v, ast.UAdd: lambda v: +v, ast.Not: lambda v: not v}[
+                type(node.op)](node.operand.value)
+        return _compile([], [source.segment(node, limit=0)], when="")()[0]  # bounded: may raise
+
+    if id(tree.body) not in named:
+        value(tree.body)
+        return
+    for node in ast.walk(tree):
+        if id(node) not in named:
+            continue
+        for child in ast.iter_child_nodes(node):
+            if id(child) not in named and not isinstance(child, (ast.Constant, ast.expr_context, ast.operator,
+                                                                   ast.cmpop, ast.boolop, ast.unaryop)):
+                value(child)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, _DIVS) and id(node.right) not in named:
+            if value(node.right) == 0:
+                raise BundleError(f"bundle expression {text[:120]!r} divides by zero "
+                                  f"({source.segment(node, limit=80)})")
+
+
+def constant_value(text: str, names: Sequence[str]) -> Any:
+    """The value of an expression that reads none of ``names`` (a grid of ``"1"``), or None when it does."""
+    tree = check_expr(text, names)
+    if isinstance(tree.body, ast.Constant):
+        return tree.body.value
+    return _compile([], [text], [tree], when="")()[0] if id(tree.body) not in _named(tree) else None
+
+
 def compile_exprs(names: Sequence[str], exprs: Sequence[str]) -> Callable[..., tuple]:
-    """One function ``f(*values_for_names) -> tuple`` evaluating every expression."""
+    """One function ``f(*values_for_names) -> tuple`` evaluating every expression.
+
+    Constant parts are evaluated here (a constant zero divisor or an oversized constant is a
+    ``BundleError`` now); at call time an expression that divides by zero or grows past
+    ``_MAX_BITS`` bits raises ``BundleError`` naming the sub-expression."""
     for n in names:
         if not isinstance(n, str) or not n.isidentifier() or keyword.iskeyword(n) or n in _FUNCS:
             raise BundleError(f"bundle parameter name {n!r} is not a plain identifier")
     if len(set(names)) != len(names):
         raise BundleError(f"bundle parameter names {list(names)} repeat a name")
-    for text in exprs:
-        check_expr(text, names)
-    body = "(" + "".join(f"{e}, " for e in exprs) + ")"
-    source = f"lambda {', '.join(names)}: {body}"
-    check_expr(source.split(": ", 1)[1], names)
+    trees = [check_expr(text, names) for text in exprs]
+    for text, tree in zip(exprs, trees):
+        _check_constants(text, tree)
+    return _compile(names, exprs, trees)
+
+
+def _compile(names: Sequence[str], exprs: Sequence[str], trees: Sequence[ast.Expression] | None = None,
+             when: str = " for these inputs") -> Callable[..., tuple]:
+    """The checked expressions as one function; ``trees`` (their parses) are consumed."""
+    if trees is None:
+        trees = [check_expr(text, names) for text in exprs]
+    sites: list[str] = []
+    body = ", ".join(exprs)
     try:
-        code = compile(source, "<kernelgraft bundle>", "eval")
+        elts = [_Bound(text, sites).visit(tree).body for text, tree in zip(exprs, trees)]
+        args = ast.arguments(posonlyargs=[], args=[ast.arg(n) for n in names], vararg=None, kwonlyargs=[],
+                             kw_defaults=[], kwarg=None, defaults=[])
+        tree = ast.Expression(ast.Lambda(args, ast.Tuple(elts, ast.Load())))
+        code = compile(ast.fix_missing_locations(tree), "<kernelgraft bundle>", "eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         raise BundleError(f"bundle expressions {body[:120]!r} do not compile: "
                           f"{type(exc).__name__}: {exc}") from None
-    return eval(code, {"__builtins__": {}, **_FUNCS})  # noqa: S307
+    fn = eval(code, {"__builtins__": {}, **_FUNCS, **_SAFE})  # noqa: S307
+
+    def evaluate(*values: Any) -> tuple:
+        try:
+            return fn(*values)
+        except _Limit as exc:
+            raise BundleError(f"bundle expression {sites[exc.site]!r}: {exc}{when}") from None
+        except (ArithmeticError, IndexError, TypeError, ValueError) as exc:
+            raise BundleError(f"bundle expressions {body[:120]!r} cannot be evaluated{when}: "
+                              f"{type(exc).__name__}: {exc}") from None
+
+    return evaluate

@@ -1,10 +1,18 @@
 """``kg.load_bundle(DIR)``: check a bundle and attach its binaries to the ops.
 
-For each op in the manifest: when the op exists in this process (or its module imports), each
+A bundle is untrusted data: loading it never runs code from it or imports a module it names
+(unless the caller allows that module), every binary of the chosen arch is read and its sha256
+checked before anything is attached, and with a key the whole bundle must carry a valid signature.
+
+For each op in the manifest: when the op exists in this process (its module was imported), each
 bundled (impl, config) whose impl fingerprint still matches gets a driver runner that the op uses
 instead of compiling (shapes no bundled kernel covers still go to the JIT); otherwise the op is
-rebuilt from the manifest (schema, output shapes, bundled candidates only). Every binary of the
-chosen arch is read and its sha256 checked here, before anything is attached.
+rebuilt from the manifest (schema, output shapes, bundled candidates only) as a stand-in.
+
+Op names: a bundle never overrides an op defined by Python code. A stand-in registers only under a
+name no kernelgraft op holds; when the module that defines the name is imported later, its op takes
+the name over (instead of failing to register), and the bundle's binaries are attached to it only
+where the impl fingerprints agree (a mismatch is a warning and the binaries are not used).
 """
 
 from __future__ import annotations
@@ -12,7 +20,9 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import logging
+import os
 import warnings
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -21,17 +31,18 @@ import torch
 from .._op import _registry
 from .._op import _select
 from .._op._candidates import BUNDLED
-from .._errors import BundleError, KernelgraftError, KernelgraftWarning
+from .._errors import BundleError, KernelgraftError, KernelgraftWarning, RegistrationError
 from .._spec import Config
-from ._manifest import read
+from ._manifest import normalize_arch, read
 from ._runner import BundledRunner, Kernel
+from ._sign import verify_bundle
 
 __all__ = ["Bundle", "load_bundle"]
 
 log = logging.getLogger(__name__)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(repr=False)
 class Bundle:
     """What ``load_bundle`` attached: ``ops`` by name, and for each how its candidates were bound."""
 
@@ -40,7 +51,13 @@ class Bundle:
     manifest: dict
     ops: dict[str, Any]
     attached: dict[str, list[str]]   # op name -> candidate labels now served by the bundle
-    rebuilt: list[str]               # ops created from the manifest (their module did not import)
+    rebuilt: list[str]               # ops created from the manifest (their module was not imported)
+    kernels: int = 0                 # binaries loaded for ``arch``
+    signed: bool = False             # the signature was verified with a key
+
+    def __repr__(self) -> str:
+        return (f"Bundle({str(self.path)!r}, arch={self.arch!r}, ops={list(self.ops)}, "
+                f"kernels={self.kernels}{', signed' if self.signed else ''})")
 
     def detach(self) -> None:
         """Stop serving the bundle's candidates from existing ops (rebuilt ops stay registered)."""
@@ -74,48 +91,86 @@ def _current_arch() -> str:
     return f"sm_{major}{minor}"
 
 
-def load_bundle(path: str | Path, *, arch: str | None = None, import_modules: bool = True) -> Bundle:
+def load_bundle(
+    path: str | Path,
+    *,
+    arch: str | None = None,
+    key: bytes | str | os.PathLike | None = None,
+    import_modules: bool | Collection[str] = False,
+) -> Bundle:
     """Load the bundle in ``path`` for this GPU's arch (or ``arch``) and attach it to its ops.
 
-    Raises ``BundleError`` for a bundle built for other archs, a manifest or binary whose checksum
-    does not match, or a malformed manifest.
+    ``arch``: ``"sm_90"`` (also ``"sm90"``, ``"90"``, ``"9.0"``); default: the current GPU's.
+
+    ``key``: verify the bundle's HMAC-SHA256 signature (made by ``kernelgraft aot ... --sign
+    KEYFILE``) first; ``bytes`` are the key itself, a ``str`` or path names the key file. With a key,
+    an unsigned bundle or one changed after signing is refused. Without one, the manifest's sha256
+    sums still catch corruption, but not someone who edits the bundle and recomputes them.
+
+    ``import_modules``: the manifest names the Python module that defined each op. Importing a
+    module runs its code, and a bundle is data, so by default no module is imported: ops already
+    registered in this process (you imported their module) get the bundle's binaries, the others
+    are rebuilt from the manifest. Pass a collection of module names to allow importing exactly
+    those (an allow-list), or ``True`` to import whatever the manifest names (trusted bundles only).
+
+    Raises ``BundleError`` for a bundle built for other archs, a signature, manifest or binary that
+    does not verify, a file that is not a regular file or is too large, or a malformed manifest.
+
+    >>> bundle = kg.load_bundle("bundle/", arch="sm_90", key="bundle.key")  # doctest: +SKIP
+    >>> bundle  # doctest: +SKIP
+    Bundle('bundle/', arch='sm_90', ops=['kgexamples::add_relu'], kernels=30, signed)
     """
     root = Path(path)
-    manifest = read(root)
-    arch = arch or _current_arch()
-    arch = arch if arch.startswith("sm_") else f"sm_{arch}"
-    if arch not in manifest["archs"]:
+    allowed = _allowed_modules(import_modules)
+    manifest = read(root, verify_bundle(root, key) if key is not None else None)
+    arch = normalize_arch(arch or _current_arch())
+    archs = manifest["archs"]
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise BundleError(f"bundle {root}: manifest.json 'archs' is not a list of arch names")
+    if arch not in archs:
         raise BundleError(
-            f"bundle {root} was built for {', '.join(manifest['archs'])}, not for {arch} (this GPU); "
+            f"bundle {root} was built for {', '.join(archs)}, not for {arch}; "
             f"rebuild it with `kernelgraft aot TARGET --arch {arch} -o DIR`"
         )
-    bundle_id = manifest["checksum"][:16]
+    bundle_id = str(manifest["checksum"])[:16]
+    bundle = Bundle(root, arch, manifest, {}, {}, [], signed=key is not None)
     try:
+        if not isinstance(manifest["ops"], list):
+            raise TypeError("'ops' is not a list")
         prepared = [(entry, _runners(root, entry, arch)) for entry in manifest["ops"]]
-        ops, attached, rebuilt = {}, {}, []
+        bundle.kernels = sum(len(r.kernels) for _, runners in prepared for r, _ in runners.values())
         for entry, runners in prepared:
             name = entry["name"]
-            op = _existing(entry, import_modules)
+            op = _existing(entry, allowed)
             if op is None or op.impls and all(i.backend == "bundle" for i in op.impls):
                 if op is None:
-                    from ._bundled_op import make_op
-
-                    op = make_op(entry, runners, bundle_id)
-                    rebuilt.append(name)
+                    op = _stand_in(entry, runners, bundle_id, bundle)
+                    bundle.rebuilt.append(name)
                 else:
                     _refresh(op, runners)
-                attached[name] = [c["label"] for _, c in runners.values()]
+                bundle.attached[name] = [c["label"] for _, c in runners.values()]
             else:
-                attached[name] = _attach(op, runners)
-            ops[name] = op
-    except KernelgraftError:
+                bundle.attached[name] = _attach(op, runners)
+            bundle.ops[name] = op
+    except BundleError:
         raise
-    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+    except KernelgraftError as exc:  # e.g. a name torch already defines: still the bundle's fault
+        raise BundleError(f"bundle {root}: {exc}") from None
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, RecursionError) as exc:
         raise BundleError(f"bundle {root}: manifest.json is malformed ({type(exc).__name__}: {exc}); "
                           "rebuild the bundle") from None
     _select.bump_epoch()
-    log.info("loaded bundle %s for %s: %s", root, arch, {k: len(v) for k, v in attached.items()})
-    return Bundle(root, arch, manifest, ops, attached, rebuilt)
+    log.info("loaded bundle %s for %s: %s", root, arch, {k: len(v) for k, v in bundle.attached.items()})
+    return bundle
+
+
+def _allowed_modules(import_modules: bool | Collection[str]) -> bool | frozenset[str]:
+    if isinstance(import_modules, bool):
+        return import_modules
+    if isinstance(import_modules, str) or not all(isinstance(m, str) for m in import_modules):
+        raise TypeError(f"load_bundle: import_modules is a bool or a collection of module names, got "
+                        f"{import_modules!r}")
+    return frozenset(import_modules)
 
 
 def _runners(root: Path, entry: dict, arch: str) -> dict:
@@ -124,23 +179,55 @@ def _runners(root: Path, entry: dict, arch: str) -> dict:
     names += [f"out{i}" for i in range(int(entry.get("n_returns", 0)))]
     out = {}
     for cand in entry["candidates"]:
-        kernels = [Kernel(root, names, n_inputs, k) for k in cand["kernels"] if k["arch"] == arch]
+        label = f"{entry['name']} {cand['label']} (bundle)"
+        kernels = [Kernel(root, names, n_inputs, k, label) for k in cand["kernels"] if k["arch"] == arch]
         if kernels:
-            label = f"{entry['name']} {cand['label']} (bundle)"
             key = (int(cand["index"]), Config.of(cand["config"], where=f"bundle {root}"))
             out[key] = (BundledRunner(label, kernels, n_inputs), cand)
     return out
 
 
-def _existing(entry: dict, import_modules: bool):
+def _existing(entry: dict, allowed: bool | frozenset[str]):
     op = _registry.lookup(entry["name"])
     module = entry.get("module")
-    if op is None and import_modules and module and module != "kernelgraft.aot.bundled":
+    permitted = allowed is True or (not isinstance(allowed, bool) and module in allowed)
+    if op is None and permitted and isinstance(module, str) and module != "kernelgraft.aot.bundled":
         try:
             importlib.import_module(module)
         except Exception as exc:  # no triton, no source: the op is rebuilt from the manifest
             log.info("bundle op %s: module %s does not import (%s)", entry["name"], module, exc)
         op = _registry.lookup(entry["name"])
+    return op
+
+
+def _stand_in(entry: dict, runners: dict, bundle_id: str, bundle: Bundle):
+    """An op rebuilt from the manifest that yields its name to the op of the module defining it."""
+    from ._bundled_op import make_op
+
+    try:
+        op = make_op(entry, runners, bundle_id)
+    except RegistrationError as exc:
+        raise BundleError(f"bundle op {entry['name']!r} cannot be registered: {exc}") from None
+
+    def take_over(real):
+        """Called by the registry when Python code registers ``real`` under this stand-in's name."""
+        _registry.unregister(op.name)
+        registered = _registry.register(real)
+        if entry.get("fingerprint") != real.fingerprint:
+            warnings.warn(
+                f"{real.name}: defined by {real.reference.__module__}, which replaces the op of this name "
+                f"that bundle {bundle.path} rebuilt; the bundle's op was built from different code "
+                "(fingerprints differ), so only candidates whose impl fingerprints agree keep its binaries",
+                KernelgraftWarning, stacklevel=4)
+        bundle.attached[real.name] = _attach(registered, runners)
+        bundle.ops[real.name] = registered
+        if real.name in bundle.rebuilt:
+            bundle.rebuilt.remove(real.name)
+        _select.bump_epoch()
+        log.info("op %s: %s took over from bundle %s", real.name, real.reference.__module__, bundle.path)
+        return registered
+
+    op._bundle_stand_in = take_over  # read by _registry.register
     return op
 
 

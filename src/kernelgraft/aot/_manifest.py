@@ -2,7 +2,11 @@
 
 The manifest carries a ``checksum``: the sha256 of its own canonical JSON without that field, so
 an edited or truncated manifest is refused; every binary is named in it with its sha256, checked
-when it is read. Writes go to a temporary file and ``os.replace``.
+when it is read. These checks are unkeyed: they catch corruption and careless edits, not someone
+who recomputes the sums (``_sign`` adds a keyed signature for that). A bundle is untrusted input:
+only regular files are read (no symlink, FIFO or device), each under a size cap, and the manifest's
+JSON nesting is bounded, so a hostile bundle fails with ``BundleError`` instead of hanging or
+exhausting memory. Writes go to a temporary file and ``os.replace``.
 """
 
 from __future__ import annotations
@@ -10,18 +14,88 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from .._errors import BundleError
 
-__all__ = ["FORMAT", "VERSION", "write", "read", "store_binary", "read_binary", "canonical"]
+__all__ = ["FORMAT", "VERSION", "write", "read", "parse", "store_binary", "read_binary", "read_file",
+           "canonical", "normalize_arch", "MAX_MANIFEST_BYTES", "MAX_BINARY_BYTES", "MAX_DEPTH"]
 
 FORMAT = "kernelgraft-bundle"
 VERSION = 1
 _KINDS = {"cubin": ".cubin", "ptx": ".ptx"}
 _REQUIRED = ("format", "version", "archs", "toolchain", "ops", "checksum")
+# Far above what a real bundle needs (a manifest of two ops is ~250 KB, a cubin tens of KB; the
+# deepest manifest path is ~12 levels) and far below what would exhaust a host's memory.
+MAX_MANIFEST_BYTES = 64 << 20
+MAX_BINARY_BYTES = 256 << 20
+MAX_DEPTH = 32
+
+
+def normalize_arch(arch: object) -> str:
+    """``'sm_90'`` for ``'sm_90'``, ``'sm90'``, ``'90'``, ``'9.0'`` or ``90``; BundleError otherwise."""
+    text = str(arch).lower().strip().replace(".", "")
+    digits = text.removeprefix("sm").removeprefix("_")
+    number = digits[:-1] if digits.endswith("a") else digits
+    if not (number.isdigit() and 2 <= len(number) <= 3):
+        raise BundleError(f"arch {arch!r} is not a CUDA arch; write sm_90, sm_100, sm_90a, ...")
+    return f"sm_{digits}"
+
+
+def read_file(root: str | Path, name: str, limit: int) -> bytes:
+    """The bytes of ``root/name``, a regular file of at most ``limit`` bytes (BundleError otherwise).
+
+    Opened without following a final symlink and without blocking, so a FIFO or a link to
+    ``/dev/zero`` is refused at once instead of hanging or filling memory."""
+    path = Path(root) / name
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        why = "it is a symlink" if path.is_symlink() else exc.strerror or exc
+        raise BundleError(f"bundle {root}: cannot read {name} ({why}); a bundle holds regular files only") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise BundleError(f"bundle {root}: {name} is not a regular file (mode {stat.filemode(info.st_mode)}); "
+                              "a bundle holds regular files only")
+        if info.st_size > limit:
+            raise BundleError(f"bundle {root}: {name} is {info.st_size} bytes, over the {limit}-byte cap")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise BundleError(f"bundle {root}: cannot read {name}: {exc}") from None
+    finally:
+        os.close(fd)
+    if len(data) > limit:  # grew while being read
+        raise BundleError(f"bundle {root}: {name} is over the {limit}-byte cap")
+    return data
+
+
+def _check_depth(value: Any, root: str | Path) -> None:
+    """Iteratively (a recursive walk is what a deep document would break) bound the nesting."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise BundleError(f"bundle {root}: manifest.json nests deeper than {MAX_DEPTH} levels")
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+
+
+def parse(root: str | Path, text: bytes) -> Any:
+    """JSON of a manifest, with its size and nesting bounded."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise BundleError(f"bundle {root}: manifest.json nests deeper than {MAX_DEPTH} levels") from None
+    except (ValueError, MemoryError) as exc:  # UnicodeDecodeError is a ValueError
+        raise BundleError(f"bundle {root}: manifest.json is not valid JSON ({exc})") from None
+    _check_depth(value, root)
+    return value
 
 
 def canonical(manifest: dict) -> bytes:
@@ -58,24 +132,21 @@ def write(root: Path, manifest: dict) -> Path:
     return path
 
 
-def read(root: str | Path) -> dict[str, Any]:
-    """The manifest of a bundle directory, checked for format, version and checksum."""
-    path = Path(root) / "manifest.json"
-    try:
-        text = path.read_bytes()
-    except OSError as exc:
-        raise BundleError(f"bundle {root}: cannot read manifest.json ({exc}); build one with "
-                          "`kernelgraft aot TARGET --arch sm_90 -o DIR`") from None
-    try:
-        manifest = json.loads(text)
-    except ValueError as exc:
-        raise BundleError(f"bundle {root}: manifest.json is not valid JSON ({exc})") from None
+def read(root: str | Path, text: bytes | None = None) -> dict[str, Any]:
+    """The manifest of a bundle directory (or its bytes ``text``, already read and verified by the
+    caller), checked for size, nesting, format, version and checksum."""
+    if text is None:
+        if not (Path(root) / "manifest.json").exists():
+            raise BundleError(f"bundle {root}: no manifest.json; build one with "
+                              "`kernelgraft aot TARGET --arch sm_90 -o DIR`")
+        text = read_file(root, "manifest.json", MAX_MANIFEST_BYTES)
+    manifest = parse(root, text)
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise BundleError(f"bundle {root}: manifest.json is not a kernelgraft bundle manifest")
     missing = [k for k in _REQUIRED if k not in manifest]
     if missing:
         raise BundleError(f"bundle {root}: manifest.json lacks {missing}")
-    if manifest["version"] != VERSION:
+    if type(manifest["version"]) is not int or manifest["version"] != VERSION:
         raise BundleError(f"bundle {root}: manifest version {manifest['version']!r}, this kernelgraft "
                           f"reads version {VERSION}; rebuild the bundle with this kernelgraft")
     want = hashlib.sha256(canonical(manifest)).hexdigest()
@@ -88,13 +159,12 @@ def read(root: str | Path) -> dict[str, Any]:
 
 def read_binary(root: str | Path, image: dict) -> bytes:
     """A binary named in the manifest, after checking its sha256."""
+    if not isinstance(image, dict):
+        raise BundleError(f"bundle {root}: a binary entry is {type(image).__name__}, not an object")
     name = str(image.get("file", ""))
     if not name.startswith("bin/") or ".." in name or "/" in name[4:]:
         raise BundleError(f"bundle {root}: binary path {name!r} is outside the bundle's bin/")
-    try:
-        data = (Path(root) / name).read_bytes()
-    except OSError as exc:
-        raise BundleError(f"bundle {root}: cannot read {name}: {exc}") from None
+    data = read_file(root, name, MAX_BINARY_BYTES)
     got = hashlib.sha256(data).hexdigest()
     if got != image.get("sha256"):
         raise BundleError(f"bundle {root}: checksum mismatch for {name}: manifest says "

@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from .._errors import BundleError, UnsupportedError
+from .._errors import BundleError, KernelgraftError, UnsupportedError
 from .. import driver
-from ._expr import compile_exprs
+from ._expr import compile_exprs, constant_value
 from ._manifest import read_binary
 
 __all__ = ["Kernel", "BundledRunner"]
@@ -31,18 +31,87 @@ def _dtype(name: str) -> torch.dtype:
     return value
 
 
+# CUDA's limits on every arch kernelgraft targets (sm_70 and later).
+_MAX_GRID = (2**31 - 1, 65535, 65535)
+_MAX_BLOCK = (1024, 1024, 64)
+_MAX_THREADS = 1024
+_MAX_SHARED = 228 * 1024  # the largest opt-in dynamic shared memory of any arch (sm_90/sm_100: 227 KB)
+
+
+def check_launch(where: str, grid: Sequence[int], block: Sequence[int], smem: int) -> None:
+    """BundleError unless grid, block and shared memory are within the device limits: a
+    non-positive grid would make the launcher skip the kernel and leave its outputs unwritten."""
+    if len(grid) != 3 or any(type(g) is not int or not 1 <= g <= m for g, m in zip(grid, _MAX_GRID)):
+        raise BundleError(f"{where}: grid {tuple(grid)} is outside the device limits (each dimension >= 1; "
+                          f"x <= {_MAX_GRID[0]}, y and z <= {_MAX_GRID[1]})")
+    threads = 1
+    for b in block:
+        threads *= b if type(b) is int else 0
+    if (len(block) != 3 or any(type(b) is not int or not 1 <= b <= m for b, m in zip(block, _MAX_BLOCK))
+            or threads > _MAX_THREADS):
+        raise BundleError(f"{where}: block {tuple(block)} is outside the device limits (each dimension >= 1, "
+                          f"x and y <= 1024, z <= 64, at most {_MAX_THREADS} threads)")
+    if type(smem) is not int or not 0 <= smem <= _MAX_SHARED:
+        raise BundleError(f"{where}: shared memory {smem!r} bytes is outside 0..{_MAX_SHARED}")
+
+
+# Triton's element type names (its kernel signature records them): a relabelled dtype in the manifest
+# no longer matches the types the binary was compiled for.
+_TRITON_TYPES = {
+    torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
+    torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8",
+    torch.bool: "i1", torch.float8_e4m3fn: "fp8e4nv", torch.float8_e5m2: "fp8e5",
+}
+_C_TYPES = {"float": torch.float32, "double": torch.float64, "__half": torch.float16, "half": torch.float16,
+            "__nv_bfloat16": torch.bfloat16}
+
+
+def _check_types(where: str, entry: dict, sources: dict[str, torch.dtype]) -> None:
+    """The dtypes the manifest claims agree with the types recorded by the kernel's compiler."""
+    pointers = [sources.get(p["source"]) for p in entry["params"] if "source" in p]
+    triton = entry.get("triton")
+    if isinstance(triton, dict) and isinstance(triton.get("signature"), dict):
+        if any(d not in _TRITON_TYPES for d in pointers):
+            return
+        compiled = sorted(str(t) for t in triton["signature"].values() if str(t).startswith("*"))
+        claimed = sorted("*" + _TRITON_TYPES[d] for d in pointers)
+        if compiled != claimed:
+            raise BundleError(f"{where}: the manifest's dtypes give pointer types {claimed}, but the kernel "
+                              f"was compiled for {compiled}; the manifest was modified")
+    cuda = entry.get("cuda")
+    if isinstance(cuda, dict) and isinstance(cuda.get("template"), dict):
+        for arg, ctype in cuda["template"].items():
+            want = _C_TYPES.get(str(ctype))
+            if want is not None and want not in sources.values():
+                raise BundleError(f"{where}: template argument {arg}={ctype} is compiled for {want}, which no "
+                                  f"tensor of the manifest has ({sorted(map(str, set(sources.values())))}); "
+                                  "the manifest was modified")
+
+
+def _check_cubin(where: str, image: bytes, kernel: str) -> None:
+    """A cubin is a 64-bit CUDA ELF that defines the kernel: other bytes under a recomputed sha256
+    are refused here rather than by the driver at the first launch."""
+    if image[:5] != b"\x7fELF\x02" or len(image) < 64 or int.from_bytes(image[18:20], "little") != 190:
+        raise BundleError(f"{where}: the cubin is not a 64-bit CUDA ELF image")
+    if kernel.encode() + b"\0" not in image:
+        raise BundleError(f"{where}: the cubin does not define kernel {kernel!r}")
+
+
 class Kernel:
     """One binary of a candidate with the conditions under which it runs and its launch rule."""
 
-    def __init__(self, root: Path, names: Sequence[str], n_inputs: int, entry: dict) -> None:
+    def __init__(self, root: Path, names: Sequence[str], n_inputs: int, entry: dict, label: str = "") -> None:
         self.entry = entry
         self.name = str(entry["kernel"])
+        self.where = f"bundle {root}: {label or '?'} kernel {self.name}"
         index = {n: i for i, n in enumerate(names)}
         self.dtypes = [(index[n], _dtype(d)) for n, d in entry["dtypes"].items()]
         self.ranks = [(index[n], int(r)) for n, r in entry["ranks"].items()]
         inputs = list(names[:n_inputs])
         self._guard = compile_exprs(inputs, [" and ".join(entry["guards"]) or "True"])
         params = entry["params"]
+        if len(entry["grid"]) != 3:
+            raise BundleError(f"{self.where}: grid {entry['grid']!r} does not have 3 dimensions")
         exprs = [*entry["grid"], str(entry["shared_mem"])] + [p["expr"] for p in params if "expr" in p]
         self._values = compile_exprs(inputs, exprs)
         self.kinds = [str(p["kind"]) for p in params]
@@ -50,10 +119,27 @@ class Kernel:
         self.scalar_slots = [i for i, p in enumerate(params) if "expr" in p]
         needs = set(entry.get("aligned", ()))
         self.aligned = bool(needs) and {p["source"] for p in params if "source" in p} <= needs
-        self.block = tuple(int(b) for b in entry["block"])
-        image = read_binary(root, entry["images"]["cubin"])
-        self.function = driver.load_module(image, "cubin", name=self.name).function(self.name)
-        self.launcher = self.function.launcher(self.kinds)
+        self.block = tuple(b if type(b) is int else -1 for b in entry["block"])
+        # what does not depend on the inputs is checked now, the rest once per shape in prepare()
+        constant = [constant_value(str(e), inputs) for e in entry["grid"]]
+        grid = tuple(1 if v is None else v for v in constant)
+        smem = constant_value(str(entry["shared_mem"]), inputs)
+        check_launch(self.where, grid, self.block, 0 if smem is None else smem)
+        outs = entry["outputs"]["dtypes"]
+        sources = {names[i]: dt for i, dt in self.dtypes}
+        sources.update({f"out{i}": _dtype(d) for i, d in enumerate(outs)})
+        _check_types(self.where, entry, sources)
+        images = entry["images"]
+        for kind, image in images.items():  # every image is verified, not only the one loaded
+            if kind != "cubin":
+                read_binary(root, image)
+        cubin = read_binary(root, images["cubin"])
+        _check_cubin(self.where, cubin, self.name)
+        try:
+            self.function = driver.load_module(cubin, "cubin", name=self.name).function(self.name)
+            self.launcher = self.function.launcher(self.kinds)
+        except KernelgraftError as exc:
+            raise BundleError(f"{self.where}: {exc}") from None
         self._checked: set[int] = set()
 
     def fits(self, args: Sequence[Any], n_inputs: int) -> bool:
@@ -71,7 +157,11 @@ class Kernel:
 
     def prepare(self, args: Sequence[Any], n_inputs: int) -> tuple:
         values = self._values(*args[:n_inputs])
-        grid, smem = tuple(int(v) for v in values[:3]), int(values[3])
+        try:
+            grid, smem = tuple(int(v) for v in values[:3]), int(values[3])
+        except (TypeError, ValueError, OverflowError):
+            raise BundleError(f"{self.where}: grid and shared memory {values[:4]} are not integers") from None
+        check_launch(self.where, grid, self.block, smem)
         template: list[Any] = [0] * len(self.kinds)
         for slot, v in zip(self.scalar_slots, values[4:]):
             template[slot] = v

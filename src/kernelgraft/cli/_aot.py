@@ -1,4 +1,5 @@
-"""kernelgraft aot TARGET --arch sm_90 [--arch sm_100] -o DIR: an AOT bundle of every candidate."""
+"""kernelgraft aot TARGET --arch sm_90 [--arch sm_100] -o DIR [--sign KEYFILE]: an AOT bundle of every
+candidate, optionally signed (HMAC-SHA256) so that ``load_bundle(DIR, key=KEYFILE)`` refuses changes."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--op", action="append", help="only ops whose name contains this (repeatable)")
     parser.add_argument("--static", action="store_true",
                         help="compile each signature for its exact shapes (default: sizes as expressions)")
+    parser.add_argument("--sign", metavar="KEYFILE",
+                        help="sign the bundle with the key in KEYFILE (HMAC-SHA256, at least 16 bytes); "
+                             "load it with kg.load_bundle(DIR, key=KEYFILE)")
 
 
 def run(args) -> int:
@@ -19,8 +23,17 @@ def run(args) -> int:
 
     # Compiling needs Triton's real JIT objects: keep the interpreter off while TARGET imports.
     os.environ["TRITON_INTERPRET"] = "0"
+    from .._errors import BundleError
     from ..aot import build_bundle
+    from ..aot._sign import load_key
     from ._common import load_target, ops_of
+
+    if args.sign:
+        try:
+            load_key(args.sign)  # a bad key fails before the targets import and compile
+        except BundleError as exc:
+            print(f"kernelgraft aot: {exc}")
+            return 2
 
     ops = []
     for target in args.target:
@@ -31,7 +44,7 @@ def run(args) -> int:
         print("kernelgraft aot: no ops found in", " ".join(args.target))
         return 1
     manifest = build_bundle(ops, args.out, archs=args.arch or ["sm_90"], dynamic=not args.static,
-                            progress=lambda line: print("  " + line, flush=True))
+                            progress=lambda line: print("  " + line, flush=True), sign=args.sign)
     total = 0
     for entry in manifest["ops"]:
         kernels = sum(len(c["kernels"]) for c in entry["candidates"])
@@ -40,5 +53,5 @@ def run(args) -> int:
         for s in entry["skipped"]:
             print(f"  skipped {s['candidate']}: {s['reason'][:200]}")
     print(f"wrote {args.out}/manifest.json ({total} kernels for {', '.join(manifest['archs'])}, "
-          f"{manifest['build_seconds']} s)")
+          f"{manifest['build_seconds']} s{', signed' if args.sign else ''})")
     return 0 if total else 1

@@ -1,0 +1,449 @@
+"""Bundles are untrusted input: every tampered variant of a real bundle (built on the CPU for sm_90)
+is a ``BundleError`` within a second, no module a manifest names is imported unless allowed, a
+signed bundle refuses any change, and a bundle cannot take an op name from the module defining it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import kernelgraft as kg
+from kernelgraft.aot import _manifest
+from kernelgraft.aot._sign import SIGNATURE
+from kernelgraft.examples import add_relu, rmsnorm  # registered before the per-test registry snapshot
+
+from _aot_helpers import EXAMPLES, env
+
+KEY = b"kernelgraft-test-key-0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def signed(tmp_path_factory) -> Path:
+    """One real bundle of the examples, signed; unkeyed loads ignore the signature."""
+    pytest.importorskip("cuda.bindings")
+    root = tmp_path_factory.mktemp("trust")
+    keyfile = root / "bundle.key"
+    keyfile.write_bytes(KEY + b"\n")
+    out = root / "bundle"
+    cmd = [sys.executable, "-m", "kernelgraft", "aot", *EXAMPLES, "--arch", "sm_90", "-o", str(out),
+           "--sign", str(keyfile)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "signed" in proc.stdout
+    return out
+
+
+def _copy(bundle: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "b"
+    shutil.copytree(bundle, dst, symlinks=True)
+    return dst
+
+
+def _first_kernel(manifest: dict, backend: str = "triton") -> dict:
+    return next(k for op in manifest["ops"] for c in op["candidates"] if c["backend"] == backend
+                for k in c["kernels"])
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float):
+    """Fail instead of hanging: a blocking open or read is interrupted by the alarm."""
+    def expire(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _refused(b: Path, match: str, **kwargs) -> kg.BundleError:
+    started = time.perf_counter()
+    with _deadline(10), pytest.raises(kg.BundleError, match=match) as info:
+        kg.load_bundle(b, arch="sm_90", **kwargs)
+    elapsed = time.perf_counter() - started
+    assert elapsed < 1.0, f"refusing took {elapsed:.2f} s"
+    return info.value
+
+
+# --- each variant edits a copy of the bundle; "resummed" ones recompute every unkeyed checksum ---
+
+def _resum(b: Path, manifest: dict) -> None:
+    _manifest.write(b, manifest)
+
+
+def _replace_cubin(b, m):
+    k = _first_kernel(m)
+    (b / k["images"]["cubin"]["file"]).write_bytes(random.Random(0).randbytes(k["images"]["cubin"]["bytes"]))
+
+
+def _replace_cubin_resummed(b, m):
+    k = _first_kernel(m)
+    data = random.Random(0).randbytes(4096)
+    (b / k["images"]["cubin"]["file"]).write_bytes(data)
+    k["images"]["cubin"]["sha256"] = __import__("hashlib").sha256(data).hexdigest()
+    _resum(b, m)
+
+
+def _edit_ptx(b, m):
+    path = b / _first_kernel(m)["images"]["ptx"]["file"]
+    path.write_text(path.read_text().replace(".target sm_90", ".target sm_90 // edited", 1))
+
+
+def _relabel_dtype(b, m):
+    text = (b / "manifest.json").read_text().replace('"float32"', '"float64"')
+    (b / "manifest.json").write_text(text)
+
+
+def _relabel_dtype_resummed(b, m):
+    for op in m["ops"]:
+        for c in op["candidates"]:
+            for k in c["kernels"]:
+                k["dtypes"] = {n: "float64" if d == "float32" else d for n, d in k["dtypes"].items()}
+                k["outputs"]["dtypes"] = ["float64" if d == "float32" else d for d in k["outputs"]["dtypes"]]
+    _resum(b, m)
+
+
+def _grid(value):
+    def edit(b, m):
+        _first_kernel(m)["grid"][0] = value
+        _resum(b, m)
+
+    return edit
+
+
+def _block(b, m):
+    _first_kernel(m)["block"] = [64, 32, 1]
+    _resum(b, m)
+
+
+def _symlink_to_dev_zero(b, m):
+    path = b / _first_kernel(m)["images"]["cubin"]["file"]
+    path.unlink()
+    path.symlink_to("/dev/zero")
+
+
+def _fifo(name):
+    def edit(b, m):
+        path = b / (name if name == "manifest.json" else _first_kernel(m)["images"]["cubin"]["file"])
+        path.unlink()
+        os.mkfifo(path)
+
+    return edit
+
+
+def _huge_cubin(b, m):
+    with open(b / _first_kernel(m)["images"]["cubin"]["file"], "r+b") as f:
+        f.truncate(_manifest.MAX_BINARY_BYTES + 1)  # sparse: costs no disk
+
+
+def _deep_manifest(depth):
+    def edit(b, m):
+        (b / "manifest.json").write_text('{"format": "kernelgraft-bundle", "x": ' + "[" * depth + "]" * depth + "}")
+
+    return edit
+
+
+def _not_utf8(b, m):
+    (b / "manifest.json").write_bytes(b'{"format": "\xff\xfe"}')
+
+
+def _path_escape(b, m):
+    _first_kernel(m)["images"]["cubin"]["file"] = "bin/../manifest.json"
+    _resum(b, m)
+
+
+VARIANTS = {
+    "cubin-replaced": (_replace_cubin, "checksum mismatch for bin/"),
+    "cubin-replaced-resummed": (_replace_cubin_resummed, "not a 64-bit CUDA ELF"),
+    "ptx-edited": (_edit_ptx, r"checksum mismatch for bin/.*\.ptx"),
+    "dtype-relabelled": (_relabel_dtype, "manifest.json checksum mismatch"),
+    "dtype-relabelled-resummed": (_relabel_dtype_resummed, "compiled for"),
+    "grid-negative": (_grid("-5"), r"grid \(-5, 1, 1\) is outside the device limits"),
+    "grid-zero": (_grid("(3 - 3)"), "outside the device limits"),
+    "grid-x-too-large": (_grid("2147483648"), "outside the device limits"),
+    "block-over-1024-threads": (_block, r"block \(64, 32, 1\) is outside the device limits"),
+    "tower-of-powers": (_grid("((((9 ** 64) ** 64) ** 64) ** 64)"), "exceeds 4096 bits"),
+    "division-by-zero": (_grid("(x.shape[0] // 0)"), "divides by zero"),
+    "symlink-to-dev-zero": (_symlink_to_dev_zero, "symlink"),
+    "fifo-in-bin": (_fifo("cubin"), "not a regular file"),
+    "fifo-manifest": (_fifo("manifest.json"), "not a regular file"),
+    "cubin-over-size-cap": (_huge_cubin, "over the .*-byte cap"),
+    "manifest-nested-50k": (_deep_manifest(50_000), "nests deeper than"),
+    "manifest-nested-100": (_deep_manifest(100), "nests deeper than"),
+    "manifest-not-utf8": (_not_utf8, "not valid JSON"),
+    "binary-path-escape": (_path_escape, "outside the bundle's bin/"),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_tampered_bundle_is_a_bundle_error_within_a_second(signed, tmp_path, variant):
+    edit, match = VARIANTS[variant]
+    b = _copy(signed, tmp_path)
+    edit(b, _manifest.read(b))
+    _refused(b, match)
+
+
+def test_a_grid_that_is_negative_for_some_inputs_is_refused_before_the_launch(signed, tmp_path):
+    b = _copy(signed, tmp_path)
+    m = _manifest.read(b)
+    op = next(e for e in m["ops"] if e["name"] == "kgexamples::add_relu")
+    cand = next(c for c in op["candidates"] if c["backend"] == "triton")
+    k = next(k for k in cand["kernels"] if k["ranks"] == {"x": 1, "y": 1} and k["dynamic"])
+    k["grid"][0] = "(x.shape[0] - 100000)"
+    _resum(b, m)
+    loaded = kg.load_bundle(b, arch="sm_90")
+    try:
+        runner = loaded.runner(op["name"], cand["index"], cand["config"])
+        kernel = next(kk for kk in runner.kernels if kk.entry is k or kk.entry["grid"] == k["grid"])
+        x = torch.empty(4096)
+        assert kernel.fits((x, x, x), 2), "the edited kernel should cover these inputs"
+        with pytest.raises(kg.BundleError, match=r"grid \(-95904, 1, 1\) is outside the device limits"):
+            kernel.prepare((x, x, x), 2)
+    finally:
+        loaded.detach()
+
+
+def test_a_divisor_that_is_zero_for_some_inputs_is_a_clear_error_at_call(signed, tmp_path):
+    b = _copy(signed, tmp_path)
+    m = _manifest.read(b)
+    op = next(e for e in m["ops"] if e["name"] == "kgexamples::add_relu")
+    cand = next(c for c in op["candidates"] if c["backend"] == "triton")
+    k = next(k for k in cand["kernels"] if k["ranks"] == {"x": 1, "y": 1} and k["dynamic"])
+    k["grid"][0] = "(1 // (x.shape[0] - 4096))"
+    _resum(b, m)
+    loaded = kg.load_bundle(b, arch="sm_90")
+    try:
+        kernel = next(kk for kk in loaded.runner(op["name"], cand["index"], cand["config"]).kernels
+                      if kk.entry["grid"] == k["grid"])
+        x = torch.empty(4096)
+        with pytest.raises(kg.BundleError, match=r"'1 // \(x.shape\[0\] - 4096\)': it divides by zero"):
+            kernel.prepare((x, x, x), 2)
+    finally:
+        loaded.detach()
+
+
+# --- modules named by a manifest ---
+
+@pytest.fixture(autouse=True)
+def _forget_trust_ops():
+    """Ops rebuilt under the test-only namespace are dropped after each test."""
+    yield
+    from kernelgraft._op import _registry
+
+    for name in [n for n in _registry._OPS if n.startswith("kgtrust::")]:
+        _registry.unregister(name)
+
+
+def _payload_bundle(signed: Path, tmp_path: Path, module: str) -> tuple[Path, Path]:
+    """A copy whose ops claim fresh names and a module that, if imported, writes a marker file."""
+    b = _copy(signed, tmp_path)
+    marker = tmp_path / "imported.marker"
+    (b / f"{module}.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    m = _manifest.read(b)
+    for i, op in enumerate(m["ops"]):
+        op["name"] = f"kgtrust::op{i}"
+        op["module"] = "antigravity" if i else module
+    _resum(b, m)
+    return b, marker
+
+
+def test_no_module_named_by_the_manifest_is_imported_by_default(signed, tmp_path, monkeypatch):
+    module = "kgtrust_payload"
+    b, marker = _payload_bundle(signed, tmp_path, module)
+    monkeypatch.syspath_prepend(str(b))  # importable, so only load_bundle's restraint keeps it out
+    before = set(sys.modules)
+    loaded = kg.load_bundle(b, arch="sm_90")
+    assert {m for m in set(sys.modules) - before if not m.startswith("kernelgraft.")} == set()
+    assert not marker.exists()
+    assert sorted(loaded.rebuilt) == ["kgtrust::op0", "kgtrust::op1"]
+    loaded = kg.load_bundle(b, arch="sm_90", import_modules=["some.other.module"])
+    assert module not in sys.modules and "antigravity" not in sys.modules and not marker.exists()
+
+
+def test_an_allow_list_imports_exactly_the_modules_it_names(signed, tmp_path, monkeypatch):
+    module = "kgtrust_allowed"
+    b, marker = _payload_bundle(signed, tmp_path, module)
+    monkeypatch.syspath_prepend(str(b))
+    monkeypatch.delitem(sys.modules, module, raising=False)
+    try:
+        kg.load_bundle(b, arch="sm_90", import_modules=[module])
+        assert marker.read_text() == "ran" and "antigravity" not in sys.modules
+    finally:
+        sys.modules.pop(module, None)
+    with pytest.raises(TypeError, match="collection of module names"):
+        kg.load_bundle(b, arch="sm_90", import_modules=module)
+
+
+# --- signatures ---
+
+def test_signed_bundle_round_trip(signed, tmp_path):
+    keyfile = tmp_path / "k"
+    keyfile.write_bytes(KEY + b"\n")
+    for key in (KEY, str(keyfile), keyfile):
+        loaded = kg.load_bundle(signed, arch="sm_90", key=key)
+        try:
+            assert loaded.signed and repr(loaded).endswith(", signed)")
+            assert len(loaded.attached["kgexamples::add_relu"]) == 5
+        finally:
+            loaded.detach()
+
+
+def _sign_edit_add(b, m):
+    (b / "bin" / "extra.cubin").write_bytes(b"\x7fELF")
+
+
+def _sign_edit_remove(b, m):
+    (b / _first_kernel(m)["images"]["ptx"]["file"]).unlink()
+
+
+def _sign_edit_signature(b, m):
+    body = json.loads((b / SIGNATURE).read_text())
+    body["files"]["manifest.json"] = "0" * 64
+    (b / SIGNATURE).write_text(json.dumps(body))
+
+
+SIGNED_VARIANTS = {
+    "cubin-replaced-resummed": (_replace_cubin_resummed, "manifest.json differs from the signed file"),
+    "dtype-relabelled-resummed": (_relabel_dtype_resummed, "manifest.json differs from the signed file"),
+    "grid-resummed": (_grid("(x.shape[0] // 2)"), "manifest.json differs from the signed file"),
+    "ptx-edited": (_edit_ptx, r"bin/\w+\.ptx differs from the signed file"),
+    "file-added": (_sign_edit_add, r"added \['bin/extra.cubin'\]"),
+    "file-removed": (_sign_edit_remove, r"removed \['bin/\w+\.ptx'\]"),
+    "signature-edited": (_sign_edit_signature, "does not verify with this key"),
+    "unsigned": (lambda b, m: (b / SIGNATURE).unlink(), "is not signed"),
+}
+
+
+@pytest.mark.parametrize("variant", list(SIGNED_VARIANTS))
+def test_with_a_key_a_modified_or_unsigned_bundle_is_refused(signed, tmp_path, variant):
+    edit, match = SIGNED_VARIANTS[variant]
+    b = _copy(signed, tmp_path)
+    edit(b, _manifest.read(b))
+    _refused(b, match, key=KEY)
+
+
+def test_another_key_is_refused(signed):
+    _refused(signed, "does not verify with this key", key=b"another-key-of-enough-length")
+
+
+@pytest.mark.parametrize("key", [b"short", b"", 42], ids=["short", "empty", "not-bytes"])
+def test_bad_keys_are_bundle_errors(signed, key):
+    with pytest.raises(kg.BundleError, match="key"):
+        kg.load_bundle(signed, arch="sm_90", key=key)
+
+
+def test_cli_refuses_a_short_key_before_compiling(tmp_path):
+    keyfile = tmp_path / "short.key"
+    keyfile.write_text("abc\n")
+    cmd = [sys.executable, "-m", "kernelgraft", "aot", "kernelgraft.examples.add_relu", "-o",
+           str(tmp_path / "out"), "--sign", str(keyfile)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=300)
+    assert proc.returncode == 2 and "at least 16" in proc.stdout, proc.stdout + proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+# --- arch and repr ---
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm90", "90", "9.0", "SM_90"])
+def test_arch_spellings_are_normalized(signed, arch):
+    loaded = kg.load_bundle(signed, arch=arch)
+    try:
+        assert loaded.arch == "sm_90"
+        text = repr(loaded)
+        assert text.startswith("Bundle(") and "kgexamples::add_relu" in text and "kernels=" in text
+        assert len(text) < 300 and "candidates" not in text
+    finally:
+        loaded.detach()
+
+
+@pytest.mark.parametrize("arch,match", [("sm100", r"not for sm_100;"), ("sm_sm90", "is not a CUDA arch")])
+def test_other_or_bad_arch_is_refused_with_a_plain_name(signed, arch, match):
+    with pytest.raises(kg.BundleError, match=match) as info:
+        kg.load_bundle(signed, arch=arch)
+    assert "sm_sm" not in str(info.value).replace("'sm_sm90'", "")
+
+
+# --- op names ---
+
+def test_a_bundle_cannot_take_attached_binaries_from_an_op_whose_code_differs(signed, tmp_path):
+    b = _copy(signed, tmp_path)
+    m = _manifest.read(b)
+    m["ops"] = [e for e in m["ops"] if e["name"] == "kgexamples::rmsnorm"]
+    m["ops"][0]["name"] = "kgexamples::add_relu"  # rmsnorm's binaries claiming add_relu's name
+    _resum(b, m)
+    with pytest.warns(kg.KernelgraftWarning, match="impl fingerprint differs"):
+        loaded = kg.load_bundle(b, arch="sm_90")
+    assert loaded.attached["kgexamples::add_relu"] == [] and not add_relu.add_relu._bundled
+    assert loaded.ops["kgexamples::add_relu"] is add_relu.add_relu and loaded.rebuilt == []
+
+
+_CHILD = r"""
+import json, sys, warnings
+import kernelgraft as kg
+from kernelgraft._op import _registry
+from kernelgraft.aot import _manifest
+path, renamed = sys.argv[1], sys.argv[2]
+out = {}
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    loaded = kg.load_bundle(path, arch="sm_90")
+    out["rebuilt"] = sorted(loaded.rebuilt)
+    if renamed == "1":
+        import kernelgraft.examples.softmax as module
+        real = module.softmax
+    else:
+        import kernelgraft.examples.add_relu as module
+        real = module.add_relu
+    out["registered_is_module_op"] = _registry.lookup(real.name) is real
+    out["bundle_op_is_module_op"] = loaded.ops[real.name] is real
+    out["rebuilt_after"] = sorted(loaded.rebuilt)
+    out["attached"] = loaded.attached[real.name]
+    out["bundled_keys"] = len(real._bundled)
+out["warnings"] = [str(w.message) for w in caught if issubclass(w.category, kg.KernelgraftWarning)]
+print(json.dumps(out))
+"""
+
+
+def _child(bundle: Path, renamed: bool) -> dict:
+    proc = subprocess.run([sys.executable, "-c", _CHILD, str(bundle), "1" if renamed else "0"],
+                          capture_output=True, text=True, env=env(), timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_the_defining_module_takes_its_name_back_from_a_bundle(signed, tmp_path):
+    """Loaded first (no import), the bundle's op is a stand-in; importing the real module later
+    registers the module's op under the name and moves the binaries onto it (same fingerprint)."""
+    report = _child(signed, renamed=False)
+    assert report["rebuilt"] == ["kgexamples::add_relu", "kgexamples::rmsnorm"]
+    assert report["registered_is_module_op"] and report["bundle_op_is_module_op"]
+    assert report["rebuilt_after"] == ["kgexamples::rmsnorm"]
+    assert len(report["attached"]) == 5 and report["bundled_keys"] == 5
+    assert report["warnings"] == []
+
+
+def test_a_renamed_bundle_op_does_not_break_the_real_module(signed, tmp_path):
+    b = _copy(signed, tmp_path)
+    m = _manifest.read(b)
+    m["ops"] = [e for e in m["ops"] if e["name"] == "kgexamples::add_relu"]
+    m["ops"][0]["name"] = "kgexamples::softmax"
+    _resum(b, m)
+    report = _child(b, renamed=True)
+    assert report["rebuilt"] == ["kgexamples::softmax"]
+    assert report["registered_is_module_op"] and report["bundle_op_is_module_op"]
+    assert report["attached"] == [] and report["bundled_keys"] == 0
+    assert any("replaces the op of this name" in w for w in report["warnings"]), report["warnings"]
