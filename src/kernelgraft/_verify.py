@@ -287,10 +287,12 @@ def compare(got: torch.Tensor, want: torch.Tensor, *, what: str, rtol: float) ->
     count = int(bad.sum())
     if not count:
         return Outcome(what, w_err, w_allowed)
+    nans = int((finite & torch.isnan(g)).sum())
     return Outcome(what, w_err, w_allowed, (
         f"{what}: {count} of {got.numel()} elements off by more than rtol={rtol:.3g} of (|want| + rms "
         f"{scale:.3g}); worst at {_index(worst, got.shape)}: got {_item(g[worst])}, expected "
-        f"{_item(w_want)}, error {w_err:.3g} > allowed {w_allowed:.3g}"))
+        f"{_item(w_want)}, error {w_err:.3g} > allowed {w_allowed:.3g}"
+        + (f"; {nans} NaN where the reference has a number (unwritten elements?)" if nans else "")))
 
 
 # ------------------------------------------------------------------------- an op's reference
