@@ -341,7 +341,8 @@ def test_tuner_never_chooses_a_candidate_check_fails(fresh_tuner):
             out = op(x)
         assert _verify.verify(_verify.reference(op, (x,)), [out]).ok
         assert d is not None and kg.tune.decision(op, x).winner == d.winner
-        passing = [cfg for cfg in (GOOD, GATE_ONLY, CHECK_ONLY) if by[(labels[_label(cfg)], sample)].status == "pass"]
+        passing = [cfg for cfg in (GOOD, GATE_ONLY, CHECK_ONLY)
+                   if by[(labels[_label(cfg)], sample)].status == "pass"]
         # the tuner's choice is the fastest candidate check passes; every one check fails is excluded
         assert d.winner["config"] == min(passing, key=lambda cfg: FAKE_MS[cfg["BLOCK"]])
         excluded = {_label(e["config"]): e for e in d.excluded}

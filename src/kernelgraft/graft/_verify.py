@@ -18,9 +18,8 @@ import torch
 from .. import _verify
 from .._errors import SpecError, describe
 
-__all__ = ["Tolerance", "check_override", "tolerances", "compare", "clone_inputs"]
+__all__ = ["check_override", "tolerances", "compare", "clone_inputs"]
 
-Tolerance = float | Mapping[torch.dtype, float] | None
 _WIDE = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128)
 
 
@@ -40,19 +39,21 @@ def check_override(tolerance: Any, where: str) -> dict[torch.dtype, float]:
     raise SpecError(f"{where}: tolerance must be an rtol (float) or {{dtype: rtol}}, got {describe(tolerance)}")
 
 
-def tolerances(ops: Iterable[Any], override: Mapping[torch.dtype, float] | None = None) -> dict[torch.dtype, float]:
+def tolerances(ops: Iterable[Any], override: Mapping[torch.dtype, float] | None = None
+               ) -> dict[torch.dtype, float]:
     """The ``{dtype: rtol}`` a comparison uses: the largest of the ``ops``' own tolerances per
     dtype (a model grafted with several ops may show any of their errors), then ``override``."""
     merged: dict[torch.dtype, float] = {}
     for op in ops:
-        for dtype, rtol in _verify.check_tolerances(getattr(op, "tolerances", None), getattr(op, "name", "op")).items():
+        own = _verify.check_tolerances(getattr(op, "tolerances", None), getattr(op, "name", "op"))
+        for dtype, rtol in own.items():
             merged[dtype] = max(rtol, merged.get(dtype, rtol))
     merged.update(override or {})
     return merged
 
 
-def compare(expected: Any, got: Any, *, ops: Iterable[Any] = (), override: Mapping[torch.dtype, float] | None = None
-            ) -> str | None:
+def compare(expected: Any, got: Any, *, ops: Iterable[Any] = (),
+            override: Mapping[torch.dtype, float] | None = None) -> str | None:
     """None when ``got`` matches ``expected``, else a one-line description of the first mismatch
     (which output, where, got, expected, the error and the tolerance)."""
     return _verify.compare_trees(expected, got, tolerances=tolerances(ops, override))
