@@ -8,7 +8,7 @@ import torch
 
 import kernelgraft as kg
 from kernelgraft.check import check_op
-from kernelgraft.check._compare import compare, poison, tolerance
+from kernelgraft import _verify
 
 from _kernels import launch_scale, launch_scale_half, launch_scale_wrong
 
@@ -57,15 +57,15 @@ def test_missing_sample_inputs_is_a_failure():
     assert not report.ok and "sample_inputs" in report.failures[0].note
 
 
-def test_compare_rules():
-    x = torch.randn(100, dtype=torch.float16)
-    assert compare(x, x.double(), tolerance(torch.float16))[0]
-    assert not compare(poison(x.clone()), x.double(), tolerance(torch.float16))[0]
-    i = torch.arange(10, dtype=torch.int32)
-    j = i.clone()
-    j[3] += 1
-    assert tolerance(torch.int32) == 0 and tolerance(torch.float8_e4m3fn) == 0
-    assert compare(i, i.clone(), 0.0)[0] and not compare(j, i, 0.0)[0]
+def test_failure_note_names_output_index_got_expected_and_tolerance():
+    report = check_op(make("kgtest::k_wrong_note", launch_scale_wrong), opcheck=False, noncontiguous=False)
+    fail = next(r for r in report.failures if r.candidate.startswith("triton"))
+    assert "output 0" in fail.note and "got" in fail.note and "expected" in fail.note
+    assert "rtol=0.0001" in fail.note and "worst at [" in fail.note
+    from kernelgraft.check._report import summarize
+
+    row = next(r for r in summarize(report) if r["candidate"] == fail.candidate)
+    assert row["failed"] and "output 0" in row["note"] and row["worst"] > 1
 
 
 def test_cli_exit_codes(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import kernelgraft as kg
-from kernelgraft.check._compare import tolerance
+from kernelgraft._verify import rtol_for as tolerance
 
 from _aot_helpers import build_bundle, run_child
 

@@ -302,7 +302,15 @@ class Dispatcher:
         self.runners.pop(key, None)
 
     def bundled_keys(self) -> list[tuple]:
+        """(impl index, config) of every candidate a bundle serves."""
         return list(self.bundled)
+
+    def bundled_runner(self, index: int, config: Any) -> Callable[..., Any] | None:
+        return self.bundled.get((index, config))
+
+    def forget_runner(self, index: int, config: Any) -> None:
+        """Drop the bound runner of a candidate (its binaries changed); the next use binds again."""
+        self.runners.pop((index, config), None)
 
     def output_specs(self, args: tuple) -> list[tuple[tuple[int, ...], torch.dtype, torch.device]]:
         """(shape, dtype, device) of each output, from the meta function (fake tensors)."""

@@ -355,6 +355,10 @@ def op(
     process. ``cost(*inputs) -> (bytes, flops)`` tells ``kernelgraft bench`` what one call moves
     and computes (default: every input read once, every output written once, no flops).
     ``prune(candidates, *inputs)`` and ``buckets`` shape autotuning (see ``kernelgraft.tune``).
+    ``tolerances={dtype: rtol}`` sets, for outputs of that dtype, the ``rtol`` of the one rule that
+    ``kernelgraft check``, the tuner's gate and graft verification apply: elementwise
+    ``|got - want| <= rtol * (|want| + rms(want))`` against the float64 reference, and 0 means
+    bit-exact (the default for integer, bool and 8-bit float outputs; see ``kernelgraft._verify``).
 
     >>> import torch, kernelgraft as kg
     >>> @kg.op("doctest::scale2")

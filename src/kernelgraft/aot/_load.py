@@ -63,9 +63,8 @@ class Bundle:
         """Stop serving the bundle's candidates from existing ops (rebuilt ops stay registered)."""
         for name in self.attached:
             op = self.ops[name]
-            for key in list(op._bundled):
-                op._bundled.pop(key, None)
-                op._runners.pop(key, None)
+            for index, config in op.dispatcher.bundled_keys():
+                op.dispatcher.serve_bundled(index, config, None)
             for impl in op.impls:
                 BUNDLED.discard(impl.fingerprint)
         _select.bump_epoch()
@@ -74,7 +73,7 @@ class Bundle:
         """The bundled runner of one candidate (for tests and tools)."""
         op = self.ops[op_name]
         key = (index, Config.of(config, where="Bundle.runner"))
-        runner = op._bundled.get(key)
+        runner = op.dispatcher.bundled_runner(*key)
         if runner is None:
             from ._bundled_op import RUNNERS
 
@@ -246,8 +245,7 @@ def _attach(op, runners: dict) -> list[str]:
         backend = backends.get(impl.backend)
         if backend.available() is None:
             runner._fallback_factory = lambda b=backend, i=impl, c=config: b.bind(i, c)
-        op._bundled[(index, config)] = runner
-        op._runners.pop((index, config), None)
+        op.dispatcher.serve_bundled(index, config, runner)
         BUNDLED.add(impl.fingerprint)
         labels.append(cand["label"])
     return labels
@@ -261,4 +259,4 @@ def _refresh(op, runners: dict) -> None:
             found = runners.get((impl.index, config))
             if found is not None:
                 RUNNERS[(impl.bundle_key, config)] = found[0]
-                op._runners.pop((position, config), None)
+                op.dispatcher.forget_runner(position, config)

@@ -425,7 +425,7 @@ def build_for_op(op: Any, inputs: Any, out_dir: str | os.PathLike | None = None,
     seen: dict[tuple[str, str, str], CubinArtifact] = {}
     for args in inputs:
         args = op.signature.bind(op.name, tuple(args), {})
-        outs = [torch.empty(s, dtype=d) for s, d, _ in op._output_specs(args)]
+        outs = [torch.empty(s, dtype=d) for s, d, _ in op.dispatcher.output_specs(args)]
         tensors = list(op.signature.tensors(args))
         for index, spec in enumerate(op.impls):
             if spec.backend != "cutile":

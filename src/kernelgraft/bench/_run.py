@@ -82,7 +82,7 @@ def _candidate_fn(op: Any, candidate: Any, args: tuple) -> Callable[[], object]:
     """The candidate's plan built once, so timing sees launch cost, not planning."""
     from .._op._plan import kernel_plan
 
-    plan = kernel_plan(op, candidate, op._runner(candidate), op._output_specs(args))
+    plan = kernel_plan(op, candidate, op.dispatcher.runner(candidate), op.dispatcher.output_specs(args))
     return lambda: plan(args)
 
 
@@ -214,7 +214,7 @@ def bench_op(
                     # candidate" are judged by the same clock
                     with _mode("on", cold_l2=True):
                         _timed(tuned, lambda: op(*args), timer, ceilings)
-                        plan = op._plans.get(op._key(args, False))
+                        plan = op.dispatcher.plan_for(args)
                         tuned.detail = getattr(getattr(plan, "candidate", None), "label", "") or ""
                         if tuned.time_us is not None:
                             _compare(tuned, lambda: op(*args), timed, cand_fns, compile_fn, quick)

@@ -1,7 +1,7 @@
 """The check harness: for every sample input (and a non-contiguous copy of it) and every
-candidate, poison the outputs, run the kernel, and compare with the reference computed in float64
-(bit-exact for integer and 8-bit outputs). Then compare fake and real output metadata and run
-``torch.library.opcheck``."""
+candidate, poison the outputs, run the kernel, and judge what it produced with the oracle
+(``kernelgraft._verify``: the rule the tuner's gate and graft verification use too). Then compare
+fake and real output metadata and run ``torch.library.opcheck``."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from typing import Any
 
 import torch
 
+from .. import _verify
 from .._op._candidates import Candidate
 from .._errors import KernelgraftError
-from . import _compare, _inputs
+from . import _inputs
 
 __all__ = ["Result", "CheckReport", "check_op"]
 
@@ -27,8 +28,8 @@ class Result:
     sample: str
     variant: str  # contiguous | noncontiguous
     status: str  # pass | fail | skip
-    error: float = 0.0
-    tol: float = 0.0
+    error: float = 0.0  # the worst element's |got - want| (inf: NaN, Inf or bits where not expected)
+    tol: float = 0.0  # what the rule allowed at that element (0: bit-exact)
     note: str = ""
 
 
@@ -61,79 +62,42 @@ def _label(args: tuple) -> str:
     return " ".join(parts)
 
 
-def _sync(device: str) -> None:
-    if str(device).startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def _outputs(op: Any, result: Any, args: tuple) -> list[torch.Tensor]:
-    """Everything an op produces: returned tensors, then mutated arguments."""
-    if result is None:
-        produced: list[torch.Tensor] = []
-    elif isinstance(result, torch.Tensor):
-        produced = [result]
-    else:
-        produced = list(result)
-    for index in op.signature.mutated:
-        produced.extend(_inputs.iter_tensors(args[index]))
-    return produced
-
-
-def _references(op: Any, args: tuple) -> tuple[list[torch.Tensor], list[torch.Tensor] | None, str]:
-    """Reference outputs at native precision and (when it runs) in float64."""
-    native_args = _inputs.clone_args(args)
-    native = _outputs(op, op.reference(*native_args), native_args)
-    wide_args = _compare.upcast(_inputs.clone_args(args))
-    try:
-        wide = _outputs(op, op.reference(*wide_args), wide_args)
-    except Exception as exc:  # a reference that cannot run in float64 is compared natively
-        return native, None, f"float64 reference failed ({type(exc).__name__}); compared at native precision"
-    return native, wide, ""
-
-
-def _run_candidate(op: Any, candidate: Candidate, args: tuple, out_specs, device: str) -> list[torch.Tensor]:
-    run_args = _inputs.clone_args(args)
-    outs = [_compare.poison(torch.empty(s, dtype=d, device=dev)) for s, d, dev in out_specs]
-    op._runner(candidate)(*run_args, *outs)
-    _sync(device)
+def _run_candidate(op: Any, candidate: Candidate, args: tuple, out_specs) -> list[torch.Tensor]:
+    run_args = _verify.clone(args)
+    outs = [_verify.poisoned(s, d, dev) for s, d, dev in out_specs]
+    op.dispatcher.runner(candidate)(*run_args, *outs)
     produced = list(outs)
     for index in op.signature.mutated:
-        produced.extend(_inputs.iter_tensors(run_args[index]))
+        produced.extend(_verify.tensors(run_args[index]))
+    for device in {t.device for t in produced}:
+        _verify.sync(device)
     return produced
 
 
-def _check_candidate(op, candidate, args, out_specs, refs, device, sample, variant) -> Result:
-    native, wide, note = refs
+def _check_candidate(op, candidate, args, out_specs, ref, sample, variant) -> Result:
     base = dict(op=op.name, candidate=candidate.label, sample=sample, variant=variant)
     if not candidate.supported:
         return Result(**base, status="skip", note=candidate.reason or "")
     try:
-        produced = _run_candidate(op, candidate, args, out_specs, device)
+        produced = _run_candidate(op, candidate, args, out_specs)
     except Exception as exc:
         return Result(**base, status="fail", error=float("inf"), note=f"{type(exc).__name__}: {exc}"[:300])
-    worst, worst_tol, worst_note, passed = 0.0, 0.0, note, True
-    for i, out in enumerate(produced):
-        tol = _compare.tolerance(out.dtype, op.tolerances)
-        exact = tol == _compare.EXACT
-        expected = native[i] if exact or wide is None else wide[i]
-        if wide is None and not exact:
-            tol = max(tol, _compare.tolerance(out.dtype) * 4)
-        ok, err, why = _compare.compare(out, expected, tol)
-        ratio = err / tol if tol else err
-        if not ok or ratio >= (worst / worst_tol if worst_tol else worst):
-            worst, worst_tol = err, tol
-            if why:
-                worst_note = f"output {i}: {why}"
-        passed = passed and ok
-    return Result(**base, status="pass" if passed else "fail", error=worst, tol=worst_tol, note=worst_note)
+    verdict = _verify.verify(ref, produced, op.tolerances)
+    worst = verdict.worst
+    note = worst.problem if worst is not None and worst.problem else ""
+    if verdict.note:
+        note = f"{note}; {verdict.note}" if note else verdict.note
+    return Result(**base, status="pass" if verdict.ok else "fail",
+                  error=worst.error if worst else 0.0, tol=worst.allowed if worst else 0.0, note=note)
 
 
-def _check_metadata(op, args, sample, variant, device) -> Result:
+def _check_metadata(op, args, sample, variant) -> Result:
     base = dict(op=op.name, candidate="meta", sample=sample, variant=variant)
     try:
-        specs = op._output_specs(args)
-        result = op(*_inputs.clone_args(args))
-        _sync(device)
+        specs = op.dispatcher.output_specs(args)
+        result = op(*_verify.clone(args))
+        for dev in {t.device for t in _verify.tensors(result if result is not None else ())}:
+            _verify.sync(dev)
     except Exception as exc:
         return Result(**base, status="fail", note=f"{type(exc).__name__}: {exc}"[:300])
     real = [] if result is None else [result] if isinstance(result, torch.Tensor) else list(result)
@@ -151,7 +115,7 @@ def _check_metadata(op, args, sample, variant, device) -> Result:
 def _opcheck(op, args, sample, variant) -> Result:
     base = dict(op=op.name, candidate="opcheck", sample=sample, variant=variant)
     try:
-        torch.library.opcheck(op.overload, _inputs.clone_args(args))
+        torch.library.opcheck(op.overload, _verify.clone(args))
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return Result(**base, status="fail", note=first[:300])
@@ -190,8 +154,9 @@ def check_op(
             sample = _label(vargs)
             try:
                 candidates = op.candidates(*vargs)
-                out_specs = op._output_specs(vargs)
-                refs = _references(op, vargs)
+                out_specs = op.dispatcher.output_specs(vargs)
+                _verify.check_tolerances(op.tolerances, op.name)
+                ref = _verify.reference(op, vargs)
             except KernelgraftError as exc:
                 report.results.append(Result(op.name, "-", sample, variant, "fail", note=str(exc)[:300]))
                 continue
@@ -201,10 +166,10 @@ def check_op(
                 continue
             for candidate in candidates:
                 report.results.append(
-                    _check_candidate(op, candidate, vargs, out_specs, refs, device, sample, variant)
+                    _check_candidate(op, candidate, vargs, out_specs, ref, sample, variant)
                 )
             if any(c.supported for c in candidates) or variant == "contiguous":
-                report.results.append(_check_metadata(op, vargs, sample, variant, device))
+                report.results.append(_check_metadata(op, vargs, sample, variant))
             if opcheck and index < opcheck_samples and variant == "contiguous":
                 report.results.append(_opcheck(op, vargs, sample, variant))
     return report

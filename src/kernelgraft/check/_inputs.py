@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["samples", "noncontiguous", "clone_args"]
+__all__ = ["samples", "noncontiguous"]
 
 
 def samples(op: Any, device: str) -> list[tuple]:
@@ -49,30 +48,3 @@ def noncontiguous(op: Any, args: tuple) -> tuple | None:
         else:
             out.append(value)
     return tuple(out) if changed else None
-
-
-def clone_args(args: tuple) -> tuple:
-    """Clone tensors, keeping their strides (so non-contiguous stays non-contiguous)."""
-
-    def clone(v: Any) -> Any:
-        if isinstance(v, torch.Tensor):
-            if not v.numel():
-                return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device)
-            # Copy the storage span the view covers and view it the same way: copy_ into
-            # empty_strided refuses overlapping layouts (expanded, stride 0) that a sample may use.
-            span = 1 + sum((size - 1) * stride for size, stride in zip(v.shape, v.stride()))
-            flat = v.detach().as_strided((span,), (1,)).clone()
-            return flat.as_strided(v.shape, v.stride(), 0)
-        if isinstance(v, (list, tuple)):
-            return type(v)(clone(x) for x in v)
-        return v
-
-    return tuple(clone(v) for v in args)
-
-
-def iter_tensors(value: Any) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from iter_tensors(v)

@@ -46,7 +46,7 @@ def render(report: CheckReport, console: Console | None = None) -> None:
         status = "[red]FAIL" if row["failed"] else "[green]ok" if row["passed"] else "[yellow]skip"
         table.add_row(
             escape(row["op"]), escape(row["candidate"]), str(row["passed"]), str(row["failed"]),
-            str(row["skipped"]), f"{row['worst']:.3g}", status, escape(row["note"][:160]),
+            str(row["skipped"]), f"{row['worst']:.3g}", status, escape(row["note"][:400]),
         )
     console.print(table)
     failed = len(report.failures)

@@ -85,7 +85,7 @@ def graft(
     verify: bool = True,
     example_inputs: Any = None,
     pattern_inputs: tuple | None = None,
-    tolerance: tuple[float, float] | None = None,
+    tolerance: float | Mapping[torch.dtype, float] | None = None,
 ) -> GraftReport:
     """Replace parts of ``model`` with kernelgraft ops, check the result, and report.
 
@@ -105,7 +105,9 @@ def graft(
     (a tuple of args, a dict of kwargs, or ``(args, kwargs)``), each grafted module's on the inputs
     it saw, and the op must equal the module/pattern on the op's ``sample_inputs``; a module that
     fails is kept original with a warning, a model that fails raises ``VerificationError`` (and is
-    left ungrafted). ``tolerance=(atol, rtol)`` overrides the per-dtype defaults.
+    left ungrafted). Outputs are judged by the rule ``kernelgraft check`` uses (see
+    ``kernelgraft._verify``) with the ops' ``tolerances``; ``tolerance=`` overrides them with one
+    rtol for every floating dtype, or a ``{dtype: rtol}`` dict.
 
     >>> import torch, kernelgraft as kg
     >>> from kernelgraft.examples.add_relu import add_relu
@@ -121,6 +123,7 @@ def graft(
         raise SpecError(f"kg.graft: mode must be 'inference' or 'training', got {mode!r}")
     if (rules is None) == (pattern is None):
         raise SpecError("kg.graft: give either module rules {Type: op} or pattern=fn with replacement=op")
+    tolerance = _verify.check_override(tolerance, "kg.graft")
     report = GraftReport()
     if pattern is not None:
         _graft_pattern(model, pattern, replacement, report, verify, example_inputs, pattern_inputs, tolerance)
@@ -206,7 +209,7 @@ def _verify_module(module, inputs: list[tuple[tuple, dict]], binding, tolerance)
             continue
         with torch.no_grad():
             got = module.forward(*_verify.clone_inputs(args), **_verify.clone_inputs(kwargs))
-        problem = _verify.compare(expected, got, op=binding.op, override=tolerance)
+        problem = _verify.compare(expected, got, ops=[binding.op], override=tolerance)
         checked = True
         if problem is not None:
             return True, problem
@@ -220,6 +223,7 @@ def _graft_modules(model, rules, mode, report, verify, example_inputs, tolerance
     if verify and have_inputs:
         expected, seen = _capture(model, rules, args, kwargs)
     grafted = _modules.graft_modules(model, rules, mode=mode, report=report)
+    ops = {id(b.op): b.op for b in (_modules._GRAFTED[m].binding for m in grafted)}.values()
     labels = {m: name or type(m).__name__ for name, m in model.named_modules()}
     if verify:
         unverified = []
@@ -242,13 +246,13 @@ def _graft_modules(model, rules, mode, report, verify, example_inputs, tolerance
         if have_inputs and report.replaced:
             with torch.no_grad():
                 got = model(*_verify.clone_inputs(args), **_verify.clone_inputs(kwargs))
-            problem = _verify.compare(expected, got, override=tolerance)
+            problem = _verify.compare(expected, got, ops=ops, override=tolerance)
             if problem is not None:
                 for module in grafted:
                     _modules.ungraft_module(module)
                 raise VerificationError(
                     f"kg.graft: the grafted model's outputs differ from the original's: {problem}; "
-                    "every graft of this call was undone (pass tolerance=(atol, rtol) if the "
+                    "every graft of this call was undone (pass tolerance=rtol or {dtype: rtol} if the "
                     "difference is expected rounding)"
                 )
         report.verified = (not unverified and bool(report.replaced)) if report.replaced else None
@@ -293,7 +297,7 @@ def _check_pattern_vs_op(pattern: _pattern.Pattern, tolerance) -> None:
             continue
         expected = pattern.fn(*_verify.clone_inputs(sample))
         got = op(*_verify.clone_inputs(sample))
-        problem = _verify.compare(expected, got, op=op, override=tolerance)
+        problem = _verify.compare(expected, got, ops=[op], override=tolerance)
         if problem is not None:
             raise VerificationError(
                 f"kg.graft: the pattern {getattr(pattern.fn, '__qualname__', pattern.fn)} and "
@@ -354,7 +358,7 @@ def _count_and_verify_traced(model, pat, args, kwargs, verify, tolerance) -> int
     n = sum(counts)
     pat.replaced["inductor"] = pat.replaced.get("inductor", 0) - n  # count real compiles only
     if verify and n:
-        problem = _verify.compare(expected, got, override=tolerance)
+        problem = _verify.compare(expected, got, ops=[pat.op], override=tolerance)
         if problem is not None:
             raise VerificationError(
                 f"kg.graft: with {n} matches of the pattern replaced by {pat.op.name} the model's "
@@ -386,7 +390,7 @@ def _graft_exported(ep, pat, report, verify, have_inputs, args, kwargs, toleranc
     if expected is not None:
         with torch.no_grad():
             got = ep.module()(*_verify.clone_inputs(args), **_verify.clone_inputs(kwargs))
-        problem = _verify.compare(expected, got, override=tolerance)
+        problem = _verify.compare(expected, got, ops=[pat.op], override=tolerance)
         if problem is not None:
             gm.graph = backup
             gm.recompile()

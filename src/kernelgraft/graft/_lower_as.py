@@ -67,7 +67,7 @@ class lower_as:  # noqa: N801 (used as a decorator, like torch.no_grad)
         *,
         attrs: Mapping[str, Any] | None = None,
         verify: bool = True,
-        tolerance: tuple[float, float] | None = None,
+        tolerance: float | Mapping[torch.dtype, float] | None = None,
     ) -> None:
         from .._op._operator import KernelOp
 
@@ -76,7 +76,7 @@ class lower_as:  # noqa: N801 (used as a decorator, like torch.no_grad)
         self.op = op
         self.attrs = dict(attrs or {})
         self.verify = verify
-        self.tolerance = tolerance
+        self.tolerance = _verify.check_override(tolerance, f"kg.lower_as({op.name})")
 
     def __enter__(self):
         raise UnsupportedError(
@@ -113,7 +113,7 @@ class lower_as:  # noqa: N801 (used as a decorator, like torch.no_grad)
             state["pending"] = False
             with torch.no_grad():
                 expected = fn(*_verify.clone_inputs(args), **_verify.clone_inputs(kwargs))
-            problem = _verify.compare(expected, out, op=op, override=tol)
+            problem = _verify.compare(expected, out, ops=[op], override=tol)
             if problem is not None:
                 raise VerificationError(f"{where}: the op's result differs from the original: {problem}")
 
@@ -156,7 +156,7 @@ class lower_as:  # noqa: N801 (used as a decorator, like torch.no_grad)
                 log.debug("%s: sample skipped: %s", where, exc)
                 continue
             got = op(*sample)
-            problem = _verify.compare(expected, got, op=op, override=self.tolerance)
+            problem = _verify.compare(expected, got, ops=[op], override=self.tolerance)
             if problem is not None:
                 raise VerificationError(
                     f"{where}: on sample {[describe(a) for a in sample]} the op differs from the "

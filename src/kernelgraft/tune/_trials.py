@@ -29,8 +29,9 @@ from typing import Any
 
 import torch
 
-from ._gate import classify_error, compare, make_oracle, poisoned
+from .. import _verify
 from .._timing import on_device
+from ._gate import classify_error, expected, judge
 from ._timing import Trial, cuda_timer
 
 __all__ = ["Result", "run_trials"]
@@ -55,25 +56,12 @@ class Result:
     reason: str | None = None
 
 
-def _clone_arg(a: Any) -> Any:
-    if isinstance(a, torch.Tensor):
-        return a.detach().clone()
-    if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
-        return type(a)(t.detach().clone() for t in a)
-    return a
-
-
 def _copy_into(dst: Any, src: Any) -> None:
     if isinstance(dst, torch.Tensor):
         dst.copy_(src)
     else:
         for d, s in zip(dst, src):
             d.copy_(s)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def run_trials(
@@ -91,10 +79,10 @@ def run_trials(
     device = tensors[0].device if tensors else torch.device("cpu")
     timer = settings.timer or cuda_timer
     mutated = [i for i, p in enumerate(op.signature.params) if p.mutated]
-    oracle = make_oracle(op, args)
-    out_specs = op._output_specs(args) if op.signature.returns != "none" else []
-    pristine = {i: _clone_arg(args[i]) for i in mutated}
-    own = [(_clone_arg(a) if i in mutated else a) for i, a in enumerate(args)]
+    reference = expected(op, args)
+    out_specs = op.dispatcher.output_specs(args) if op.signature.returns != "none" else []
+    pristine = {i: _verify.clone(args[i]) for i in mutated}
+    own = [(_verify.clone(a) if i in mutated else a) for i, a in enumerate(args)]
     outs = [torch.empty(s, dtype=d, device=dev) for s, d, dev in out_specs]
 
     def restore(_: int) -> None:  # one argument set (Trial.n_sets == 1)
@@ -109,7 +97,7 @@ def run_trials(
         if n > 0 and time.perf_counter() - started > settings.budget_s:
             results.append(_over_budget(cand, settings))
             continue
-        result = _gate(op, cand, own, outs, restore if mutated else None, oracle, mutated, device)
+        result = _gate(op, cand, own, outs, restore if mutated else None, reference, device)
         if isinstance(result, Trial):
             result.cold = bool(settings.cold_l2)
         results.append(result)
@@ -184,31 +172,25 @@ def _refine(trials: list[Trial], times: dict[int, float], timer: Any, settings: 
                 times[id(t)] = min(times[id(t)], outcome)
 
 
-def _gate(op, cand, own, outs, restore, oracle, mutated, device) -> Result | Trial:
-    """Compile and run ``cand`` once on poisoned outputs and compare with the oracle: a Trial
+def _gate(op, cand, own, outs, restore, reference, device) -> Result | Trial:
+    """Compile and run ``cand`` once on poisoned outputs and judge them with the oracle: a Trial
     ready to time, or the Result that excludes it."""
     try:
-        runner = op._runner(cand)
+        runner = op.dispatcher.runner(cand)
     except Exception as exc:
         return Result(cand, kind=classify_error(exc.__cause__ or exc), reason=f"{type(exc).__name__}: {exc}")
     if restore is not None:
         restore(0)
-    gate_outs = [poisoned(o.shape, o.dtype, o.device) for o in outs]
+    gate_outs = [_verify.poisoned(o.shape, o.dtype, o.device) for o in outs]
     try:
         runner(*own, *gate_outs)
-        _sync(device)
+        _verify.sync(device)
     except Exception as exc:
         kind = classify_error(exc)
         return Result(cand, kind=kind, reason=f"{kind} error: {type(exc).__name__}: {str(exc)[:500]}")
-    tol = getattr(op, "tolerances", None)
-    for j, (got, want) in enumerate(zip(gate_outs, oracle.outputs)):
-        why = compare(got, want, what=f"output {j}", overrides=tol)
-        if why:
-            return Result(cand, kind="wrong", reason=f"wrong result: {why}")
-    for i, want in oracle.mutated:
-        why = compare(own[i], want, what=f"mutated argument {op.signature.params[i].name!r}", overrides=tol)
-        if why:
-            return Result(cand, kind="wrong", reason=f"wrong result: {why}")
+    why = judge(op, reference, gate_outs, own)
+    if why is not None:
+        return Result(cand, kind="wrong", reason=why)
 
     def run(_: int) -> None:
         runner(*own, *outs)
