@@ -269,7 +269,7 @@ class Launcher:
         gx, gy, gz = _dims(grid, "grid")
         if gx <= 0 or gy <= 0 or gz <= 0:
             return
-        if device_index != current_device():
+        if _get_device is not None and device_index != _get_device():  # torch without CUDA: no switch
             with torch.cuda.device(device_index):
                 return self(device_index, grid, block, values, shared_mem, stream)
         bx, by, bz = _dims(block, "block")
