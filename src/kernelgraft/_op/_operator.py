@@ -25,6 +25,7 @@ import torch
 
 from .._errors import InputError, SpecError, UnsupportedError, describe
 from .._spec import ImplSpec, callable_source
+from .._verify import check_tolerances
 from ..tune._key import normalize_buckets
 from ..tune._modes import scope as _scope
 from . import _registry, _select
@@ -88,7 +89,7 @@ class KernelOp:
         self.mutates_args = mutates_args
         self.sample_inputs = sample_inputs
         self.fallback = fallback
-        self.tolerances = dict(tolerances or {})
+        self.tolerances = check_tolerances(tolerances, where)
         self.cost = cost  # (*inputs) -> (bytes, flops) for benchmarks; None: from tensor sizes
         if prune is not None and not callable(prune):
             raise SpecError(f"{where}: prune must be a function (candidates, *inputs) -> candidates, "
