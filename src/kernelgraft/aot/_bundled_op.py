@@ -95,6 +95,7 @@ def _reference(entry: dict):
             f"{name}: loaded from a bundle without its Python code, and no bundled kernel covers "
             "these inputs (device, dtypes, shapes); import the op's module to get its reference")
 
+    reference.kernelgraft_stub = True  # no real reference: the bundled kernels' guards decide
     reference.__signature__ = inspect.Signature(params, return_annotation=returns)  # type: ignore[attr-defined]
     reference.__annotations__ = {p.name: p.annotation for p in params} | {"return": returns}
     reference.__name__ = reference.__qualname__ = name.split("::")[1]

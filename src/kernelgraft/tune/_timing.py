@@ -104,7 +104,10 @@ def _graphed(trial: Trial, reps: int, est_ms: float) -> list[float] | None:
         with torch.cuda.stream(stream):
             trial.run(0)  # warm-up on the capture stream, as torch.cuda.graphs advises
         torch.cuda.current_stream().wait_stream(stream)
-        with torch.cuda.graph(graph):
+        # Our own capture stream, on the trial's device: torch.cuda.graph's default capture stream
+        # is one per process, made on whichever device captured first, so a later capture of
+        # cuda:1 work would switch to device 0 and record nothing (an empty graph times as ~0).
+        with torch.cuda.graph(graph, stream=stream):
             for j in range(inner):
                 trial.run(j % trial.n_sets)
     except Exception as exc:  # some launches cannot be captured; fall back to eager timing
