@@ -55,7 +55,7 @@ class HostKernel:
     def record(self, a, b, out, n, scale, *, result=True) -> _record._Recorder:
         kinds = [ctypes.c_void_p] * 3 + [ctypes.c_int32, ctypes.c_float, ctypes.c_void_p]
         buf, offsets, pointers = _record.packed_slots(kinds, [a, b, out, n, scale, 0])
-        recorder = _record._Recorder(0)
+        recorder = _record._Recorder()
         recorder.launches.append(_record.Record(
             kind=1, fn=_record.address_of(self.fn), function=0, grid=(1, 1, 1), block=(1, 1, 1),
             smem=0, buffer=buf, offsets=offsets, pointers=pointers, stream=0, device=-1,
@@ -183,7 +183,7 @@ def test_recording_refuses_what_it_cannot_replay(native):
     with _record.recording() as rec:
         _record.note(None, "no ctypes here")
     assert _record.replay_for(native, (x, y, 2.0), (out,), 1, rec, PLAIN) == "no ctypes here"
-    assert _record.ACTIVE[0] is None
+    assert _record.active() is None
 
 
 def test_bad_specs_are_refused(native):
