@@ -43,7 +43,7 @@ class _Runner:
         base = ctypes.addressof(storage)
         packed = (ctypes.c_void_p * len(offsets))(*(base + o for o in offsets))
         fn = _record.address_of(self.spec.fn)
-        if _record.ACTIVE[0] is not None:
+        if _record.active() is not None:
             _record.note(_record.Record(
                 kind=1, fn=fn, function=0, grid=(1, 1, 1), block=(1, 1, 1), smem=0, buffer=buffer,
                 offsets=offsets, pointers=pointers, stream=0, device=-1, stream_offset=offsets[-1],

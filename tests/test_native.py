@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,7 +23,7 @@ HOST_FN = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_void_p))
 
 @pytest.fixture(scope="module")
 def native():
-    if shutil.which("c++") is None and shutil.which("g++") is None:
+    if not _has_compiler():
         pytest.skip("no C++ compiler on this machine: the native replay cannot be built")
     module = _native.load()
     assert module is not None, _native.reason()
@@ -55,7 +56,7 @@ class HostKernel:
     def record(self, a, b, out, n, scale, *, result=True) -> _record._Recorder:
         kinds = [ctypes.c_void_p] * 3 + [ctypes.c_int32, ctypes.c_float, ctypes.c_void_p]
         buf, offsets, pointers = _record.packed_slots(kinds, [a, b, out, n, scale, 0])
-        recorder = _record._Recorder(0)
+        recorder = _record._Recorder()
         recorder.launches.append(_record.Record(
             kind=1, fn=_record.address_of(self.fn), function=0, grid=(1, 1, 1), block=(1, 1, 1),
             smem=0, buffer=buf, offsets=offsets, pointers=pointers, stream=0, device=-1,
@@ -183,7 +184,7 @@ def test_recording_refuses_what_it_cannot_replay(native):
     with _record.recording() as rec:
         _record.note(None, "no ctypes here")
     assert _record.replay_for(native, (x, y, 2.0), (out,), 1, rec, PLAIN) == "no ctypes here"
-    assert _record.ACTIVE[0] is None
+    assert _record.active() is None
 
 
 def test_bad_specs_are_refused(native):
@@ -332,26 +333,196 @@ def test_triton_autotuned_and_specialised_kernels_replay():
     assert all(r.stats()["calls"] >= 1 for r in replays)
 
 
+def _has_compiler() -> bool:
+    return shutil.which("c++") is not None or shutil.which("g++") is not None
+
+
+@pytest.mark.slow
 def test_a_build_killed_midway_leaves_no_stale_lock(tmp_path):
-    """A process may exit while the background build runs; the next one must build, not wait on
-    the dead one's lock (torch's own build lock file is never cleared in that case)."""
+    """A build child may die while compiling (its parent exited, a kill); the next build must
+    build, not wait on the dead one's lock (torch's own build lock file is never cleared then).
+    The child is killed once it holds the lock and has made its work folder (it compiles from
+    then on): a state, not a guess of how long the compile takes."""
     import os
     import subprocess
     import sys
     import time
 
-    if shutil.which("c++") is None and shutil.which("g++") is None:
+    from kernelgraft._native import _build
+
+    if not _has_compiler():
         pytest.skip("no C++ compiler on this machine")
     env = {**os.environ, "KERNELGRAFT_CACHE_DIR": str(tmp_path)}
-    code = "from kernelgraft import _native; m = _native.load(); print(m is not None, _native.reason())"
-    child = subprocess.Popen([sys.executable, "-c", code], env=env)
-    time.sleep(4)  # inside the compile
+    where = subprocess.run([sys.executable, "-c", "from kernelgraft import _native; print(_native.directory())"],
+                           env=env, capture_output=True, text=True, timeout=120)
+    directory = Path(where.stdout.strip())
+    child = subprocess.Popen([sys.executable, _build.__file__, str(directory), str(_native._SOURCE)], env=env)
+    deadline = time.monotonic() + 120
+    while not list(directory.glob("build-*")):
+        assert child.poll() is None and time.monotonic() < deadline, "the build child never started compiling"
+        time.sleep(0.02)
     child.kill()
     child.wait()
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
+    assert not (directory / "record.json").exists()
+    code = "from kernelgraft import _native; m = _native.load(); print(m is not None, _native.reason())"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=400)
     assert done.stdout.split()[:1] == ["True"], done.stdout + done.stderr
-    (build,) = (tmp_path / "native").iterdir()
-    assert (build / "kernelgraft_native.so").exists()
+    assert isinstance(_build.verified_library(directory), Path)
+    assert not list(directory.glob("build-*"))
+
+
+@pytest.fixture()
+def fresh(tmp_path, monkeypatch):
+    """The native state forgotten and the cache in ``tmp_path``; restored afterwards."""
+    monkeypatch.setenv("KERNELGRAFT_CACHE_DIR", str(tmp_path))
+    saved = dict(_native._STATE)
+    _native._reset()
+    yield tmp_path
+    _native._reset()
+    _native._STATE.update(saved)
+
+
+def _plant(directory: Path, library: bytes, recorded: bytes | None = None, name="kernelgraft_native-x.so"):
+    import hashlib
+    import json
+
+    (directory / name).write_bytes(library)
+    digest = hashlib.sha256(recorded if recorded is not None else library).hexdigest()
+    (directory / "record.json").write_text(json.dumps({"file": name, "sha256": digest}))
+
+
+def _no_build(monkeypatch):
+    """Fail the test if anything would build or import torch's extension tooling's loader."""
+    from torch.utils import cpp_extension
+
+    def refuse(*a, **k):
+        raise AssertionError("cpp_extension.load was called")
+
+    monkeypatch.setattr(cpp_extension, "load", refuse)
+    monkeypatch.setattr(_native, "_start_child", lambda path: pytest.fail("a build child was started"))
+
+
+def test_an_altered_library_is_refused(fresh, monkeypatch, caplog):
+    """The record's sha256 does not match the library (replaced after the build): not loaded,
+    not rebuilt on demand, and the reason says so."""
+    directory = _native.directory()
+    _plant(directory, b"\x7fELF planted code", recorded=b"what the build produced")
+    _no_build(monkeypatch)
+    monkeypatch.setattr(_native, "_open", lambda path: pytest.fail(f"{path} was opened"))
+    assert _native.get() is None and _native.load() is None
+    assert "does not match the sha256 recorded" in _native.reason()
+    assert any("does not match" in r.getMessage() for r in caplog.records)
+
+
+def test_a_planted_library_without_a_record_never_loads(fresh, monkeypatch):
+    """A .so dropped into the directory (the old name, or one like a build's) is not what a
+    record names: the loader starts a build instead of opening it."""
+    directory = _native.directory()
+    (directory / "kernelgraft_native.so").write_bytes(b"\x7fELF planted")
+    (directory / "kernelgraft_native-0123456789abcdef.so").write_bytes(b"\x7fELF planted")
+    started = []
+    monkeypatch.setattr(_native, "_start_child", started.append)
+    monkeypatch.setattr(_native, "_open", lambda path: pytest.fail(f"{path} was opened"))
+    assert _native.get() is None
+    assert started == [directory]
+
+
+@pytest.mark.parametrize("where", ["build directory", "parent"])
+def test_a_directory_others_can_write_is_refused(fresh, monkeypatch, where):
+    import os
+
+    directory = _native.directory()
+    _plant(directory, b"\x7fELF whatever")
+    target = directory if where == "build directory" else directory.parent
+    os.chmod(target, 0o777)
+    try:
+        _no_build(monkeypatch)
+        monkeypatch.setattr(_native, "_open", lambda path: pytest.fail(f"{path} was opened"))
+        assert _native.get() is None
+        assert "writable by group or others (mode 777)" in _native.reason()
+        assert str(target) in _native.reason()
+        from kernelgraft._errors import CompileError
+
+        with pytest.raises(CompileError, match="refusing to build or load"):
+            _native.build()
+    finally:
+        os.chmod(target, 0o700)
+
+
+def test_a_record_that_is_not_one_is_refused(fresh, monkeypatch):
+    directory = _native.directory()
+    (directory / "record.json").write_text('{"file": "../elsewhere.so", "sha256": "' + "0" * 64 + '"}')
+    _no_build(monkeypatch)
+    assert _native.get() is None
+    assert "not a library name in this directory" in _native.reason()
+
+
+def test_caching_off_uses_a_private_directory(monkeypatch):
+    import os
+    import stat
+
+    monkeypatch.setenv("KERNELGRAFT_CACHE_DIR", "off")
+    path = _native.directory()
+    base = path.parent
+    assert base == _native._STATE["private"] and base.name.startswith("kernelgraft-native-")
+    assert stat.S_IMODE(os.stat(base).st_mode) == 0o700 and os.stat(base).st_uid == os.getuid()
+    assert _native.directory() == path  # one per process
+
+
+def test_a_cached_build_loads_without_the_extension_tooling(native, monkeypatch):
+    """A verified build loads by opening the library: torch's cpp_extension.load is never called
+    and no child process starts; the load takes milliseconds on the calling thread."""
+    import time
+
+    saved = dict(_native._STATE)
+    _native._reset()
+    _no_build(monkeypatch)
+    try:
+        start = time.perf_counter()
+        module = _native.get()
+        took = time.perf_counter() - start
+        assert module is not None, _native.reason()
+        assert hasattr(module, "Replay") and not _native.busy()
+        assert took < 0.5, f"loading the cached build took {took:.3f} s"
+    finally:
+        _native._STATE.update(saved)
+
+
+def test_busy_while_a_child_builds(fresh, monkeypatch):
+    """The build child is polled, never waited on, by ``get``; ``busy`` is true meanwhile."""
+    import subprocess
+    import sys
+
+    directory = _native.directory()
+    gate = directory / "gate"
+
+    def slow_child(path):  # a stand-in build: waits for the test, then leaves no record
+        proc = subprocess.Popen([sys.executable, "-c",
+                                 f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.01)"])
+        _native._STATE["child"] = (proc, path)
+
+    monkeypatch.setattr(_native, "_start_child", slow_child)
+    assert _native.get() is None and _native.busy()
+    assert _native.get() is None and _native.busy()  # still building: a poll, no wait
+    gate.touch()
+    _native._STATE["child"][0].wait(30)
+    assert not _native.busy()
+    assert _native.get() is None
+    assert "without a build record" in _native.reason()
+
+
+@pytest.mark.slow
+def test_the_child_process_build(fresh):
+    """``build()`` compiles in a child process, records the library's hash, and loads it."""
+    import json
+
+    if not _has_compiler():
+        pytest.skip("no C++ compiler on this machine")
+    library = _native.build()
+    record = json.loads((library.parent / "record.json").read_text())
+    assert record["file"] == library.name
+    assert _native.get() is not None and _native.get().__file__ == str(library)
+    assert (library.parent / "build.log").read_text().split() == [str(library)]  # what the child printed
 
 
 def test_doctor_reports_the_native_replay(native):

@@ -20,12 +20,18 @@ def _rank_main(rank: int, world: int, port: int, root: str, out: str) -> None:
     os.environ["KERNELGRAFT_TUNE_RANK_TIMEOUT"] = "120"
     sys.path.insert(0, str(HERE))
     import torch
+    import torch._dynamo  # noqa: F401  before the group exists: see below
     import torch.distributed as dist
 
     import kernelgraft as kg
     from _tune_ops import FAKE_MS, make_scale
     from kernelgraft.tune._cache import DiskCache
 
+    # The first op call imports torch._dynamo; imported after init_process_group, it keeps
+    # references to the group, so destroy_process_group leaves the gloo worker threads running and
+    # the group is destroyed during interpreter shutdown, racing those threads (a SIGABRT,
+    # "terminate called without an active exception", in about one run in two of the suite).
+    # Imported first, the group is gone, threads joined, when destroy_process_group returns.
     dist.init_process_group("gloo", init_method=f"file://{root}/store", rank=rank, world_size=world)
     op = make_scale("td::scale", bug=True)
     sizes = [100, 1000, 5000, 20000]
@@ -57,6 +63,26 @@ def _rank_main(rank: int, world: int, port: int, root: str, out: str) -> None:
             {str(k): v for k, v in p.items()} for p in everyone], "stats": kg.tune.stats()}, fh)
     dist.barrier()  # both ranks done with the group before either tears it down
     dist.destroy_process_group()
+    workers = _gloo_threads()
+    assert not workers, f"gloo threads still running after destroy_process_group: {workers}"
+
+
+def _gloo_threads() -> list[str]:
+    """Names of this process's native threads that gloo started (Linux; empty elsewhere)."""
+    names = []
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return names
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as fh:
+                name = fh.read().strip()
+        except OSError:
+            continue
+        if "gloo" in name:
+            names.append(name)
+    return names
 
 
 def test_two_gloo_ranks_agree(tmp_path):

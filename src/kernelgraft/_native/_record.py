@@ -17,7 +17,6 @@ plan in Python.
 from __future__ import annotations
 
 import ctypes
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,12 +24,10 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..driver._observe import Record, active, address_of, launch_record, note, observing
 from . import _triton
 
-__all__ = ["Record", "recording", "note", "launch_record", "replay_for", "ACTIVE"]
-
-# The recorder of the thread that records, or None: read on every Python-path launch.
-ACTIVE: list = [None]
+__all__ = ["Record", "recording", "note", "active", "launch_record", "replay_for"]
 
 _DEVICE_TYPES = {"cpu": 0, "cuda": 1}
 _METADATA_OPS = {
@@ -41,35 +38,19 @@ _METADATA_OPS = {
 
 
 @dataclass
-class Record:
-    """One launch: ``kind`` 0 (cuLaunchKernel) or 1 (packed host function); ``pointers`` holds
-    (byte offset, address) of each device-pointer parameter."""
+class _Recorder(_triton.Counts):
+    """The observer of one recorded call (driver/_observe.py): it only ever sees the launches of
+    the thread that records."""
 
-    kind: int
-    fn: int
-    function: int
-    grid: tuple[int, int, int]
-    block: tuple[int, int, int]
-    smem: int
-    buffer: bytes
-    offsets: tuple[int, ...]
-    pointers: list[tuple[int, int]]
-    stream: int
-    device: int
-    tail: tuple[int, ...] = ()
-    stream_offset: int = -1
-    result: int = 0
-    owner: Any = None  # keeps the function, result slot and tail pointers alive for the replay
-
-
-@dataclass
-class _Recorder:
-    thread: int
     launches: list[Record] = field(default_factory=list)
     ops: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
-    triton_launches: int = 0  # counted by Triton's launch hook
-    triton_described: int = 0  # described by the JITFunction.run wrapper (_triton.py)
+
+    def note(self, record: Record | None, why: str = "") -> None:
+        if record is None:
+            self.refused.append(why)
+        else:
+            self.launches.append(record)
 
 
 class _OpWatch(TorchDispatchMode):
@@ -87,50 +68,22 @@ class _OpWatch(TorchDispatchMode):
 
 
 class recording:
-    """``with recording() as rec:`` notes the launches, torch ops and Triton launches of the
-    enclosed call."""
+    """``with recording() as rec:`` notes the launches, torch ops and Triton launches the calling
+    thread makes in the enclosed call (torch dispatch modes are per thread too)."""
 
     def __enter__(self) -> _Recorder:
-        self.recorder = _Recorder(threading.get_ident())
+        self.recorder = _Recorder()
         self.watch = _OpWatch(self.recorder)
         self.watch.__enter__()
-        self.unwatch_triton = _triton.watch(self.recorder)
-        self.previous = ACTIVE[0]
-        ACTIVE[0] = self.recorder
+        self.unwatch_triton = _triton.watch()
+        self.observe = observing(self.recorder)
+        self.observe.__enter__()
         return self.recorder
 
     def __exit__(self, *exc: Any) -> None:
-        ACTIVE[0] = self.previous
+        self.observe.__exit__(*exc)
         self.unwatch_triton()
         self.watch.__exit__(*exc)
-
-
-def note(record: Record | None, why: str = "") -> None:
-    """Called by a launch path while ``ACTIVE[0]`` is set: add the launch (None: one it cannot
-    describe, ``why`` says what)."""
-    recorder = ACTIVE[0]
-    if recorder is None or recorder.thread != threading.get_ident():
-        return
-    if record is None:
-        recorder.refused.append(why)
-    else:
-        recorder.launches.append(record)
-
-
-def launch_record(raw: Any, function: int, grid: tuple, block: tuple, smem: int, buffer: Any,
-                  values: Sequence[Any], stream: int | None, device: int, owner: Any) -> Record:
-    """The Record of one ``cuLaunchKernel`` (``raw``, the ctypes entry point) of ``function`` with
-    ``values`` packed by ``buffer`` (a ``kernelgraft.driver`` ParamBuffer)."""
-    packed = buffer.pack(values)
-    pointers = [(o, int(v or 0)) for o, k, v in zip(buffer.offsets, buffer.kinds, values) if k == "ptr"]
-    return Record(kind=0, fn=address_of(raw), function=function, grid=grid, block=block, smem=smem,
-                  buffer=packed + bytes(-len(packed) % 8), offsets=buffer.offsets, pointers=pointers,
-                  stream=int(stream or 0), device=device, owner=owner)
-
-
-def address_of(fn: Any) -> int:
-    """The address of a ctypes function pointer."""
-    return int(ctypes.cast(fn, ctypes.c_void_p).value or 0)
 
 
 def packed_slots(kinds: Sequence[type], values: Sequence[Any]) -> tuple[bytes, tuple[int, ...], list]:

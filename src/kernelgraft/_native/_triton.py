@@ -14,6 +14,10 @@ The parameter sizes are checked against the kernel's own PTX parameter list, and
 or half-precision scalar arguments) is refused. Triton's launch hook counts every Triton launch
 of the recorded call, so one that did not go through ``JITFunction.run`` (a ``CompiledKernel``
 launched directly) leaves the call in Python rather than being skipped by the replay.
+
+Both the wrapper and the hook are process-wide (Triton has one of each) and installed while any
+thread records; they look only at the calling thread's observer (driver/_observe.py), so another
+thread's Triton launches are neither described nor counted, and cost it one thread-local read.
 """
 
 from __future__ import annotations
@@ -23,13 +27,24 @@ from typing import Any
 
 import torch
 
-__all__ = ["watch", "describe"]
+from ..driver._observe import active, launch_record
+
+__all__ = ["Counts", "watch", "describe"]
 
 _LOCK = threading.Lock()
-_INSTALLED: list = [0, None]  # recordings in flight, the original JITFunction.run
+_INSTALLED: list = [0, None, None]  # recordings in flight, the original JITFunction.run, the unhook
 _INTS = {"i1": "i8", "i8": "i8", "i16": "i16", "i32": "i32", "i64": "i64",
          "u1": "u8", "u8": "u8", "u16": "u16", "u32": "u32", "u64": "u64"}
 _FLOATS = {"fp32": "f32", "f32": "f32", "fp64": "f64"}
+
+
+class Counts:
+    """What an observer that wants Triton launches described counts (the recorder is one)."""
+
+    triton_launches: int = 0  # counted by Triton's launch hook
+    triton_described: int = 0  # described by the JITFunction.run wrapper
+
+
 def params_of(kernel: Any, bound: dict[str, Any]) -> tuple[list[str], list[Any]] | str:
     """(kinds, values) of the compiled kernel's parameters for these arguments, or why not."""
     from ..backends._triton import ptx_param_sizes  # imported here: the driver imports this module
@@ -88,7 +103,6 @@ def describe(jit: Any, kernel: Any, grid: Any, args: tuple, kwargs: dict) -> Any
     from ..backends._triton import bind_arguments
     from ..driver import _cu
     from ..driver._params import ParamBuffer
-    from . import _record
 
     bound = bind_arguments(jit, args, kwargs)
     described = params_of(kernel, bound)
@@ -106,7 +120,7 @@ def describe(jit: Any, kernel: Any, grid: Any, args: tuple, kwargs: dict) -> Any
     grid = grid + (1,) * (3 - len(grid))
     md = kernel.metadata
     device = torch.cuda.current_device()
-    return _record.launch_record(
+    return launch_record(
         raw, int(kernel.function), grid, (md.num_warps * getattr(md, "warp_size", 32), 1, 1),
         int(md.shared), ParamBuffer(kinds), values, torch.cuda.current_stream(device).cuda_stream,
         device, owner=kernel,
@@ -141,56 +155,57 @@ def _add_hook(runtime: Any, hook: Any):
     return lambda: setattr(runtime, "launch_enter_hook", chain)
 
 
-def _wrap_run(original: Any):
-    from . import _record
+def _count(*args: Any, **kwargs: Any) -> None:
+    """Triton's launch-enter hook: count the launch for the calling thread's recorder, if any."""
+    observer = active()
+    if isinstance(observer, Counts):
+        observer.triton_launches += 1
 
+
+def _wrap_run(original: Any):
     def run(self, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
         kernel = original(self, *args, grid=grid, warmup=warmup, **kwargs)
-        recorder = _record.ACTIVE[0]
-        if warmup or recorder is None or recorder.thread != threading.get_ident():
+        observer = active()
+        if warmup or not isinstance(observer, Counts):
             return kernel
         if kernel is None:  # compiled asynchronously or skipped by a cache hook
-            recorder.refused.append("a Triton launch returned no compiled kernel")
+            observer.note(None, "a Triton launch returned no compiled kernel")
         else:
             try:
                 described = describe(self, kernel, grid, args, kwargs)
             except Exception as exc:  # describing must never fail the user's call
                 described = f"describing the Triton launch failed: {exc}"
-            _record.note(None if isinstance(described, str) else described,
-                         described if isinstance(described, str) else "")
-        recorder.triton_described += 1
+            if isinstance(described, str):
+                observer.note(None, described)
+            else:
+                observer.note(described, "")
+        observer.triton_described += 1
         return kernel
 
     return run
 
 
-def watch(recorder: Any):
-    """Describe the recorded call's Triton launches; returns the undo. Every Triton launch is
-    counted by Triton's launch hook, so one not described leaves the call unreplayed."""
+def watch():
+    """Describe and count the Triton launches of every thread that records, from now until the
+    returned undo is called (once per ``watch``)."""
     runtime = _runtime()
-    if runtime is None:  # no triton: nothing to watch
+    if runtime is None or not hasattr(runtime, "launch_enter_hook"):  # no triton: nothing to watch
         return lambda: None
-    if not hasattr(runtime, "launch_enter_hook"):
-        return lambda: None
-
-    def hook(*args: Any, **kwargs: Any) -> None:
-        if recorder.thread == threading.get_ident():
-            recorder.triton_launches += 1
-
-    unhook = _add_hook(runtime, hook)
     from triton.runtime.jit import JITFunction
 
     with _LOCK:
         if _INSTALLED[0] == 0:
             _INSTALLED[1] = JITFunction.run
+            _INSTALLED[2] = _add_hook(runtime, _count)
             JITFunction.run = _wrap_run(_INSTALLED[1])
         _INSTALLED[0] += 1
 
     def undo() -> None:
-        unhook()
         with _LOCK:
             _INSTALLED[0] -= 1
             if _INSTALLED[0] == 0:
                 JITFunction.run = _INSTALLED[1]
+                _INSTALLED[2]()
+                _INSTALLED[1] = _INSTALLED[2] = None
 
     return undo

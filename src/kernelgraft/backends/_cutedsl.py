@@ -266,7 +266,7 @@ class _FastCall:
         slots, packed = self._slots()
         for slot, v in zip(slots, values):
             slot.value = v
-        if _record.ACTIVE[0] is not None:
+        if _record.active() is not None:
             self._note(values)
         self.capi(packed)
         if self.result is not None and self.result.value != 0:

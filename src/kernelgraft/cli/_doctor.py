@@ -16,6 +16,8 @@ _PACKAGES = (
 
 def add_arguments(parser) -> None:
     parser.add_argument("target", nargs="?", help="optionally a .py file or module: show its ops' candidates")
+    parser.add_argument("--build", action="store_true",
+                        help="build the native replay's extension now (10-15 s, once per torch and Python)")
 
 
 def run(args) -> int:
@@ -61,11 +63,7 @@ def run(args) -> int:
         reason = backend.available() or backend.device_reason(device)
         table.add_row(name, f"[red]{reason}" if reason else f"[green]ready on {device.type}")
     console.print(table)
-    from .. import _native
-
-    native = _native.load()  # builds it (10-15 s) the first time for this torch and Python
-    console.print("native replay (eager CUDA C++, cuTile, CuTe DSL calls): " + (
-        f"[green]ready[/green] ({native.__file__})" if native is not None else f"[red]{_native.reason()}"))
+    console.print("native replay (eager CUDA C++, cuTile, CuTe DSL calls): " + _native_status(args.build))
     if args.target:
         for op in ops_of(load_target(args.target)):
             console.print(f"{op.name}{op.signature.schema}: {len(op.impls)} impls, "
@@ -74,3 +72,22 @@ def run(args) -> int:
                 reason = backends.get(impl.backend).available()
                 console.print(f"  {impl!r}" + (f" [red](unavailable: {reason})" if reason else ""))
     return 0
+
+
+def _native_status(build: bool) -> str:
+    """Loads a finished build (milliseconds); builds only with ``--build``."""
+    from .. import _native
+    from .._errors import CompileError
+
+    if build and _native.enabled():
+        try:
+            _native.build()
+        except CompileError as exc:
+            return f"[red]{exc}"
+    native = _native.get()
+    if native is not None:
+        return f"[green]ready[/green] ({native.__file__})"
+    if _native.busy() or (_native.enabled() and _native.reason() is None):
+        return ("[yellow]not built yet[/yellow]: building in the background now; "
+                "`kernelgraft doctor --build` builds it ahead of time")
+    return f"[red]{_native.reason()}"

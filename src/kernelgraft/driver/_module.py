@@ -23,8 +23,7 @@ from typing import Any
 import torch
 
 from .._errors import LaunchError
-from .._native import _record
-from . import _cu
+from . import _cu, _observe
 from ._params import KINDS, ParamBuffer, kind_of, value_of
 
 __all__ = ["Module", "Function", "Launcher", "load_module", "current_stream", "current_device"]
@@ -287,7 +286,7 @@ class Launcher:
         raw = self._launch
         if raw is None:
             raw = self._launch = _cu.raw_launch() or False
-        if _record.ACTIVE[0] is not None:
+        if _observe.active() is not None:
             self._note(raw, device_index, handle, (gx, gy, gz), (bx, by, bz), shared_mem, stream, values)
         if raw:
             err = raw(fn._raw_handle(device_index, handle), gx, gy, gz, bx, by, bz, shared_mem,
@@ -298,11 +297,11 @@ class Launcher:
             self._fail(err, device_index, (gx, gy, gz), (bx, by, bz), shared_mem, values)
 
     def _note(self, raw, device_index, handle, grid, block, shared_mem, stream, values) -> None:
-        """Describe this launch to the native replay's recorder (kernelgraft._native._record)."""
+        """Describe this launch to the calling thread's observer (driver/_observe.py)."""
         if not raw:
-            _record.note(None, "cuLaunchKernel is not reachable through ctypes here")
+            _observe.note(None, "cuLaunchKernel is not reachable through ctypes here")
             return
-        _record.note(_record.launch_record(
+        _observe.note(_observe.launch_record(
             raw, self.function._raw_handle(device_index, handle), grid, block, shared_mem, self.buffer,
             values, stream, device_index, owner=self,
         ))

@@ -1,0 +1,166 @@
+"""Building the native replay's extension, in a child process, and checking what a build left.
+
+Run as a script (``python _build.py DIRECTORY SOURCE``) by ``kernelgraft._native``: compiling
+takes 10-15 s of CPU and torch's C++ extension tooling, and neither belongs in the user's process,
+whose first seconds may be timed. The script uses nothing from kernelgraft, so the child imports
+only torch, filelock and this file.
+
+A finished build is two files in DIRECTORY: ``kernelgraft_native-<sha256 prefix>.so`` and
+``record.json`` naming it with its full sha256, written last and atomically (a temporary file and
+``os.replace``), so a reader sees either no record or one whose library is complete. The loader
+opens only the library the record names, and only when its bytes hash to the recorded value and
+the directory is the user's alone (``untrusted``): a planted or altered ``.so`` never loads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+import sys
+import tempfile
+from pathlib import Path
+
+NAME = "kernelgraft_native"
+RECORD = "record.json"
+_RECORD_LIMIT = 4096  # bytes: a record is a few lines; anything larger is not one
+
+
+def untrusted(path: Path) -> str | None:
+    """Why ``path`` (a directory) must not hold code this process loads, or None: it must be a
+    real directory (not a symlink), owned by this user and not writable by group or others."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return f"{path} cannot be inspected: {exc}"
+    if stat.S_ISLNK(st.st_mode):
+        return f"{path} is a symbolic link"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{path} is not a directory"
+    return _owned_privately(path, st)
+
+
+def _owned_privately(path: Path, st: os.stat_result) -> str | None:
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    if uid is not None and st.st_uid != uid:
+        return f"{path} is owned by uid {st.st_uid}, not by this user (uid {uid})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def read_record(directory: Path) -> dict | None | str:
+    """The build record of ``directory``: a dict with ``file`` and ``sha256``, None when there is
+    none (not built yet), or a str saying why the one there is unusable."""
+    path = directory / RECORD
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(_RECORD_LIMIT + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{path} cannot be read: {exc}"
+    try:
+        if len(raw) > _RECORD_LIMIT:
+            raise ValueError(f"larger than {_RECORD_LIMIT} bytes")
+        record = json.loads(raw.decode())
+        name, digest = record["file"], record["sha256"]
+        if not isinstance(name, str) or Path(name).name != name or not name.endswith(".so"):
+            raise ValueError(f"file {name!r} is not a library name in this directory")
+        if not isinstance(digest, str) or len(digest) != 64:
+            raise ValueError(f"sha256 {digest!r} is not a sha256 digest")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        return f"{path} is not a build record ({exc})"
+    return record
+
+
+def verified_library(directory: Path) -> Path | None | str:
+    """The library ``directory``'s record names, once its bytes match the recorded sha256; None
+    when nothing is built; a str saying why what is there must not be loaded."""
+    why = untrusted(directory)
+    if why:
+        return why
+    record = read_record(directory)
+    if record is None or isinstance(record, str):
+        return record
+    library = directory / record["file"]
+    try:
+        st = os.lstat(library)
+    except OSError as exc:
+        return f"the recorded library {library} cannot be inspected: {exc}"
+    if not stat.S_ISREG(st.st_mode):
+        return f"the recorded library {library} is not a regular file"
+    why = _owned_privately(library, st)
+    if why:
+        return why
+    digest = hashlib.sha256(library.read_bytes()).hexdigest()
+    if digest != record["sha256"]:
+        return (f"{library} does not match the sha256 recorded when it was built "
+                f"({digest[:16]}... vs {record['sha256'][:16]}...): it was altered or replaced")
+    return library
+
+
+def _write_atomically(directory: Path, name: str, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, directory / name)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def build(directory: Path, source: Path) -> Path:
+    """Compile ``source`` into ``directory`` unless a verified build is already there; returns
+    the library. A build killed midway leaves only a ``build-*`` folder, removed by the next one
+    (``filelock`` holds an OS lock, released when its process dies, unlike torch's lock file)."""
+    from filelock import FileLock
+    from torch.utils import cpp_extension
+
+    why = untrusted(directory)
+    if why:
+        raise PermissionError(f"refusing to build the native replay: {why}")
+    with FileLock(str(directory / "build.lock")):
+        done = verified_library(directory)
+        if isinstance(done, Path):
+            return done
+        for stale in directory.glob("build-*"):  # left by a process that died building
+            shutil.rmtree(stale, ignore_errors=True)
+        if not cpp_extension.is_ninja_available():
+            raise RuntimeError("ninja is not installed (pip install ninja)")
+        work = Path(tempfile.mkdtemp(prefix="build-", dir=directory))
+        try:
+            cpp_extension.load(NAME, [str(source)], build_directory=str(work), extra_cflags=["-O2"],
+                               verbose=False)
+            data = (work / f"{NAME}.so").read_bytes()
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        digest = hashlib.sha256(data).hexdigest()
+        library = f"{NAME}-{digest[:16]}.so"
+        _write_atomically(directory, library, data)
+        record = {"file": library, "sha256": digest,
+                  "source_sha256": hashlib.sha256(source.read_bytes()).hexdigest()}
+        _write_atomically(directory, RECORD, json.dumps(record, indent=1).encode())
+        for old in directory.glob(f"{NAME}*.so"):  # earlier builds no record names any more
+            if old.name != library:
+                old.unlink(missing_ok=True)
+        return directory / library
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3:
+        print(f"usage: {argv[0]} DIRECTORY SOURCE", file=sys.stderr)
+        return 2
+    try:
+        print(build(Path(argv[1]), Path(argv[2])))
+    except Exception as exc:
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
