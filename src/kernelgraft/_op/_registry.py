@@ -1,8 +1,8 @@
 """Process-global op registry: deterministic names, one registration per name, thread safe.
 
-Registering the same op twice (same reference, schema and impl fingerprints) is a no-op that returns
-the first op, so re-imports and pytest-xdist workers are safe; a different op under a taken name is
-an error. Double-checked locking keeps the common path lock-free.
+Registering the same op twice (the same fingerprint: reference, schema, impls and every option that
+changes behaviour) is a no-op that returns the first op, so re-imports and pytest-xdist workers are
+safe; a different op under a taken name is an error that names what differs. Double-checked locking keeps the common path lock-free.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from .._errors import RegistrationError
 if TYPE_CHECKING:
     from ._operator import KernelOp
 
-__all__ = ["default_name", "split_name", "register", "unregister", "lookup", "all_ops"]
+__all__ = ["default_name", "split_name", "register", "unregister", "lookup", "all_ops", "differences"]
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _OPS: dict[str, "KernelOp"] = {}
@@ -63,12 +63,59 @@ def register(op: "KernelOp") -> "KernelOp":
                 _OPS[op.name] = op
                 return op
     if existing.fingerprint != op.fingerprint:
+        changes = differences(getattr(existing, "identity", None), getattr(op, "identity", None))
         raise RegistrationError(
             f"op name {op.name!r} is already registered by {existing.reference.__module__}."
-            f"{existing.reference.__qualname__} with different code or impls; pick another name "
-            "or leave the name out to get a unique one"
+            f"{existing.reference.__qualname__}, and this declaration differs: "
+            f"{'; '.join(changes) or 'code or impls'}. Give the changed op another name, or leave "
+            "the name out to get a unique one"
         )
     return existing
+
+
+_SHORT = 80  # values longer than this (sources, long lists) are summarised, not printed
+
+
+def differences(old: dict | None, new: dict | None) -> list[str]:
+    """What differs between two op identities (``KernelOp.identity``), one phrase per option, e.g.
+    ``"fallback: 'reference' -> 'error'"``.
+
+    >>> differences({"fallback": "reference", "ndim": {}}, {"fallback": "error", "ndim": {}})
+    ["fallback: 'reference' -> 'error'"]
+    >>> differences({"impls": ["a", "b"]}, {"impls": ["a", "c"]})
+    ['impls: impl 1 differs (kernel, launch, configs or options)']
+    """
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return []
+    out = []
+    for name in sorted(set(old) | set(new)):
+        a, b = old.get(name), new.get(name)
+        if a == b:
+            continue
+        if name == "impls" and isinstance(a, list) and isinstance(b, list):
+            if len(a) != len(b):
+                out.append(f"impls: {len(a)} impls -> {len(b)}")
+            else:
+                which = [str(i) for i, (x, y) in enumerate(zip(a, b)) if x != y]
+                out.append(f"impls: impl {', '.join(which)} differ{'s' if len(which) == 1 else ''} "
+                           "(kernel, launch, configs or options)")
+        elif _is_source(a) or _is_source(b):
+            out.append(f"{name}: " + ("the source differs" if a is not None and b is not None
+                                      else f"{_show(a)} -> {_show(b)}"))
+        else:
+            out.append(f"{name}: {_show(a)} -> {_show(b)}")
+    return out
+
+
+def _is_source(value) -> bool:
+    return isinstance(value, str) and ("\n" in value or len(value) > _SHORT)
+
+
+def _show(value) -> str:
+    if _is_source(value):
+        return "a function"
+    text = repr(value)
+    return text if len(text) <= _SHORT else text[: _SHORT - 3] + "..."
 
 
 def _define(op: "KernelOp") -> None:
