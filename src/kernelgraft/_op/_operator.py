@@ -176,15 +176,7 @@ class KernelOp:
         """Every option that changes what the op does, in one canonical JSON form that is the same
         in every process: callables by their source (as the reference), dtypes by name, mappings
         sorted, equivalent spellings (``dtypes=[...]`` vs one list per parameter) normalised."""
-        from ..tune._key import dtype_name, tolerances_identity
-
-        def source(fn: Any) -> str | None:
-            if fn is None:
-                return None
-            try:
-                return callable_source(fn)
-            except Exception:  # a callable object without source text: its type stands for it
-                return f"{type(fn).__module__}.{type(fn).__qualname__}"
+        from ..tune._key import callable_identity as source, dtype_name, tolerances_identity
 
         return {
             "reference": source(self.reference),

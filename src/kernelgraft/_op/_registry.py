@@ -7,6 +7,7 @@ safe; a different op under a taken name is an error that names what differs. Dou
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from typing import TYPE_CHECKING
@@ -99,7 +100,7 @@ def differences(old: dict | None, new: dict | None) -> list[str]:
                 which = [str(i) for i, (x, y) in enumerate(zip(a, b)) if x != y]
                 out.append(f"impls: impl {', '.join(which)} differ{'s' if len(which) == 1 else ''} "
                            "(kernel, launch, configs or options)")
-        elif _is_source(a) or _is_source(b):
+        elif _has_source(a) or _has_source(b):
             out.append(f"{name}: " + ("the source differs" if a is not None and b is not None
                                       else f"{_show(a)} -> {_show(b)}"))
         else:
@@ -107,13 +108,16 @@ def differences(old: dict | None, new: dict | None) -> list[str]:
     return out
 
 
-def _is_source(value) -> bool:
-    return isinstance(value, str) and ("\n" in value or len(value) > _SHORT)
+def _has_source(value) -> bool:
+    """Whether an identity value is or holds a function's source text (many lines)."""
+    if isinstance(value, str):
+        return "\n" in value or len(value) > _SHORT
+    return isinstance(value, (dict, list)) and "\\n" in json.dumps(value)
 
 
 def _show(value) -> str:
-    if _is_source(value):
-        return "a function"
+    if _has_source(value):
+        return "a function" if isinstance(value, str) else "rules with a function"
     text = repr(value)
     return text if len(text) <= _SHORT else text[: _SHORT - 3] + "..."
 

@@ -26,7 +26,7 @@ from .._spec import Config
 from ._manifest import read
 from ._runner import BundledRunner, Kernel
 
-__all__ = ["Bundle", "load_bundle"]
+__all__ = ["Bundle", "load_bundle", "reset_bundles"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,22 @@ class Bundle:
             impl = next(i for i in op.impls if getattr(i, "index", None) == index)
             runner = RUNNERS[(impl.bundle_key, key[1])]
         return runner
+
+
+# Every bundle attached in this process, so reset_bundles can undo them all.
+_LOADED: list[Bundle] = []
+
+
+def reset_bundles() -> None:
+    """Detach every loaded bundle and forget the runners of ops rebuilt from manifests (tests
+    call this between tests; ops stay registered)."""
+    from ._bundled_op import RUNNERS
+
+    while _LOADED:
+        _LOADED.pop().detach()
+    RUNNERS.clear()
+    BUNDLED.clear()
+    _select.bump_epoch()
 
 
 def _current_arch() -> str:
@@ -115,7 +131,9 @@ def load_bundle(path: str | Path, *, arch: str | None = None, import_modules: bo
                           "rebuild the bundle") from None
     _select.bump_epoch()
     log.info("loaded bundle %s for %s: %s", root, arch, {k: len(v) for k, v in attached.items()})
-    return Bundle(root, arch, manifest, ops, attached, rebuilt)
+    bundle = Bundle(root, arch, manifest, ops, attached, rebuilt)
+    _LOADED.append(bundle)
+    return bundle
 
 
 def _runners(root: Path, entry: dict, arch: str) -> dict:

@@ -28,7 +28,7 @@ from .._errors import SpecError
 from .._spec import callable_source
 
 __all__ = ["TuneKey", "build_key", "bucket", "normalize_buckets", "environment", "tolerances_identity",
-           "dtype_name", "_KEY_SCHEMA_VERSION"]
+           "dtype_name", "callable_identity", "_KEY_SCHEMA_VERSION"]
 
 # 2: the op's tolerances are part of the key.
 _KEY_SCHEMA_VERSION = 2
@@ -119,10 +119,27 @@ def _rule_identity(fn: BucketFn) -> Any:
         return "exact"
     if isinstance(fn, _Boundaries):
         return list(fn.points)
+    return {"source": callable_identity(fn)}
+
+
+def callable_identity(fn: Callable | None) -> str | None:
+    """A function as op fingerprints see it: its source (and that of the kernels it names), the
+    same in every process; None stays None.
+
+    A lambda's source is its whole line, which two lambdas can share, so its code is added; a
+    callable object without source text is named by its type.
+    """
+    if fn is None:
+        return None
     try:
-        return {"source": callable_source(fn)}
-    except Exception:  # a callable object without source: its type stands for it
-        return {"type": f"{type(fn).__module__}.{type(fn).__qualname__}"}
+        text = callable_source(fn)
+    except Exception:
+        return f"{type(fn).__module__}.{type(fn).__qualname__}"
+    code = getattr(fn, "__code__", None)
+    if code is not None and code.co_name == "<lambda>":
+        consts = [c for c in code.co_consts if isinstance(c, (int, float, str, bytes, bool))]
+        text += f"\n{code.co_code.hex()}:{code.co_names}:{consts!r}"
+    return text
 
 
 def normalize_buckets(buckets: Any, *, where: str, params: Sequence[str] = ()) -> Buckets:
