@@ -1,9 +1,25 @@
-"""Shared test set-up: Triton's interpreter on machines without a GPU, hardware markers that skip
-by themselves, and a clean op registry after each test."""
+"""Shared test set-up: a private cache directory, Triton's interpreter on machines without a GPU,
+hardware markers that skip by themselves, and a clean op registry, tuner and bundle state after
+each test."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
+
+# Every kernelgraft cache (compiled code, the native replay build, tuning decisions) lives under
+# one root that kernelgraft reads from the environment: point it, and XDG_CACHE_HOME for the
+# tools that follow it, at a directory of this session before anything imports kernelgraft, so
+# the suite never reads or writes the user's ~/.cache. KERNELGRAFT_TEST_CACHE_DIR names a
+# directory to keep between sessions instead (the native build takes a while on a small machine).
+_KEEP = os.environ.get("KERNELGRAFT_TEST_CACHE_DIR")
+_SESSION_CACHE = _KEEP or tempfile.mkdtemp(prefix="kernelgraft-test-cache-")
+if not _KEEP:
+    atexit.register(shutil.rmtree, _SESSION_CACHE, ignore_errors=True)
+os.environ["KERNELGRAFT_CACHE_DIR"] = os.path.join(_SESSION_CACHE, "kernelgraft")
+os.environ["XDG_CACHE_HOME"] = os.path.join(_SESSION_CACHE, "xdg")
 
 # Triton decides at decoration time whether a kernel is interpreted, so this must come before any
 # test module defines a kernel.
@@ -42,15 +58,41 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _clean_registry():
     """Ops created inside a test are removed from torch.ops when it ends. Ops that kernelgraft's
-    own modules define on import (the examples) stay: their module, imported once, keeps them."""
+    own modules define on import (the examples) stay: their module, imported once, keeps them.
+    Ops rebuilt from a bundle's manifest are the test's own and go too."""
     from kernelgraft._op import _registry
 
     before = set(_registry._OPS)
     yield
     for name in set(_registry._OPS) - before:
         module = getattr(_registry._OPS[name].reference, "__module__", "") or ""
-        if not module.startswith("kernelgraft."):
+        if not module.startswith("kernelgraft.") or module == "kernelgraft.aot.bundled":
             _registry.unregister(name)
+
+
+@pytest.fixture(autouse=True)
+def _reset_runtime_state():
+    """Tuning decisions in memory, the tuner's view of the disk file and attached bundles are
+    process-wide: a test must not see another's (a decision or bundle would change which kernel
+    runs). Imported lazily so a test that never touches kernelgraft pays nothing."""
+    yield
+    import sys
+
+    if "kernelgraft.tune._tuner" in sys.modules:
+        from kernelgraft.tune._cache import DiskCache
+        from kernelgraft.tune._tuner import TUNER
+
+        TUNER.memory.clear()
+        TUNER.stats.clear()
+        TUNER.disk = DiskCache()
+    if "kernelgraft.aot._load" in sys.modules:
+        from kernelgraft.aot._load import reset_bundles
+
+        reset_bundles()
+    if "kernelgraft._op._select" in sys.modules:
+        from kernelgraft._op import _select
+
+        _select.bump_epoch()  # plans chosen under the old decisions or bundles are dropped
 
 
 @pytest.fixture

@@ -6,8 +6,9 @@ same directory and ``os.replace`` it, so readers see a whole entry or none. An e
 parse, belongs to another key or whose payload does not match its sha256 is a miss (and is
 overwritten by the next put), never a crash.
 
-The directory is ``$KERNELGRAFT_CACHE_DIR/<kind>`` (default ``~/.cache/kernelgraft/<kind>``);
-``KERNELGRAFT_CACHE_DIR=off`` keeps the cache in memory only.
+The directory is ``<cache root>/<kind>`` (``kernelgraft._cache.root``: ``KERNELGRAFT_CACHE_DIR``,
+else ``$XDG_CACHE_HOME/kernelgraft`` or ``~/.cache/kernelgraft``); ``KERNELGRAFT_CACHE_DIR=off``
+keeps the cache in memory only.
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import struct
 import tempfile
 import threading
 from pathlib import Path
 from typing import Any
+
+from . import _cache
 
 __all__ = ["CodeCache", "cache_root"]
 
@@ -29,11 +33,9 @@ _MAGIC = b"KGCC0001"
 
 
 def cache_root() -> Path | None:
-    """The cache directory, or None when disk caching is off."""
-    value = os.environ.get("KERNELGRAFT_CACHE_DIR")
-    if value and value.lower() in ("off", "0", "none"):
-        return None
-    return Path(value) if value else Path.home() / ".cache" / "kernelgraft"
+    """The cache root, or None when disk caching is off (kept for callers of this name: it is
+    ``kernelgraft._cache.root``)."""
+    return _cache.root()
 
 
 class CodeCache:
@@ -92,7 +94,12 @@ class CodeCache:
 
 def _read(path: Path, key: str) -> tuple[dict[str, Any], bytes] | None:
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as f:
+            # Only a regular file: a FIFO would block and a link to a device would never end.
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                log.debug("ignoring cache entry %s: not a regular file", path)
+                return None
+            data = f.read()
     except OSError:
         return None
     try:

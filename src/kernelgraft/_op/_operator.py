@@ -139,13 +139,32 @@ class KernelOp:
         return out
 
     def _compute_fingerprint(self) -> str:
-        payload = {
-            "reference": callable_source(self.reference),
+        """sha256 of the op's identity (``_identity``). The identity itself is kept as
+        ``self.identity``: when another declaration claims the name, the registry says which
+        option differs."""
+        self.identity = self._identity()
+        return hashlib.sha256(json.dumps(self.identity, sort_keys=True).encode()).hexdigest()
+
+    def _identity(self) -> dict[str, Any]:
+        """Every option that changes what the op does, in one canonical JSON form that is the same
+        in every process: callables by their source (as the reference), dtypes by name, mappings
+        sorted, equivalent spellings (``dtypes=[...]`` vs one list per parameter) normalised."""
+        from ..tune._key import callable_identity as source, dtype_name, tolerances_identity
+
+        return {
+            "reference": source(self.reference),
             "schema": self.signature.schema,
-            "mutates": list(self.mutates_args),
+            "mutates": sorted(self.mutates_args),
             "impls": [impl.fingerprint for impl in self.impls],
+            "fallback": self.fallback,
+            "dtypes": {p: sorted({dtype_name(d) for d in allowed}) for p, allowed in sorted(self._dtypes.items())},
+            "ndim": {p: sorted(set(dims)) for p, dims in sorted(self._ndim.items())},
+            "tolerances": {name: value for name, value in tolerances_identity(self.tolerances)},
+            "sample_inputs": source(self.sample_inputs),
+            "cost": source(self.cost),
+            "prune": source(self.prune),
+            "buckets": self.buckets.identity(),
         }
-        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
     def _bind_overload(self, overload: Any, lib: Any) -> None:
         self._overload = overload

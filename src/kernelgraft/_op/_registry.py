@@ -1,13 +1,15 @@
 """Process-global op registry: deterministic names, one registration per name, thread safe.
 
-Registering the same op twice (same reference, schema and impl fingerprints) is a no-op that returns
-the first op, so re-imports and pytest-xdist workers are safe; a different op under a taken name is
-an error, except that an op rebuilt from an AOT bundle (a stand-in) yields the name to the module
-that defines it (``aot/_load.py`` says how). Double-checked locking keeps the common path lock-free.
+Registering the same op twice (the same fingerprint: reference, schema, impls and every option that
+changes behaviour) is a no-op that returns the first op, so re-imports and pytest-xdist workers are
+safe; a different op under a taken name is an error that names what differs, except that an op
+rebuilt from an AOT bundle (a stand-in) yields the name to the module that defines it
+(``aot/_load.py`` says how). Double-checked locking keeps the common path lock-free.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from typing import TYPE_CHECKING
@@ -19,7 +21,7 @@ from .._errors import RegistrationError
 if TYPE_CHECKING:
     from ._operator import KernelOp
 
-__all__ = ["default_name", "split_name", "register", "unregister", "lookup", "all_ops"]
+__all__ = ["default_name", "split_name", "register", "unregister", "lookup", "all_ops", "differences"]
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _OPS: dict[str, "KernelOp"] = {}
@@ -67,12 +69,62 @@ def register(op: "KernelOp") -> "KernelOp":
         take_over = getattr(existing, "_bundle_stand_in", None)
         if take_over is not None:  # rebuilt from an AOT bundle: the op's own module wins the name
             return take_over(op)
+        changes = differences(getattr(existing, "identity", None), getattr(op, "identity", None))
         raise RegistrationError(
             f"op name {op.name!r} is already registered by {existing.reference.__module__}."
-            f"{existing.reference.__qualname__} with different code or impls; pick another name "
-            "or leave the name out to get a unique one"
+            f"{existing.reference.__qualname__}, and this declaration differs: "
+            f"{'; '.join(changes) or 'code or impls'}. Give the changed op another name, or leave "
+            "the name out to get a unique one"
         )
     return existing
+
+
+_SHORT = 80  # values longer than this (sources, long lists) are summarised, not printed
+
+
+def differences(old: dict | None, new: dict | None) -> list[str]:
+    """What differs between two op identities (``KernelOp.identity``), one phrase per option, e.g.
+    ``"fallback: 'reference' -> 'error'"``.
+
+    >>> differences({"fallback": "reference", "ndim": {}}, {"fallback": "error", "ndim": {}})
+    ["fallback: 'reference' -> 'error'"]
+    >>> differences({"impls": ["a", "b"]}, {"impls": ["a", "c"]})
+    ['impls: impl 1 differs (kernel, launch, configs or options)']
+    """
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return []
+    out = []
+    for name in sorted(set(old) | set(new)):
+        a, b = old.get(name), new.get(name)
+        if a == b:
+            continue
+        if name == "impls" and isinstance(a, list) and isinstance(b, list):
+            if len(a) != len(b):
+                out.append(f"impls: {len(a)} impls -> {len(b)}")
+            else:
+                which = [str(i) for i, (x, y) in enumerate(zip(a, b)) if x != y]
+                out.append(f"impls: impl {', '.join(which)} differ{'s' if len(which) == 1 else ''} "
+                           "(kernel, launch, configs or options)")
+        elif _has_source(a) or _has_source(b):
+            out.append(f"{name}: " + ("the source differs" if a is not None and b is not None
+                                      else f"{_show(a)} -> {_show(b)}"))
+        else:
+            out.append(f"{name}: {_show(a)} -> {_show(b)}")
+    return out
+
+
+def _has_source(value) -> bool:
+    """Whether an identity value is or holds a function's source text (many lines)."""
+    if isinstance(value, str):
+        return "\n" in value or len(value) > _SHORT
+    return isinstance(value, (dict, list)) and "\\n" in json.dumps(value)
+
+
+def _show(value) -> str:
+    if _has_source(value):
+        return "a function" if isinstance(value, str) else "rules with a function"
+    text = repr(value)
+    return text if len(text) <= _SHORT else text[: _SHORT - 3] + "..."
 
 
 def _define(op: "KernelOp") -> None:

@@ -37,7 +37,7 @@ from ._manifest import normalize_arch, read
 from ._runner import BundledRunner, Kernel
 from ._sign import verify_bundle
 
-__all__ = ["Bundle", "load_bundle"]
+__all__ = ["Bundle", "load_bundle", "reset_bundles"]
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,22 @@ class Bundle:
             impl = next(i for i in op.impls if getattr(i, "index", None) == index)
             runner = RUNNERS[(impl.bundle_key, key[1])]
         return runner
+
+
+# Every bundle attached in this process, so reset_bundles can undo them all.
+_LOADED: list[Bundle] = []
+
+
+def reset_bundles() -> None:
+    """Detach every loaded bundle and forget the runners of ops rebuilt from manifests (tests
+    call this between tests; ops stay registered)."""
+    from ._bundled_op import RUNNERS
+
+    while _LOADED:
+        _LOADED.pop().detach()
+    RUNNERS.clear()
+    BUNDLED.clear()
+    _select.bump_epoch()
 
 
 def _current_arch() -> str:
@@ -160,6 +176,7 @@ def load_bundle(
                           "rebuild the bundle") from None
     _select.bump_epoch()
     log.info("loaded bundle %s for %s: %s", root, arch, {k: len(v) for k, v in bundle.attached.items()})
+    _LOADED.append(bundle)
     return bundle
 
 

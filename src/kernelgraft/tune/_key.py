@@ -1,6 +1,7 @@
 """The tuning key: everything that can change which candidate is fastest, built on purpose.
 
-A key holds the op fingerprint (reference, schema, impls with their configs), one descriptor per
+A key holds the op fingerprint (reference, schema, impls with their configs, options), the op's
+tolerances (a decision gated under one tolerance is not valid under another), one descriptor per
 argument (dtype, bucketed shape, layout class for tensors; bucketed ints, exact bools and
 strings, the type only for floats), the device (name, compute capability, driver) and the
 versions of torch, the backend compilers and kernelgraft. ``digest`` is a sha256 over a canonical
@@ -24,10 +25,13 @@ from typing import Any
 import torch
 
 from .._errors import SpecError
+from .._spec import callable_source
 
-__all__ = ["TuneKey", "build_key", "bucket", "normalize_buckets", "environment", "_KEY_SCHEMA_VERSION"]
+__all__ = ["TuneKey", "build_key", "bucket", "normalize_buckets", "environment", "tolerances_identity",
+           "dtype_name", "callable_identity", "_KEY_SCHEMA_VERSION"]
 
-_KEY_SCHEMA_VERSION = 1
+# 2: the op's tolerances are part of the key.
+_KEY_SCHEMA_VERSION = 2
 
 # backend name -> the distribution whose version changes the code it generates
 _COMPILERS = {
@@ -48,16 +52,21 @@ def _exact(size: int) -> int:
     return int(size)
 
 
-def _boundaries(points: Sequence[int]) -> BucketFn:
-    ordered = tuple(sorted(set(int(p) for p in points)))
+@dataclasses.dataclass(frozen=True)
+class _Boundaries:
+    """Round up to the first of ``points`` that fits; past the last, to the next power of two."""
 
-    def fn(size: int) -> int:
-        for p in ordered:
+    points: tuple[int, ...]
+
+    def __call__(self, size: int) -> int:
+        for p in self.points:
             if size <= p:
                 return p
         return _pow2(size)
 
-    return fn
+
+def _boundaries(points: Sequence[int]) -> BucketFn:
+    return _Boundaries(tuple(sorted(set(int(p) for p in points))))
 
 
 def _one_rule(spec: Any, where: str) -> BucketFn:
@@ -84,6 +93,16 @@ class Buckets:
     default: BucketFn = _pow2
     per_arg: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
+    def identity(self) -> dict[str, Any]:
+        """A canonical JSON form of the rules (op fingerprints): named rules by name, lists by
+        their points, functions by their source."""
+        per_arg = {}
+        for name in sorted(self.per_arg):
+            spec = self.per_arg[name]
+            per_arg[name] = ({str(d): _rule_identity(f) for d, f in sorted(spec.items())}
+                             if isinstance(spec, Mapping) else _rule_identity(spec))
+        return {"default": _rule_identity(self.default), "per_arg": per_arg}
+
     def rule(self, name: str, dim: int) -> BucketFn:
         spec = self.per_arg.get(name)
         if spec is None:
@@ -91,6 +110,36 @@ class Buckets:
         if isinstance(spec, Mapping):
             return spec.get(dim, self.default)
         return spec
+
+
+def _rule_identity(fn: BucketFn) -> Any:
+    if fn is _pow2:
+        return "pow2"
+    if fn is _exact:
+        return "exact"
+    if isinstance(fn, _Boundaries):
+        return list(fn.points)
+    return {"source": callable_identity(fn)}
+
+
+def callable_identity(fn: Callable | None) -> str | None:
+    """A function as op fingerprints see it: its source (and that of the kernels it names), the
+    same in every process; None stays None.
+
+    A lambda's source is its whole line, which two lambdas can share, so its code is added; a
+    callable object without source text is named by its type.
+    """
+    if fn is None:
+        return None
+    try:
+        text = callable_source(fn)
+    except Exception:
+        return f"{type(fn).__module__}.{type(fn).__qualname__}"
+    code = getattr(fn, "__code__", None)
+    if code is not None and code.co_name == "<lambda>":
+        consts = [c for c in code.co_consts if isinstance(c, (int, float, str, bytes, bool))]
+        text += f"\n{code.co_code.hex()}:{code.co_names}:{consts!r}"
+    return text
 
 
 def normalize_buckets(buckets: Any, *, where: str, params: Sequence[str] = ()) -> Buckets:
@@ -199,6 +248,9 @@ class TuneKey:
     fingerprint: str
     args: tuple
     env: tuple  # sorted (name, value) pairs from ``environment``
+    # sorted (dtype name, tolerance) pairs: the correctness gate a decision passed is only
+    # valid under the tolerances it was judged with
+    tolerances: tuple = ()
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -207,6 +259,7 @@ class TuneKey:
             "fingerprint": self.fingerprint,
             "args": _jsonable(self.args),
             "env": dict(self.env),
+            "tolerances": dict(self.tolerances),
         }
 
     @functools.cached_property
@@ -262,4 +315,30 @@ def build_key(op: Any, args: Sequence[Any], backends: Sequence[str] = ()) -> Tun
         else:
             descs.append(("V", type(a).__name__))
     env = environment(device or torch.device("cpu"), backends)
-    return TuneKey(op.name, op.fingerprint, tuple(descs), tuple(sorted(env.items())))
+    return TuneKey(op.name, op.fingerprint, tuple(descs), tuple(sorted(env.items())),
+                   tolerances_identity(getattr(op, "tolerances", None)))
+
+
+def tolerances_identity(tolerances: Mapping[Any, Any] | None) -> tuple[tuple[str, float], ...]:
+    """``{torch.float16: 1e-2}`` as sorted ``(("float16", 0.01),)``: the same in every process.
+
+    >>> tolerances_identity({torch.bfloat16: 0.02, torch.float16: 1e-3})
+    (('bfloat16', 0.02), ('float16', 0.001))
+    """
+    return tuple(sorted((dtype_name(d), _plain(v)) for d, v in (tolerances or {}).items()))
+
+
+def _plain(value: Any) -> Any:
+    """A tolerance value in a JSON-stable form: numbers as floats, sequences as tuples of them."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (list, tuple)):
+        return tuple(_plain(v) for v in value)
+    if isinstance(value, Mapping):
+        return tuple(sorted((str(k), _plain(v)) for k, v in value.items()))
+    return repr(value)
+
+
+def dtype_name(dtype: Any) -> str:
+    """``torch.float16`` -> ``'float16'`` (a string stays as it is)."""
+    return str(dtype).removeprefix("torch.")
