@@ -117,7 +117,7 @@ def _launch_cost(kg, op, mode: str, n_calls: int = 3000) -> dict:
     x, y = torch.randn(1024, device="cuda"), torch.randn(1024, device="cuda")
     out = torch.empty_like(x)
     cand = next(c for c in op.candidates(x, y) if c.supported)
-    runner = op._runner(cand)
+    runner = op.dispatcher.runner(cand)
     out_ok = {}
     for name, fn in (("runner", lambda: runner(x, y, out)), ("op_call", lambda: op(x, y))):
         for _ in range(200):

@@ -205,7 +205,7 @@ def main() -> int:
     # a new selection epoch, so the plans were made, and recorded, again there).
     for name, op in ops.items():
         if "us" in rows.get(name, {}):
-            rows[name]["native_replay"] = op._replay is not None
+            rows[name]["native_replay"] = op.dispatcher.current_replay() is not None
     for name, fn in paths.items():
         profile(name, fn)
     base = rows.get("torch.add", {}).get("us")

@@ -135,7 +135,7 @@ def main() -> int:
         "(c) < (b)": c < b,
         "graph replay (c) == (a) within 5% or the capture-to-capture spread": abs(gc - ga) <= max(0.05 * ga, spread),
     }
-    plan = next(iter(add_relu._plans.values()))
+    plan = next(iter(add_relu.dispatcher.plans().values()))
     chosen = plan.candidate.label if plan.candidate is not None else "reference"
     assert chosen == f"triton:launch_add_relu[BLOCK={BLOCK},num_warps={WARPS}]", chosen
     payload = {"env": environment(), "op_candidate": chosen, "n": n, "calls": args.calls, "rounds": args.rounds,

@@ -74,7 +74,7 @@ def main() -> int:
                     entry["candidates"][cand.label] = {"skipped": cand.reason}
                     continue
                 try:
-                    runner = op._runner(cand)
+                    runner = op.dispatcher.runner(cand)
                     out = torch.full_like(x, float("nan"))
                     runner(x, w, EPS, out)
                     torch.cuda.synchronize()
@@ -99,7 +99,7 @@ def main() -> int:
                 entry["tuned_max_err"] = (y.float() - ref.float()).abs().max().item()
                 entry["tuned_us"] = graph_time_us(lambda: op(x, w, EPS))
                 try:
-                    plan = op._plans.get(op._key((x, w, EPS), False))
+                    plan = op.dispatcher.plan_for((x, w, EPS))
                     entry["tuned_choice"] = plan.candidate.label if plan and plan.candidate else "reference"
                 except Exception as exc:
                     entry["tuned_choice"] = f"? ({type(exc).__name__}: {exc})"

@@ -75,7 +75,7 @@ def main() -> int:
                 torch.randn(k, n, device="cuda", dtype=torch.bfloat16, generator=g))
 
     def picked(a, b) -> dict:
-        plan = gemm_ranks._plans[gemm_ranks._key((a, b), False)]
+        plan = gemm_ranks.dispatcher.plan_for((a, b))
         c = plan.candidate
         return {"impl": c.impl.display_name if c else "reference", "config": c.config.as_dict() if c else None}
 

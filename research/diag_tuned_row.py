@@ -34,7 +34,7 @@ for modname, idx in cases:
     res = {"op": op.name}
     with kg.tune("on", cold_l2=True):
         t0 = time.perf_counter(); op(*args); torch.cuda.synchronize(); res["tune_s"] = time.perf_counter() - t0
-        plan = op._plans.get(op._key(args, False))
+        plan = op.dispatcher.plan_for(args)
         label = plan.candidate.label
         res["chosen"] = label
         best = next(c for c in cands if c.label == label)

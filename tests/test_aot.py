@@ -228,9 +228,9 @@ def test_attaches_to_ops_in_this_process(bundle):
     try:
         assert loaded.rebuilt == [] and len(loaded.attached["kgexamples::add_relu"]) == 5
         cand = next(c for c in op.candidates(torch.randn(8), torch.randn(8)) if c.impl.backend == "triton")
-        assert isinstance(op._runner(cand), BundledRunner)
+        assert isinstance(op.dispatcher.runner(cand), BundledRunner)
         x, y = torch.randn(300), torch.randn(300)  # CPU tensors still run (Triton's interpreter)
         torch.testing.assert_close(op.run(x, y, impl=0), torch.relu(x + y))
     finally:
         loaded.detach()
-    assert not op._bundled
+    assert not op.dispatcher.bundled_keys()

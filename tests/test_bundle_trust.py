@@ -387,7 +387,7 @@ def test_a_bundle_cannot_take_attached_binaries_from_an_op_whose_code_differs(si
     _resum(b, m)
     with pytest.warns(kg.KernelgraftWarning, match="impl fingerprint differs"):
         loaded = kg.load_bundle(b, arch="sm_90")
-    assert loaded.attached["kgexamples::add_relu"] == [] and not add_relu.add_relu._bundled
+    assert loaded.attached["kgexamples::add_relu"] == [] and not add_relu.add_relu.dispatcher.bundled_keys()
     assert loaded.ops["kgexamples::add_relu"] is add_relu.add_relu and loaded.rebuilt == []
 
 
@@ -412,7 +412,7 @@ with warnings.catch_warnings(record=True) as caught:
     out["bundle_op_is_module_op"] = loaded.ops[real.name] is real
     out["rebuilt_after"] = sorted(loaded.rebuilt)
     out["attached"] = loaded.attached[real.name]
-    out["bundled_keys"] = len(real._bundled)
+    out["bundled_keys"] = len(real.dispatcher.bundled_keys())
 out["warnings"] = [str(w.message) for w in caught if issubclass(w.category, kg.KernelgraftWarning)]
 print(json.dumps(out))
 """

@@ -30,8 +30,8 @@ def test_first_supported_candidate_runs_and_plan_is_cached():
     scale(x, 2.0)
     scale(x, 2.0)
     assert LAUNCHES == ["scale[64]", "scale[64]"]
-    assert len(scale._plans) == 1
-    (plan,) = scale._plans.values()
+    assert len(scale.dispatcher.plans()) == 1
+    (plan,) = scale.dispatcher.plans().values()
     assert plan.candidate.config.as_dict() == {"BLOCK": 64}
 
 

@@ -70,9 +70,9 @@ def test_bundle_attached_to_ops_in_process(bundle):
             for dt in (torch.float32, torch.float16):
                 args = make(dt)
                 for cand in op.candidates(*args):
-                    if not cand.supported or (cand.index, cand.config) not in op._bundled:
+                    if not cand.supported or (cand.index, cand.config) not in op.dispatcher.bundled_keys():
                         continue
-                    runner = op._runner(cand)
+                    runner = op.dispatcher.runner(cand)
                     assert isinstance(runner, BundledRunner)
                     if runner.covers(args) is not None:
                         continue
@@ -98,12 +98,12 @@ def test_bundled_candidates_replay_natively(bundle):
             for _ in range(3):
                 x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
                 torch.testing.assert_close(add_relu(x, y), torch.relu(x + y))
-            plan = next(p for k, p in add_relu._plans.items() if k[0][2] == (n,))
-            runner = add_relu._runner(plan.candidate)
+            plan = next(p for k, p in add_relu.dispatcher.plans().items() if k[0][2] == (n,))
+            runner = add_relu.dispatcher.runner(plan.candidate)
             assert isinstance(runner, BundledRunner), plan.candidate.label
             if runner.covers((x, y)) is not None:
                 pytest.skip(f"the bundle has no binary for these inputs: {runner.covers((x, y))}")
-            replay = add_relu._replay
+            replay = add_relu.dispatcher.current_replay()
             assert replay is not None, plan.native.get("why")
             calls = replay.stats()["calls"]
             x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")

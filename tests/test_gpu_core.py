@@ -23,7 +23,7 @@ def test_kernel_runs_not_reference():
     x, y = torch.randn(10_000, device="cuda"), torch.randn(10_000, device="cuda")
     out = add_relu(x, y)
     torch.testing.assert_close(out, torch.relu(x + y))
-    plan = next(iter(add_relu._plans.values()))
+    plan = next(iter(add_relu.dispatcher.plans().values()))
     assert plan.candidate is not None and plan.candidate.impl.backend in ("triton", "cuda", "cutile", "cutedsl")
 
 

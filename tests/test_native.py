@@ -236,15 +236,15 @@ def test_ops_replay_natively_on_the_gpu(backend):
     x, y = torch.randn(5000, device="cuda"), torch.randn(5000, device="cuda")
     for _ in range(3):
         op(x, y)
-    replay = op._replay
-    assert replay is not None, next(iter(p.native.get("why") for p in op._plans.values()), None)
+    replay = op.dispatcher.current_replay()
+    assert replay is not None, next(iter(p.native.get("why") for p in op.dispatcher.plans().values()), None)
     before = replay.stats()["calls"]
     for n in (5000, 5000, 777, 5000):  # 777: another signature, then back
         a, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
         out = op(a, b)
         torch.cuda.synchronize()
         torch.testing.assert_close(out, torch.relu(a + b))
-    assert op._replay is not None
+    assert op.dispatcher.current_replay() is not None
     assert replay.stats()["calls"] >= before + 2
     # CUDA graph capture records the replayed launch on the capturing stream.
     calls = replay.stats()["calls"]
@@ -300,8 +300,8 @@ def test_triton_example_ops_replay_natively(module):
                 for g, w in zip(got, want):
                     torch.testing.assert_close(g.double(), w, rtol=2e-2, atol=2e-2)
             if call == 2:
-                replay = op._replay
-                assert replay is not None, [p.native.get("why") for p in op._plans.values()]
+                replay = op.dispatcher.current_replay()
+                assert replay is not None, [p.native.get("why") for p in op.dispatcher.plans().values()]
                 calls = replay.stats()["calls"]
         assert replay.stats()["calls"] == calls + 1  # the fourth call replayed
         checked += 1
@@ -320,16 +320,16 @@ def test_triton_autotuned_and_specialised_kernels_replay():
     for n in (1000, 1000, 1000, 1000, 77777, 77777, 77777, 1000):
         x = torch.randn(n, device="cuda")
         torch.testing.assert_close(scale(x, 0.5), x * 0.5)
-    assert scale._replay is not None, [p.native.get("why") for p in scale._plans.values()]
-    assert scale._replay.stats()["calls"] >= 1
+    assert scale.dispatcher.current_replay() is not None, [p.native.get("why") for p in scale.dispatcher.plans().values()]
+    assert scale.dispatcher.current_replay().stats()["calls"] >= 1
     base = torch.randn(2 * 4099, device="cuda")
     for step in (1, 2, 1, 2, 1, 2, 2, 1):
         base.copy_(torch.randn_like(base))
         x = base[: 4099 * step : step]
         torch.testing.assert_close(gather(x), x.contiguous())
-    replays = [p.native.get("replay") for p in gather._plans.values()]
+    replays = [p.native.get("replay") for p in gather.dispatcher.plans().values()]
     assert len(replays) == 2 and all(r is not None for r in replays), \
-        [p.native.get("why") for p in gather._plans.values()]
+        [p.native.get("why") for p in gather.dispatcher.plans().values()]
     assert all(r.stats()["calls"] >= 1 for r in replays)
 
 
@@ -571,8 +571,8 @@ def test_an_op_replays_from_its_third_call(relu_add):
     for i in range(4):
         x, y = _fresh()
         torch.testing.assert_close(op(x, y), torch.relu(x + y))
-        assert (op._replay is None) == (i == 0)  # the second call is recorded
-    replay = op._replay
+        assert (op.dispatcher.current_replay() is None) == (i == 0)  # the second call is recorded
+    replay = op.dispatcher.current_replay()
     assert replay.stats() == {"calls": 2, "misses": 0}
     x, y = _fresh(7)  # another signature takes the Python path (and gets its own plan)
     torch.testing.assert_close(op(x, y), torch.relu(x + y))
@@ -586,12 +586,12 @@ def test_a_new_selection_epoch_drops_the_replay(relu_add):
     op = relu_add("kgtest_native::relu_add_b")
     for _ in range(3):
         op(*_fresh())
-    replay = op._replay
+    replay = op.dispatcher.current_replay()
     with kg.tune("off"):  # other settings: plans (and replays) are made again
         for _ in range(3):
             x, y = _fresh()
             torch.testing.assert_close(op(x, y), torch.relu(x + y))
-        assert op._replay is not None and op._replay is not replay
+        assert op.dispatcher.current_replay() is not None and op.dispatcher.current_replay() is not replay
     assert replay.stats()["calls"] == 1
 
 
@@ -603,15 +603,15 @@ def test_calls_that_cannot_be_replayed_stay_in_python(relu_add, monkeypatch):
         x, y = _fresh()
         torch.testing.assert_close(computes(x, y), torch.relu(x + y))
         torch.testing.assert_close(workspace(x, y), torch.relu(x + elsewhere))
-    assert computes._replay is None and workspace._replay is None
-    why = {op: next(iter(op._plans.values())).native["why"] for op in (computes, workspace)}
+    assert computes.dispatcher.current_replay() is None and workspace.dispatcher.current_replay() is None
+    why = {op: next(iter(op.dispatcher.plans().values())).native["why"] for op in (computes, workspace)}
     assert "aten.zero_" in why[computes]
     assert "no input or output tensor" in why[workspace]
     monkeypatch.setenv("KERNELGRAFT_NATIVE", "0")
     off = relu_add("kgtest_native::relu_add_e")
     for _ in range(3):
         off(*_fresh())
-    assert off._replay is None
+    assert off.dispatcher.current_replay() is None
 
 
 def test_a_mutating_op_replays(native):
@@ -637,7 +637,7 @@ def test_a_mutating_op_replays(native):
         want = acc + x
         assert op(x, acc) is None
         torch.testing.assert_close(acc, want)
-    assert op._replay is not None and op._replay.stats()["calls"] == 2
+    assert op.dispatcher.current_replay() is not None and op.dispatcher.current_replay().stats()["calls"] == 2
 
 
 def test_a_triton_launch_not_described_keeps_the_call_in_python(native):
@@ -721,7 +721,7 @@ def test_alternating_signatures_each_replay(relu_add):
     sizes = [33, 7] * 2
     for n in sizes:
         op(*_fresh(n))  # two calls of each: both recorded
-    replays = {n: next(p for k, p in op._plans.items() if k[0][2] == (n,)).native["replay"] for n in (33, 7)}
+    replays = {n: next(p for k, p in op.dispatcher.plans().items() if k[0][2] == (n,)).native["replay"] for n in (33, 7)}
     for n in sizes * 2:
         x, y = _fresh(n)
         torch.testing.assert_close(op(x, y), torch.relu(x + y))

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from .._errors import InputError, SpecError, UnsupportedError, describe
-from .._spec import ImplSpec, callable_source
+from .._spec import ImplSpec
 from .._verify import check_tolerances
 from ..tune._key import normalize_buckets
 from ..tune._modes import scope as _scope
@@ -200,35 +200,6 @@ class KernelOp:
                 if plan is not None:
                     return plan(args)
         return d.execute(args, key)
-
-    # Transitional: the packages that reached into these are moving to ``op.dispatcher``.
-    def _runner(self, candidate: Candidate) -> Any:
-        return self._d.runner(candidate)
-
-    def _output_specs(self, args: tuple) -> Any:
-        return self._d.output_specs(args)
-
-    def _check(self, args: tuple) -> Any:
-        return self._d.check(args)
-
-    @property
-    def _bundled(self) -> dict:
-        return self._d.bundled
-
-    @property
-    def _runners(self) -> dict:
-        return self._d.runners
-
-    @property
-    def _plans(self) -> dict:
-        return self._d.plans()
-
-    @property
-    def _replay(self) -> Any:
-        return self._d.current_replay()
-
-    def _key(self, args: tuple, grad: bool) -> Any:
-        return self._d.key(args, grad)
 
     def _dispatcher_kernel(self, *args: Any) -> Any:
         # Below the dispatcher every tensor holds real data, whatever its Python type.
