@@ -94,8 +94,10 @@ class CodeCache:
 
 def _read(path: Path, key: str) -> tuple[dict[str, Any], bytes] | None:
     try:
-        with open(path, "rb") as f:
-            # Only a regular file: a FIFO would block and a link to a device would never end.
+        # Only a regular file: a FIFO would block (O_NONBLOCK: even the open would, without a
+        # writer) and a link to a device would never end.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                 log.debug("ignoring cache entry %s: not a regular file", path)
                 return None
