@@ -88,7 +88,7 @@ _WORKLOAD = textwrap.dedent("""
     sys.path.insert(0, sys.argv[1])
     from _tune_ops import make_scale, fake_timer
     from kernelgraft._codecache import CodeCache
-    from kernelgraft._native import _build_dir
+    from kernelgraft._native import directory
     from kernelgraft.cli import main
 
     op = make_scale("tcroot::scale")
@@ -98,8 +98,7 @@ _WORKLOAD = textwrap.dedent("""
             torch.testing.assert_close(op(x), x * 2)
     CodeCache("nvrtc").put("ef" * 32, {}, b"cubin")
     from kernelgraft._cache import root
-    if root() is not None:  # (with off, the native build has a place of its own)
-        _build_dir()
+    directory()  # with off, a private temporary directory of this process, removed at exit
     assert main(["cache", "show"]) == 0
     print("tuned", kg.tune.stats().get("tuned", 0))
 """)
