@@ -51,6 +51,12 @@ run_section() {
     diagsoftmax) step diag_softmax_choice 150 python3 research/diag_softmax_choice.py ;;
     native) step native_build 240 python3 -c "from kernelgraft import _native; m = _native.load(); print('native replay:', m.__file__ if m else _native.reason())"
             step test_native 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_native.py -rs --tb=short ;;
+    hostcost_ab)  # the host-cost bench of this tree and of .carry/old (an older tree), alternating
+            step native_build 150 python3 -c "import kernelgraft as kg; print(kg.native.build())"
+            for i in 1 2; do
+              step host_cost_old_$i 120 env PYTHONPATH="${PYTHONPATH/$ROOT\/src/$ROOT/.carry/old/src}" python3 .carry/old/benchmarks/bench_backend_host_cost.py --out "$R/old$i"
+              step host_cost_new_$i 120 python3 benchmarks/bench_backend_host_cost.py --out "$R/new$i"
+            done ;;
     hostcost) step backend_host_cost 110 python3 benchmarks/bench_backend_host_cost.py --out "$R" ;;
     tunequick) step tune_gemm 120 python3 benchmarks/bench_tune_gemm.py --quick --out "$R" ;;
     tune) step tune_gemm 310 python3 benchmarks/bench_tune_gemm.py --out "$R" ;;

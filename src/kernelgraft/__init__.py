@@ -29,6 +29,7 @@ from ._spec import Config, ImplSpec, triton
 from .graft import GraftReport, graft, lower_as, ungraft
 from ._spec import CuteDSLImpl, CuTileImpl, cutedsl, cutile
 from . import tune  # noqa: E402  (installs the autotuner; kg.tune(...) is callable)
+from . import native  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -68,5 +69,6 @@ __all__ = [
     "GraftReport",
     "TuneWarning",
     "tune",
+    "native",
     "__version__",
 ]

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from .. import _native
 from .._op import _select
 from .._errors import FallbackWarning, TuneWarning
 from .._spec import Config
@@ -261,6 +262,11 @@ class Tuner:
     # ------------------------------------------------------------------ measuring
     def measure(self, op: Any, candidates: Sequence[Any], args: tuple, key: TuneKey, s: Settings) -> Decision:
         """Prune, gate and time ``candidates`` for ``key``; store the decision on disk."""
+        if _native.busy():
+            # The extension's build (a child process competing for the CPU) or load (holding a
+            # thread) would skew host-bound timings: let it finish first (10-15 s, once).
+            log.info("%s: waiting for the native replay's build before tuning", op.name)
+            _native.load()
         started = time.perf_counter()
         chosen = apply_prune(op, candidates, args, enabled=s.prune, max_candidates=s.max_candidates)
         log.info("%s: tuning %d of %d candidates for %s", op.name, len(chosen), len(candidates), key.summary())
