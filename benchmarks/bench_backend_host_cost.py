@@ -160,7 +160,7 @@ def main() -> int:
         runner = op.dispatcher.runner(cand)
         out = torch.empty_like(x)
         runner(x, y, out)
-        (launcher,) = runner._launchers.values()
+        (launcher,) = getattr(runner, "__wrapped__", runner)._launchers.values()
         launch = spec.launch(x, y, out, **cand.config.as_dict())
         values = [value_of(a) for a in launch.args]
         dev = x.device.index or 0

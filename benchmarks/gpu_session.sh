@@ -54,6 +54,7 @@ run_section() {
     hostcost_ab)  # the host-cost bench of this tree and of .carry/old (an older tree), alternating
             step native_build 150 python3 -c "import kernelgraft as kg; print(kg.native.build())"
             for i in 1 2; do
+              mkdir -p "$R/old$i" "$R/new$i"
               step host_cost_old_$i 120 env PYTHONPATH="${PYTHONPATH/$ROOT\/src/$ROOT/.carry/old/src}" python3 .carry/old/benchmarks/bench_backend_host_cost.py --out "$R/old$i"
               step host_cost_new_$i 120 python3 benchmarks/bench_backend_host_cost.py --out "$R/new$i"
             done ;;
