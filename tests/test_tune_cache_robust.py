@@ -104,11 +104,11 @@ def test_op_call_over_a_broken_file_tunes_and_writes_a_fresh_file(cache_file, va
         torch.testing.assert_close(op(x), x * 2)
         y = torch.randn(5000)  # a second key: reads the cache again
         torch.testing.assert_close(op(y), y * 2)
+        plan = op.dispatcher.plan_for((x,))  # plans belong to the tuning scope they were made in
     assert len(_tune_warnings(record)) == 1  # one warning, however many calls read the cache
     assert len(_cache.set_aside_files(cache_file)) == 1
     data = json.loads(cache_file.read_text())
     assert len(data["entries"]) == 2 and data["schema"] == _KEY_SCHEMA_VERSION
-    plan = op.dispatcher.plan_for((x,))
     assert plan.candidate.config.as_dict() == {"BLOCK": 256}
 
 
@@ -118,7 +118,7 @@ def test_cached_mode_over_a_broken_file_runs_the_default(cache_file):
     x = torch.randn(1000)
     with pytest.warns(TuneWarning, match="nested too deep"), kg.tune("cached"):
         torch.testing.assert_close(op(x), x * 2)
-    assert op.dispatcher.plan_for((x,)).candidate.config.as_dict() == CONFIGS[0]
+        assert op.dispatcher.plan_for((x,)).candidate.config.as_dict() == CONFIGS[0]
 
 
 @pytest.mark.parametrize("bad", [
@@ -136,7 +136,7 @@ def test_mistyped_entry_is_a_miss_for_the_op_call_and_for_decision(cache_file, b
         assert kg.tune.decision(op, x) is None
     with kg.tune("cached"):
         op(x)
-    assert op.dispatcher.plan_for((x,)).candidate.config.as_dict() == CONFIGS[0]
+        assert op.dispatcher.plan_for((x,)).candidate.config.as_dict() == CONFIGS[0]
     # the file is kept (its other entries are fine); the next write drops the mistyped one
     with pytest.warns(TuneWarning, match="dropped at the next write"):
         DiskCache().put({"new": good})

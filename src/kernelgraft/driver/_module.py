@@ -37,10 +37,11 @@ _get_device = getattr(torch._C, "_cuda_getDevice", None)
 
 
 def current_device() -> int:
-    """torch's current CUDA device on this thread (the runtime's, so the driver's current context)."""
+    """torch's current CUDA device on this thread (the runtime's, so the driver's current context);
+    -1 where torch is built without CUDA (nothing to switch from: the driver says there is no GPU)."""
     if _get_device is not None:
         return _get_device()
-    return torch.cuda.current_device()  # pragma: no cover
+    return -1
 
 
 def current_stream(device_index: int) -> int:
@@ -268,7 +269,8 @@ class Launcher:
         gx, gy, gz = _dims(grid, "grid")
         if gx <= 0 or gy <= 0 or gz <= 0:
             return
-        if _get_device is not None and device_index != _get_device():  # torch without CUDA: no switch
+        current = current_device()
+        if current >= 0 and device_index != current:
             with torch.cuda.device(device_index):
                 return self(device_index, grid, block, values, shared_mem, stream)
         bx, by, bz = _dims(block, "block")
