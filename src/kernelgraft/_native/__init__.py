@@ -133,12 +133,19 @@ def _start_child(path: Path) -> None:
     finally:
         log_file.close()
     _STATE["child"] = (proc, path)
+    _STATE["pid"] = os.getpid()
     log.info("building the kernelgraft native replay in a child process (pid %d) into %s", proc.pid, path)
 
 
 def _child_done(block: bool) -> bool:
     """Whether the build child has finished (then its result is taken: loaded or a reason)."""
     proc, path = _STATE["child"]
+    if _STATE.get("pid") != os.getpid():
+        # A forked process (a DataLoader worker) inherited its parent's child, which it cannot
+        # wait for: look for the parent's finished build instead.
+        _STATE["child"] = None
+        _take(_load_built(path), after_build=False)
+        return True
     if (proc.wait() if block else proc.poll()) is None:
         return False
     _STATE["child"] = None
@@ -172,7 +179,9 @@ def get() -> ModuleType | None:
     module = _STATE["module"]
     if module is not None or _STATE["reason"] is not None or not enabled():
         return module
-    with _LOCK:
+    if not _LOCK.acquire(blocking=False):
+        return None  # another thread is loading, or waiting for the build: the Python path for now
+    try:
         if _STATE["module"] is not None or _STATE["reason"] is not None:
             return _STATE["module"]
         if _STATE["child"] is not None:
@@ -188,6 +197,11 @@ def get() -> ModuleType | None:
         else:
             _take(found, after_build=False)
         return _STATE["module"]
+    except Exception as exc:  # a read-only cache, no fork: never an error in the user's op call
+        _refuse(f"the native replay's build could not start: {type(exc).__name__}: {exc}")
+        return None
+    finally:
+        _LOCK.release()
 
 
 def load() -> ModuleType | None:

@@ -106,14 +106,19 @@ class Dispatcher:
         return tuple(parts)
 
     def _renew(self, epoch: int) -> None:
-        # New dicts, not clear(): see the module docstring.
+        # New dicts, not clear(): see the module docstring. Never back to an older epoch (a
+        # thread that read the epoch before another bumped it).
+        if epoch < self.epoch:
+            return
         self.tables = {}
         self.forced = {}
         self.replay = None
         self.epoch = epoch
 
     def reset(self) -> None:
-        """Forget every plan and replay (the meta function or the served runners changed)."""
+        """Forget every plan and replay (the meta function or the served runners changed). A new
+        epoch, so a replay recorded from an old plan by a call still in flight is never installed."""
+        _select.bump_epoch()
         self._renew(_EPOCH[0])
 
     def execute(self, args: tuple, key: tuple) -> Any:
@@ -233,12 +238,18 @@ class Dispatcher:
         refuses the call, which becomes an ``InputError`` naming the op, the dtypes and the
         reference's own message instead of a kernel running on data the reference rejects. An
         accepted combination is remembered; a refused one is tried again next time (the refusal
-        may be about values, such as an index out of range, rather than dtypes).
+        may be about values, such as an index out of range, rather than dtypes). Not judged: a
+        call made while a CUDA graph is captured (the reference must not land in the graph), and
+        a reference that runs out of memory (a naive reference may not fit where the kernel does).
         """
         op = self.op
         if op._dtypes or not tensors or getattr(op.reference, "kernelgraft_stub", False):
             return
-        combo = (tensors[0][1].device.type,) + tuple(t.dtype for _, t in tensors)
+        device = tensors[0][1].device
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return  # the reference must not be recorded into the user's graph: judged on a later call
+        combo = (device.type,) + tuple(t.dtype for _, t in tensors) + tuple(
+            a for a in args if isinstance(a, torch.dtype))
         if combo not in self.accepted:  # only acceptances are kept: a refusal may be about values
             mutated = set(op.signature.mutated)
             probe = tuple(
@@ -250,6 +261,10 @@ class Dispatcher:
                 with torch.no_grad():
                     op.reference(*probe)
                 why = None
+            except (torch.cuda.OutOfMemoryError, MemoryError):
+                # The naive reference may not fit where the kernel does (attention at long
+                # context): that says nothing about dtypes. Accepted, and asked again next time.
+                return
             except Exception as exc:  # the reference's own verdict on these dtypes
                 why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             else:

@@ -126,8 +126,10 @@ def callable_identity(fn: Callable | None) -> str | None:
     """A function as op fingerprints see it: its source (and that of the kernels it names), the
     same in every process; None stays None.
 
-    A lambda's source is its whole line, which two lambdas can share, so its code is added; a
-    callable object without source text is named by its type.
+    A lambda's source is its whole line, which two lambdas can share, so what tells them apart is
+    added: the column it starts at, its names, arguments and constants (never its bytecode, which
+    differs between Python versions and would rename unnamed ops); a callable object without source
+    text is named by its type.
     """
     if fn is None:
         return None
@@ -138,7 +140,11 @@ def callable_identity(fn: Callable | None) -> str | None:
     code = getattr(fn, "__code__", None)
     if code is not None and code.co_name == "<lambda>":
         consts = [c for c in code.co_consts if isinstance(c, (int, float, str, bytes, bool))]
-        text += f"\n{code.co_code.hex()}:{code.co_names}:{consts!r}"
+        positions = getattr(code, "co_positions", None)  # Python 3.11+
+        # the span of the body within its line (the first instruction, RESUME, has no real place)
+        spans = [(p[2], p[3]) for p in positions() if p[2] is not None and p[3]] if positions else []
+        span = (min(a for a, _ in spans), max(b for _, b in spans)) if spans else None
+        text += f"\n{span}:{code.co_varnames}:{code.co_names}:{consts!r}"
     return text
 
 

@@ -106,6 +106,10 @@ _lock = threading.Lock()
 # The innermost kg.tune block of this thread/task; None: the environment's settings.
 _current: contextvars.ContextVar[Scope | None] = contextvars.ContextVar("kernelgraft_tune", default=None)
 scope = _current.get  # the hot path reads this: None, or the Scope of the innermost block
+# The scopes the open blocks of this thread/task replaced, innermost last: a block restores what
+# was current when it was entered. Kept in the context, not on the tune object, so one object
+# entered by several threads or tasks at once (a module-level NO_TUNE = kg.tune("off")) is fine.
+_outer: contextvars.ContextVar[tuple] = contextvars.ContextVar("kernelgraft_tune_outer", default=())
 
 
 def _intern(value: Settings) -> Scope:
@@ -149,23 +153,19 @@ class tune(contextlib.ContextDecorator):
         self._mode = mode
         self._options = options
 
-        self._tokens: list[contextvars.Token] = []
-
-    def _recreate_cm(self) -> "tune":
-        # As a decorator, each call gets its own instance: threads calling the decorated function
-        # at once must not pop each other's tokens.
-        return tune(self._mode, **self._options)
-
     def __enter__(self) -> Settings:
         changes = dict(self._options)
         if self._mode is not None:
             changes["mode"] = self._mode
         now = dataclasses.replace(settings(), **changes)
-        self._tokens.append(_current.set(_intern(now)))
+        _outer.set(_outer.get() + (_current.get(),))
+        _current.set(_intern(now))
         return now
 
     def __exit__(self, *exc: Any) -> None:
-        _current.reset(self._tokens.pop())
+        outer = _outer.get()
+        _current.set(outer[-1])
+        _outer.set(outer[:-1])
 
 
 _warned: set[str] = set()

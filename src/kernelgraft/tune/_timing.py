@@ -107,7 +107,9 @@ def _graphed(trial: Trial, reps: int, est_ms: float) -> list[float] | None:
         # Our own capture stream, on the trial's device: torch.cuda.graph's default capture stream
         # is one per process, made on whichever device captured first, so a later capture of
         # cuda:1 work would switch to device 0 and record nothing (an empty graph times as ~0).
-        with torch.cuda.graph(graph, stream=stream):
+        # thread_local: a capture must not make other threads' CUDA calls (an allocation, a sync)
+        # fail while this one times candidates.
+        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
             for j in range(inner):
                 trial.run(j % trial.n_sets)
     except Exception as exc:  # some launches cannot be captured; fall back to eager timing
