@@ -25,10 +25,11 @@ from ._expr import Unsupported
 from ._sign import SIGNATURE, load_key, sign_bundle
 from ._trace import trace
 
-__all__ = ["build_bundle"]
+__all__ = ["build_bundle", "record_call", "compile_recorded", "call_identity", "AOT_BACKENDS"]
 
 log = logging.getLogger(__name__)
 _BACKENDS = {"triton": _triton_aot, "cuda": _cuda_aot}
+AOT_BACKENDS = tuple(_BACKENDS)  # the backends this path records and compiles (check reuses it)
 
 
 def _param_entry(p) -> dict:
@@ -54,7 +55,8 @@ def _scalar_guards(op, sample, untied: bool) -> list[str]:
     return guards
 
 
-def _record(op, impl, config, sample, dynamic):
+def record_call(op, impl, config, sample, dynamic):
+    """(the recorded launch, whether it is symbolic), or the reason ``supports`` refused the sample."""
     module = _BACKENDS[impl.backend]
     target = impl.launch if impl.backend == "triton" else impl
 
@@ -142,7 +144,7 @@ def _build_op(op, archs, out: Path, inputs, dynamic, progress) -> dict:
             reasons = set()
             for sample in samples:
                 try:
-                    result, was_dynamic = _record(op, impl, config, sample, dynamic)
+                    result, was_dynamic = record_call(op, impl, config, sample, dynamic)
                 except Exception as exc:
                     reasons.add(f"{type(exc).__name__}: {exc}")
                     continue
@@ -156,7 +158,7 @@ def _build_op(op, archs, out: Path, inputs, dynamic, progress) -> dict:
                     continue
                 tensors = [(p.name, a) for p, a in zip(op.signature.params, sample) if isinstance(a, torch.Tensor)]
                 for arch in archs:
-                    key = json.dumps([arch, _identity(call)], sort_keys=True, default=str)
+                    key = json.dumps([arch, call_identity(call)], sort_keys=True, default=str)
                     if key not in compiled_cache:
                         try:
                             compiled_cache[key] = _compile(impl.backend, call, arch, out)
@@ -196,14 +198,20 @@ def _build_op(op, archs, out: Path, inputs, dynamic, progress) -> dict:
     }
 
 
-def _identity(call: dict) -> Any:
+def call_identity(call: dict) -> Any:
+    """What of a recorded call decides the binary: equal identities compile to the same kernel."""
     out = {k: v for k, v in call.items() if k not in ("jit", "spec", "attrs")}
     out["attrs"] = sorted((list(k), v) for k, v in call.get("attrs", {}).items())
     return out
 
 
+def compile_recorded(backend: str, call: dict, arch: str) -> tuple[dict, dict[str, bytes]]:
+    """(manifest entry, {kind: image}) of one recorded call compiled for ``arch``."""
+    return _BACKENDS[backend].compile_call(call, arch)
+
+
 def _compile(backend: str, call: dict, arch: str, out: Path) -> dict:
-    entry, images = _BACKENDS[backend].compile_call(call, arch)
+    entry, images = compile_recorded(backend, call, arch)
     files = {}
     for kind, image in images.items():
         files[kind] = _manifest.store_binary(out, image, kind)

@@ -1,0 +1,110 @@
+"""Honest tools: ``check`` compiles what it cannot run, ``aot`` names what it drops, the CLI prints
+what the user typed, and ``kg.op`` argument mistakes are ``SpecError``s that say how to fix them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import kernelgraft as kg
+from kernelgraft.check import check_op
+
+from test_cuda import needs_nvrtc
+
+SRC_DIR = str(Path(kg.__file__).resolve().parents[1])
+
+SCALE = r"""
+#include <cuda_fp16.h>
+template <typename T> __global__ void scale(const T* x, T* y, float a, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = (T)((float)x[i] * a);
+}"""
+SYNTAX_ERROR = SCALE.replace("int i =", "int i = =")  # line 4 of the source
+NO_FP16_INCLUDE = SCALE.replace("#include <cuda_fp16.h>\n", "")
+
+OPS_FILE = '''
+import torch, kernelgraft as kg
+
+SRC = {src!r}
+
+def launch_scale(x, a, out, *, BLOCK):
+    n = x.numel()
+    return kg.Launch(grid=(n + BLOCK - 1) // BLOCK, block=BLOCK,
+                     args=(x, out, kg.driver.f32(a), kg.driver.i32(n)),
+                     template={{"T": kg.ctype(x.dtype)}})
+
+def samples(device="cpu"):
+    for dtype in (torch.float32, torch.float16):
+        yield torch.randn(300, device=device).to(dtype), 1.5
+
+@kg.op({name!r}, impls=[kg.cuda(SRC, "scale<{{T}}>", launch=launch_scale, configs=[{{"BLOCK": 128}}])],
+       sample_inputs=samples)
+def scale(x: torch.Tensor, a: float) -> torch.Tensor:
+    return x * a
+'''
+
+
+def _scale_op(name: str, src: str):
+    def samples(device="cpu"):
+        yield torch.randn(300, device=device), 1.5
+
+    def launch_scale(x, a, out, *, BLOCK):
+        n = x.numel()
+        return kg.Launch(grid=(n + BLOCK - 1) // BLOCK, block=BLOCK,
+                         args=(x, out, kg.driver.f32(a), kg.driver.i32(n)),
+                         template={"T": kg.ctype(x.dtype)})
+
+    @kg.op(name, impls=[kg.cuda(src, "scale<{T}>", launch=launch_scale, configs=[{"BLOCK": 128}])],
+           sample_inputs=samples)
+    def scale(x: torch.Tensor, a: float) -> torch.Tensor:
+        return x * a
+
+    return scale
+
+
+def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC_DIR, os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "kernelgraft", *args], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=600)
+
+
+def _write_ops(tmp_path: Path, src: str, name: str, stem: str = "scale_ops") -> Path:
+    path = tmp_path / f"{stem}.py"
+    path.write_text(OPS_FILE.format(src=src, name=name))
+    return path
+
+
+# ---------------------------------------------------------------- check compiles what it cannot run
+@needs_nvrtc
+def test_check_compiles_a_cuda_candidate_it_cannot_run():
+    report = check_op(_scale_op("kgtools::compiles", SCALE), device="cpu", opcheck=False)
+    rows = [r for r in report.results if r.candidate.startswith("cuda:")]
+    assert report.ok, report.results
+    assert [r.status for r in rows if r.variant == "contiguous"] == ["compiled"]
+    assert "sm_90" in rows[0].note and "CUDA tensors" in rows[0].note
+
+
+@needs_nvrtc
+def test_check_fails_a_cuda_syntax_error_with_the_nvrtc_line():
+    report = check_op(_scale_op("kgtools::syntax", SYNTAX_ERROR), device="cpu", opcheck=False)
+    fail = next(r for r in report.failures if r.candidate.startswith("cuda:"))
+    assert fail.candidate == "cuda:scale[BLOCK=128]"
+    assert "does not compile" in fail.note and "scale.cu(4): error" in fail.note, fail.note
+
+
+@needs_nvrtc
+def test_check_cli_exits_1_on_a_cuda_syntax_error_naming_candidate_and_line(tmp_path):
+    ops = _write_ops(tmp_path, SYNTAX_ERROR, "kgtools::a_rather_long_operator_name_kept_whole_in_pipes")
+    run = _cli("check", str(ops), "--no-opcheck", "--device", "cpu")
+    assert run.returncode == 1, run.stdout + run.stderr
+    row = next(line for line in run.stdout.splitlines() if "cuda:scale[BLOCK=128]" in line)
+    # piped output: the full op name, the candidate and the compiler's error with its line
+    assert "kgtools::a_rather_long_operator_name_kept_whole_in_pipes" in row
+    assert "FAIL" in row and "scale.cu(4): error" in row, run.stdout
