@@ -108,3 +108,33 @@ def test_check_cli_exits_1_on_a_cuda_syntax_error_naming_candidate_and_line(tmp_
     # piped output: the full op name, the candidate and the compiler's error with its line
     assert "kgtools::a_rather_long_operator_name_kept_whole_in_pipes" in row
     assert "FAIL" in row and "scale.cu(4): error" in row, run.stdout
+
+
+# ---------------------------------------------------------------- aot names what it drops
+@needs_nvrtc
+def test_aot_fails_naming_the_dropped_fp16_variants_and_allow_partial_builds_the_rest(tmp_path):
+    ops = _write_ops(tmp_path, NO_FP16_INCLUDE, "kgtools::no_fp16_include")
+    run = _cli("aot", str(ops), "-o", str(tmp_path / "bundle"))
+    assert run.returncode == 1, run.stdout + run.stderr
+    dropped = [line for line in run.stdout.splitlines() if "DROPPED" in line]
+    # only the float16 signature is dropped, with the compiler's own words
+    assert len(dropped) == 1 and "cuda:scale[BLOCK=128] on float16[300] 1.5 for sm_90" in dropped[0], run.stdout
+    assert "__half" in run.stdout and "error" in run.stdout
+    assert "built 1 kernels, dropped 1 (candidate, signature) pairs" in run.stdout
+
+    partial = _cli("aot", str(ops), "-o", str(tmp_path / "partial"), "--allow-partial")
+    assert partial.returncode == 0, partial.stdout + partial.stderr
+    assert "DROPPED" in partial.stdout and "--allow-partial" in partial.stdout
+    manifest = json.loads((tmp_path / "partial" / "manifest.json").read_text())
+    (entry,) = manifest["ops"]
+    kernels = [k for c in entry["candidates"] for k in c["kernels"]]
+    assert [k["dtypes"] for k in kernels] == [{"x": "float32"}]
+    assert [d["signature"] for d in entry["dropped"]] == ["float16[300] 1.5"]
+
+
+@needs_nvrtc
+def test_aot_with_the_include_builds_every_variant(tmp_path):
+    ops = _write_ops(tmp_path, SCALE, "kgtools::with_include")
+    run = _cli("aot", str(ops), "-o", str(tmp_path / "bundle"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "built 2 kernels, dropped 0" in run.stdout and "DROPPED" not in run.stdout
