@@ -138,3 +138,41 @@ def test_aot_with_the_include_builds_every_variant(tmp_path):
     run = _cli("aot", str(ops), "-o", str(tmp_path / "bundle"))
     assert run.returncode == 0, run.stdout + run.stderr
     assert "built 2 kernels, dropped 0" in run.stdout and "DROPPED" not in run.stdout
+
+
+# ---------------------------------------------------------------- the CLI prints what it means
+def test_version_flag(capsys):
+    from kernelgraft.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"kernelgraft {kg.__version__}"
+
+
+@pytest.mark.parametrize("argv", [["-v", "doctor"], ["doctor", "-v"], ["doctor", "--verbose"]],
+                         ids=["before", "after", "long-after"])
+def test_verbose_is_accepted_before_or_after_the_command(argv, monkeypatch):
+    import logging
+
+    from kernelgraft.cli import _doctor, main
+
+    levels = []
+    monkeypatch.setattr(logging, "basicConfig", lambda **kw: levels.append(kw["level"]))
+    monkeypatch.setattr(_doctor, "_native_status", lambda build: "not asked in this test")
+    assert main(argv) == 0
+    assert levels == [logging.DEBUG]
+
+
+def test_doctor_prints_pip_extras_literally(monkeypatch, capsys):
+    from kernelgraft import backends
+    from kernelgraft.cli import _doctor, main
+
+    cuda = backends.get("cuda")
+    # what the backend says where cuda-bindings is missing
+    monkeypatch.setattr(cuda, "available", lambda: "CUDA C++ kernels need cuda-bindings and NVRTC "
+                                                   "(pip install 'kernelgraft[cuda]')")
+    monkeypatch.setattr(_doctor, "_native_status", lambda build: "not asked in this test")
+    assert main(["doctor"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # the table may wrap the reason
+    assert "pip install 'kernelgraft[cuda]'" in out, out
