@@ -176,3 +176,66 @@ def test_doctor_prints_pip_extras_literally(monkeypatch, capsys):
     assert main(["doctor"]) == 0
     out = " ".join(capsys.readouterr().out.split())  # the table may wrap the reason
     assert "pip install 'kernelgraft[cuda]'" in out, out
+
+
+# ---------------------------------------------------------------- kg.op argument mistakes
+def _ref(x: torch.Tensor) -> torch.Tensor:
+    return x + 1
+
+
+def _triton_spec():
+    from _kernels import launch_scale
+
+    return kg.triton(launch_scale, configs=[{"BLOCK": 64}])
+
+
+@pytest.mark.parametrize("options, words", [
+    (dict(ndim=2), ["ndim must map", "got int 2", "ndim={'x': 2}"]),
+    (dict(ndim={"x": "two"}), ["ndim['x']", "rank"]),
+    (dict(impls="spec"), ["impls must be a list", "impls=[kg.triton"]),
+    (dict(dtypes=torch.float32), ["single dtype torch.float32", "write [torch.float32]"]),
+    (dict(dtypes={"x": torch.float16}), ["dtypes['x']", "write [torch.float16]"]),
+    (dict(dtypes={"y": [torch.float16]}), ["'y'", "Tensor parameters are ['x']"]),
+    (dict(sample_input=lambda: []), ["unknown option sample_input=", "did you mean sample_inputs=",
+                                     "impls, mutates_args, sample_inputs"]),
+], ids=["ndim-int", "ndim-value", "impls-str", "dtypes-single", "dtypes-map-single", "dtypes-map-name",
+        "unknown-keyword"])
+def test_kg_op_argument_mistakes_are_spec_errors_that_say_how_to_fix(options, words):
+    with pytest.raises(kg.SpecError) as err:
+        kg.op("kgtools::mistake", **options)(_ref)
+    for word in words:
+        assert word in str(err.value), str(err.value)
+
+
+def test_a_single_impl_spec_is_a_spec_error():
+    spec = _triton_spec()
+    with pytest.raises(kg.SpecError, match=r"single spec .*write impls=\[spec\]"):
+        kg.op("kgtools::single_impl", impls=spec)(_ref)
+
+
+def test_py_typed_ships_with_the_package():
+    assert (Path(kg.__file__).parent / "py.typed").is_file()
+    pyproject = (Path(kg.__file__).resolve().parents[2] / "pyproject.toml")
+    if pyproject.is_file():  # a source checkout: package-data names it
+        assert '"py.typed"' in pyproject.read_text()
+
+
+def test_fallback_warning_points_at_the_callers_line():
+    from _kernels import launch_scale
+
+    refuses = kg.triton(launch_scale, configs=[{"BLOCK": 64}], supports=lambda x, alpha, BLOCK: "not here")
+
+    @kg.op("kgtools::falls_back", impls=[refuses])
+    def scale(x: torch.Tensor, alpha: float) -> torch.Tensor:
+        return x * alpha
+
+    x = torch.randn(8)
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        scale(x, 2.0)  # the line the warning must name
+        line = sys._getframe().f_lineno - 1
+    fallbacks = [w for w in caught if issubclass(w.category, kg.FallbackWarning)]
+    assert fallbacks, [str(w.message) for w in caught]
+    assert fallbacks[0].filename == __file__ and fallbacks[0].lineno == line
