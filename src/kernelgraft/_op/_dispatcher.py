@@ -15,6 +15,8 @@ reads any more. A native replay is installed only if the epoch it was planned in
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Sequence
@@ -38,6 +40,23 @@ if TYPE_CHECKING:
 __all__ = ["Dispatcher", "PLAIN", "ANY_TENSOR"]
 
 log = logging.getLogger(__name__)
+
+# Frames in these directories are the library's own: a warning points past them at the user's line.
+_INTERNAL = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+                  for m in (sys.modules["kernelgraft"], torch))
+
+
+def caller_stacklevel() -> int:
+    """The ``stacklevel`` for a ``warnings.warn`` in the caller that names the first frame outside
+    kernelgraft and torch: an op called eagerly (``op(x)``: ``__call__``, ``execute``, planning), as
+    ``torch.ops.ns.name`` (the dispatcher's frames) or from a compiled graph all point at user code."""
+    frame = sys._getframe(1)  # the function calling warnings.warn: stacklevel 1
+    level = 1
+    while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL):
+        frame = frame.f_back
+        level += 1
+    return level
+
 
 _Tensor = torch.Tensor
 # Tensor types the fast path treats as plain data; other subclasses (fake, functional, user
@@ -292,7 +311,7 @@ class Dispatcher:
                 f"{op.name}: no kernel can run these inputs on {device}, running the PyTorch "
                 f"reference instead. Reasons: {detail}",
                 FallbackWarning,
-                stacklevel=5,
+                stacklevel=caller_stacklevel(),
             )
 
     def runner(self, candidate: Candidate) -> Callable[..., Any]:

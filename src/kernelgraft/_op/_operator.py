@@ -72,7 +72,7 @@ class KernelOp:
         if isinstance(mutates_args, str):
             mutates_args = (mutates_args,)
         mutates_args = tuple(mutates_args)
-        impls = tuple(impls)
+        impls = self._check_impls(impls, where)
         for impl in impls:
             if not isinstance(impl, ImplSpec):
                 raise SpecError(
@@ -114,6 +114,31 @@ class KernelOp:
         self._lib: Any = None
 
     # ---------------------------------------------------------------- construction helpers
+    @staticmethod
+    def _check_impls(impls, where) -> tuple:
+        if isinstance(impls, ImplSpec):
+            raise SpecError(f"{where}: impls must be a list of kernel specs, got the single spec "
+                            f"{impls!r}; write impls=[spec]")
+        if isinstance(impls, (str, bytes, Mapping)) or not isinstance(impls, Iterable):
+            raise SpecError(f"{where}: impls must be a list of kernel specs made by kg.triton/kg.cuda/"
+                            f"kg.cutedsl/kg.cutile, got {describe(impls)}; write impls=[kg.triton(...), ...]")
+        return tuple(impls)
+
+    @staticmethod
+    def _dtype_list(value, where, what) -> tuple:
+        """A list of torch dtypes, or a SpecError saying what came and how to write it."""
+        if isinstance(value, torch.dtype):
+            raise SpecError(f"{where}: {what} must be a list of torch dtypes, got the single dtype "
+                            f"{value}; write [{value}]")
+        if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+            raise SpecError(f"{where}: {what} must be a list of torch dtypes such as "
+                            f"[torch.float16, torch.float32], got {describe(value)}")
+        allowed = tuple(value)
+        if not allowed or not all(isinstance(d, torch.dtype) for d in allowed):
+            raise SpecError(f"{where}: {what} must be a non-empty list of torch dtypes such as "
+                            f"[torch.float16, torch.float32], got {allowed!r}")
+        return allowed
+
     def _normalize_dtypes(self, dtypes, where):
         names = {p.name for p in self.signature.params if p.kind in ("tensor", "tensor_list")}
         if dtypes is None:
@@ -122,20 +147,32 @@ class KernelOp:
             out = {}
             for key, allowed in dtypes.items():
                 if key not in names:
-                    raise SpecError(f"{where}: dtypes names {key!r}, which is not a Tensor parameter")
-                out[key] = tuple(allowed)
+                    raise SpecError(f"{where}: dtypes names {key!r}, which is not a Tensor parameter; "
+                                    f"the Tensor parameters are {sorted(names)}")
+                out[key] = self._dtype_list(allowed, where, f"dtypes[{key!r}]")
             return out
-        allowed = tuple(dtypes)
-        if not all(isinstance(d, torch.dtype) for d in allowed):
-            raise SpecError(f"{where}: dtypes must hold torch dtypes, got {allowed!r}")
+        allowed = self._dtype_list(dtypes, where, "dtypes")
         return {n: allowed for n in names}
 
     def _normalize_ndim(self, ndim, where):
+        if ndim is None:
+            return {}
+        names = sorted(p.name for p in self.signature.params if p.kind == "tensor")
+        example = names[0] if names else "x"
+        if not isinstance(ndim, Mapping):
+            raise SpecError(f"{where}: ndim must map Tensor parameter names to a rank or ranks, got "
+                            f"{describe(ndim)}; write ndim={{{example!r}: 2}} or "
+                            f"ndim={{{example!r}: (2, 3)}} (Tensor parameters: {names})")
         out = {}
-        for key, value in (ndim or {}).items():
-            if key not in {p.name for p in self.signature.params if p.kind == "tensor"}:
-                raise SpecError(f"{where}: ndim names {key!r}, which is not a Tensor parameter")
-            out[key] = (value,) if isinstance(value, int) else tuple(value)
+        for key, value in ndim.items():
+            if key not in names:
+                raise SpecError(f"{where}: ndim names {key!r}, which is not a Tensor parameter; "
+                                f"the Tensor parameters are {names}")
+            ranks = (value,) if isinstance(value, int) else tuple(value) if isinstance(value, Iterable) else None
+            if not ranks or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks):
+                raise SpecError(f"{where}: ndim[{key!r}] must be a rank (int >= 0) or a list of ranks, "
+                                f"got {describe(value)}")
+            out[key] = ranks
         return out
 
     def _compute_fingerprint(self) -> str:
@@ -338,6 +375,7 @@ def op(
     cost: Callable[..., tuple[float, float]] | None = None,
     prune: Callable[..., Any] | None = None,
     buckets: Any = None,
+    **unknown: Any,
 ) -> Any:
     """Turn a PyTorch reference function into an operator backed by kernels.
 
@@ -360,6 +398,8 @@ def op(
     >>> torch.ops.doctest.scale2(torch.ones(2)).tolist()
     [2.0, 2.0]
     """
+    if unknown:
+        _unknown_options(unknown)
     options = dict(
         impls=impls, mutates_args=mutates_args, sample_inputs=sample_inputs, dtypes=dtypes,
         ndim=ndim, fallback=fallback, tolerances=tolerances, cost=cost, prune=prune,
@@ -377,3 +417,14 @@ def op(
     if qualname is not None and not isinstance(qualname, str):
         raise SpecError(f"kg.op: the name must be a string like 'ns::name', got {describe(qualname)}")
     return lambda fn: wrap(fn, qualname)
+
+
+def _unknown_options(unknown: Mapping[str, Any]) -> None:
+    import difflib
+    import inspect
+
+    known = [n for n, p in inspect.signature(op).parameters.items() if p.kind is p.KEYWORD_ONLY]
+    name = sorted(unknown)[0]
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"; did you mean {close[0]}=?" if close else ""
+    raise SpecError(f"kg.op: unknown option {name}={unknown[name]!r}{hint} (kg.op takes {', '.join(known)})")

@@ -4,7 +4,9 @@ A signature is one sample input tuple (default: the op's ``sample_inputs()``). W
 ``dynamic=True`` (the default) every dimension becomes a symbol and the launch parameters become
 expressions of the sizes, valid wherever the recorded guards hold; when a launch function does
 something the expression grammar cannot hold, that signature is compiled for its static shapes
-instead. Other backends than Triton and CUDA C++ are listed under ``skipped`` with the reason.
+instead. Other backends than Triton and CUDA C++ are listed under ``skipped`` with the reason; every
+(candidate, signature, arch) that fails to record or compile is listed under ``dropped`` with the
+compiler's message (``kernelgraft aot`` prints them and fails unless ``--allow-partial``).
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ from ._expr import Unsupported
 from ._sign import SIGNATURE, load_key, sign_bundle
 from ._trace import trace
 
-__all__ = ["build_bundle"]
+__all__ = ["build_bundle", "record_call", "compile_recorded", "call_identity", "AOT_BACKENDS"]
 
 log = logging.getLogger(__name__)
 _BACKENDS = {"triton": _triton_aot, "cuda": _cuda_aot}
+AOT_BACKENDS = tuple(_BACKENDS)  # the backends this path records and compiles (check reuses it)
 
 
 def _param_entry(p) -> dict:
@@ -54,7 +57,8 @@ def _scalar_guards(op, sample, untied: bool) -> list[str]:
     return guards
 
 
-def _record(op, impl, config, sample, dynamic):
+def record_call(op, impl, config, sample, dynamic):
+    """(the recorded launch, whether it is symbolic), or the reason ``supports`` refused the sample."""
     module = _BACKENDS[impl.backend]
     target = impl.launch if impl.backend == "triton" else impl
 
@@ -129,9 +133,24 @@ def _samples(op, inputs) -> list[tuple]:
     return [tuple(s) for s in given]
 
 
+def signature_label(sample: tuple) -> str:
+    """A sample as users read it: ``float16[300] 1.5``."""
+    parts = []
+    for a in sample:
+        if isinstance(a, torch.Tensor):
+            parts.append(f"{str(a.dtype).removeprefix('torch.')}{list(a.shape)}")
+        elif isinstance(a, (list, tuple)):
+            parts.append(f"[{len(a)} tensors]")
+        else:
+            parts.append(repr(a))
+    return " ".join(parts)
+
+
 def _build_op(op, archs, out: Path, inputs, dynamic, progress) -> dict:
+    """The op's manifest entry. ``skipped``: candidates with no AOT path or no supported sample;
+    ``dropped``: every (candidate, signature, arch) that failed to record or compile, with why."""
     samples = _samples(op, inputs)
-    candidates, skipped, compiled_cache = [], [], {}
+    candidates, skipped, dropped, compiled_cache = [], [], [], {}
     for index, impl in enumerate(op.impls):
         for config in impl.configs:
             label = f"{impl.backend}:{impl.display_name}[{config.label()}]"
@@ -139,12 +158,19 @@ def _build_op(op, archs, out: Path, inputs, dynamic, progress) -> dict:
                 skipped.append({"candidate": label, "reason": f"backend {impl.backend} has no AOT path yet"})
                 continue
             variants: dict[str, dict] = {}
-            reasons = set()
+            reasons: list[str] = []
+
+            def drop(sample, arch, exc) -> None:
+                reason = f"{type(exc).__name__}: {exc}" if isinstance(exc, BaseException) else str(exc)
+                reasons.append(reason)
+                dropped.append({"candidate": label, "signature": signature_label(sample), "arch": arch,
+                                "reason": reason})
+
             for sample in samples:
                 try:
-                    result, was_dynamic = _record(op, impl, config, sample, dynamic)
+                    result, was_dynamic = record_call(op, impl, config, sample, dynamic)
                 except Exception as exc:
-                    reasons.add(f"{type(exc).__name__}: {exc}")
+                    drop(sample, None, exc)
                     continue
                 if isinstance(result, str):
                     continue  # supports() refused this sample
@@ -152,19 +178,20 @@ def _build_op(op, archs, out: Path, inputs, dynamic, progress) -> dict:
                 try:
                     guards = guards + call["guards"] + _scalar_guards(op, sample, call["untied_float"])
                 except Unsupported as exc:
-                    reasons.add(str(exc))
+                    drop(sample, None, exc)
                     continue
                 tensors = [(p.name, a) for p, a in zip(op.signature.params, sample) if isinstance(a, torch.Tensor)]
                 for arch in archs:
-                    key = json.dumps([arch, _identity(call)], sort_keys=True, default=str)
+                    key = json.dumps([arch, call_identity(call)], sort_keys=True, default=str)
                     if key not in compiled_cache:
                         try:
                             compiled_cache[key] = _compile(impl.backend, call, arch, out)
                         except Exception as exc:
+                            log.debug("%s %s: compile for %s failed", op.name, label, arch, exc_info=True)
                             compiled_cache[key] = exc
                     kernel = compiled_cache[key]
                     if isinstance(kernel, Exception):
-                        reasons.add(f"{arch}: {type(kernel).__name__}: {kernel}")
+                        drop(sample, arch, kernel)
                         continue
                     variant = {
                         "arch": arch, "dynamic": was_dynamic,
@@ -176,9 +203,11 @@ def _build_op(op, archs, out: Path, inputs, dynamic, progress) -> dict:
                     }
                     variants.setdefault(json.dumps(variant, sort_keys=True), variant)
             if progress:
-                progress(f"{op.name} {label}: {len(variants)} kernels")
+                lost = sum(d["candidate"] == label for d in dropped)
+                progress(f"{op.name} {label}: {len(variants)} kernels" + (f", {lost} dropped" if lost else ""))
             if not variants:
-                skipped.append({"candidate": label, "reason": "; ".join(sorted(reasons)) or "no sample is supported"})
+                why = "; ".join(dict.fromkeys(reasons)) or "no sample is supported"
+                skipped.append({"candidate": label, "reason": why})
                 continue
             ordered = sorted(variants.values(), key=lambda v: (not v["dynamic"], -len(v["guards"])))
             candidates.append({
@@ -192,18 +221,24 @@ def _build_op(op, archs, out: Path, inputs, dynamic, progress) -> dict:
         "returns": op.signature.returns, "n_returns": op.signature.n_returns,
         "mutates_args": list(op.mutates_args), "fingerprint": op.fingerprint,
         "doc": (op.reference.__doc__ or "").strip()[:500],
-        "candidates": candidates, "skipped": skipped,
+        "candidates": candidates, "skipped": skipped, "dropped": dropped,
     }
 
 
-def _identity(call: dict) -> Any:
+def call_identity(call: dict) -> Any:
+    """What of a recorded call decides the binary: equal identities compile to the same kernel."""
     out = {k: v for k, v in call.items() if k not in ("jit", "spec", "attrs")}
     out["attrs"] = sorted((list(k), v) for k, v in call.get("attrs", {}).items())
     return out
 
 
+def compile_recorded(backend: str, call: dict, arch: str) -> tuple[dict, dict[str, bytes]]:
+    """(manifest entry, {kind: image}) of one recorded call compiled for ``arch``."""
+    return _BACKENDS[backend].compile_call(call, arch)
+
+
 def _compile(backend: str, call: dict, arch: str, out: Path) -> dict:
-    entry, images = _BACKENDS[backend].compile_call(call, arch)
+    entry, images = compile_recorded(backend, call, arch)
     files = {}
     for kind, image in images.items():
         files[kind] = _manifest.store_binary(out, image, kind)

@@ -15,6 +15,7 @@ from .. import _verify
 from .._op._candidates import Candidate
 from .._errors import KernelgraftError
 from . import _inputs
+from ._compile import COMPILABLE, Compiler, NotCompiled, compiler_message
 
 __all__ = ["Result", "CheckReport", "check_op"]
 
@@ -27,7 +28,7 @@ class Result:
     candidate: str  # a candidate label, "meta" or "opcheck"
     sample: str
     variant: str  # contiguous | noncontiguous
-    status: str  # pass | fail | skip
+    status: str  # pass | fail | skip | compiled (cannot run here; compiled for a GPU arch)
     error: float = 0.0  # the worst element's |got - want| (inf: NaN, Inf or bits where not expected)
     tol: float = 0.0  # what the rule allowed at that element (0: bit-exact)
     note: str = ""
@@ -74,10 +75,24 @@ def _run_candidate(op: Any, candidate: Candidate, args: tuple, out_specs) -> lis
     return produced
 
 
-def _check_candidate(op, candidate, args, out_specs, ref, sample, variant) -> Result:
+def _compile_only(compiler: Compiler | None, candidate, args, out_specs, base) -> Result:
+    """A candidate that cannot run here, compiled instead (contiguous samples: what AOT builds)."""
+    if compiler is None or candidate.category not in COMPILABLE or base["variant"] != "contiguous":
+        return Result(**base, status="skip", note=candidate.reason or "")
+    try:
+        note = compiler(candidate, args, out_specs)
+    except NotCompiled as exc:
+        return Result(**base, status="skip", note=f"{candidate.reason}; not compiled: {exc}")
+    except Exception as exc:  # the compiler's verdict on the candidate (or its launch function's error)
+        log.debug("%s %s: compile-only check failed", base["op"], candidate.label, exc_info=True)
+        return Result(**base, status="fail", note=f"does not compile: {compiler_message(exc)}")
+    return Result(**base, status="compiled", note=note)
+
+
+def _check_candidate(op, candidate, args, out_specs, ref, sample, variant, compiler=None) -> Result:
     base = dict(op=op.name, candidate=candidate.label, sample=sample, variant=variant)
     if not candidate.supported:
-        return Result(**base, status="skip", note=candidate.reason or "")
+        return _compile_only(compiler, candidate, args, out_specs, base)
     try:
         produced = _run_candidate(op, candidate, args, out_specs)
     except Exception as exc:
@@ -129,10 +144,17 @@ def check_op(
     noncontiguous: bool = True,
     opcheck: bool = True,
     opcheck_samples: int = 2,
+    compile_arch: str | None = "sm_90",
 ) -> CheckReport:
-    """Check every candidate of ``op`` on its sample inputs; see the module docstring."""
+    """Check every candidate of ``op`` on its sample inputs; see the module docstring.
+
+    A candidate that cannot run here (no GPU, a GPU older than it needs) is compiled for
+    ``compile_arch`` instead (or the newer arch it needs): status ``compiled``, or ``fail`` with the
+    compiler's message. ``compile_arch=None`` skips such candidates without compiling.
+    """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     report = CheckReport()
+    compiler = Compiler(op, compile_arch) if compile_arch else None
     try:
         samples = _inputs.samples(op, device)
     except Exception as exc:
@@ -166,7 +188,7 @@ def check_op(
                 continue
             for candidate in candidates:
                 report.results.append(
-                    _check_candidate(op, candidate, vargs, out_specs, ref, sample, variant)
+                    _check_candidate(op, candidate, vargs, out_specs, ref, sample, variant, compiler)
                 )
             if any(c.supported for c in candidates) or variant == "contiguous":
                 report.results.append(_check_metadata(op, vargs, sample, variant))

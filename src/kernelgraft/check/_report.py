@@ -10,7 +10,17 @@ from rich.table import Table
 
 from ._harness import CheckReport
 
-__all__ = ["render", "summarize"]
+__all__ = ["render", "summarize", "table_console"]
+
+
+def table_console(table: Table | None = None) -> Console:
+    """A console for ``table``: the terminal's width on a terminal; piped (a file, ``| grep``), as
+    wide as the table's content, so that no name or note is ever cut."""
+    plain = Console()
+    if plain.is_terminal or table is None:
+        return plain
+    wide = Console(width=100_000)
+    return Console(width=max(80, wide.measure(table).maximum))
 
 
 def summarize(report: CheckReport) -> list[dict]:
@@ -18,14 +28,19 @@ def summarize(report: CheckReport) -> list[dict]:
     for r in report.results:
         row = rows.setdefault(
             (r.op, r.candidate),
-            dict(op=r.op, candidate=r.candidate, passed=0, failed=0, skipped=0, worst=0.0, note=""),
+            dict(op=r.op, candidate=r.candidate, passed=0, failed=0, compiled=0, skipped=0, worst=0.0,
+                 note=""),
         )
         if r.status == "pass":
             row["passed"] += 1
         elif r.status == "fail":
             row["failed"] += 1
-            if not row["note"] or row["note"].startswith("skipped"):
+            if row["failed"] == 1:  # the first failure speaks for the row
                 row["note"] = f"{r.sample} ({r.variant}): {r.note}"
+        elif r.status == "compiled":
+            row["compiled"] += 1
+            if not row["failed"] and (not row["note"] or row["note"].startswith("skipped")):
+                row["note"] = r.note
         else:
             row["skipped"] += 1
             if not row["note"] and not row["failed"]:
@@ -37,19 +52,35 @@ def summarize(report: CheckReport) -> list[dict]:
     return list(rows.values())
 
 
+def _status(row: dict) -> str:
+    if row["failed"]:
+        return "[red]FAIL"
+    if row["passed"]:
+        return "[green]ok"
+    if row["compiled"]:
+        return "[green]compiled"
+    return "[yellow]skip"
+
+
 def render(report: CheckReport, console: Console | None = None) -> None:
-    console = console or Console(width=200)
+    rows = summarize(report)
     table = Table(title="kernelgraft check", show_lines=False)
-    for name in ("op", "candidate", "pass", "fail", "skip", "worst err/tol", "status", "note"):
-        table.add_column(name, overflow="fold", no_wrap=name in ("op", "candidate"))
-    for row in summarize(report):
-        status = "[red]FAIL" if row["failed"] else "[green]ok" if row["passed"] else "[yellow]skip"
+    for name in ("op", "candidate", "pass", "fail", "compiled", "skip", "worst err/tol", "status", "note"):
+        names = [row.get(name, "") for row in rows] if name in ("op", "candidate") else []
+        # names are never cut: their column is at least as wide as the longest one
+        table.add_column(name, overflow="fold", no_wrap=bool(names),
+                         min_width=max((len(n) for n in names), default=None))
+    for row in rows:
         table.add_row(
             escape(row["op"]), escape(row["candidate"]), str(row["passed"]), str(row["failed"]),
-            str(row["skipped"]), f"{row['worst']:.3g}", status, escape(row["note"][:400]),
+            str(row["compiled"]), str(row["skipped"]), f"{row['worst']:.3g}", _status(row),
+            escape(row["note"][:700]),
         )
+    console = console or table_console(table)
     console.print(table)
     failed = len(report.failures)
     passed = sum(r.status == "pass" for r in report.results)
-    skipped = len(report.results) - passed - failed
-    console.print(f"checks: {passed} passed, {failed} failed, {skipped} skipped (candidate cannot run here)")
+    compiled = sum(r.status == "compiled" for r in report.results)
+    skipped = len(report.results) - passed - failed - compiled
+    console.print(f"checks: {passed} passed, {failed} failed, {compiled} compiled only (cannot run here), "
+                  f"{skipped} skipped")

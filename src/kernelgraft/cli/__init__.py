@@ -26,13 +26,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="kernelgraft", description="GPU kernels as real PyTorch operators."
     )
+    from .. import __version__
+
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"kernelgraft {__version__}")
+    # -v also after the command (`kernelgraft aot x.py -v`); SUPPRESS keeps a -v given before it
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     modules = {}
     for name, path in commands.items():
         module = importlib.import_module(path)
         modules[name] = module
-        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP, parents=[common])
         module.add_arguments(p)
     args = parser.parse_args(argv)
     if args.command is None:

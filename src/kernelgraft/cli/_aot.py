@@ -16,6 +16,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--sign", metavar="KEYFILE",
                         help="sign the bundle with the key in KEYFILE (HMAC-SHA256, at least 16 bytes); "
                              "load it with kg.load_bundle(DIR, key=KEYFILE)")
+    parser.add_argument("--allow-partial", action="store_true",
+                        help="exit 0 even when some (candidate, signature) pairs failed to compile "
+                             "(they are still listed); those calls run JIT or the reference at run time")
 
 
 def run(args) -> int:
@@ -45,13 +48,30 @@ def run(args) -> int:
         return 1
     manifest = build_bundle(ops, args.out, archs=args.arch or ["sm_90"], dynamic=not args.static,
                             progress=lambda line: print("  " + line, flush=True), sign=args.sign)
-    total = 0
+    total = dropped = 0
     for entry in manifest["ops"]:
         kernels = sum(len(c["kernels"]) for c in entry["candidates"])
         total += kernels
         print(f"{entry['name']}: {len(entry['candidates'])} candidates, {kernels} kernels")
+        failed = {d["candidate"] for d in entry.get("dropped", ())}
         for s in entry["skipped"]:
-            print(f"  skipped {s['candidate']}: {s['reason'][:200]}")
+            if s["candidate"] not in failed:  # its dropped signatures say why, one by one
+                print(f"  skipped {s['candidate']}: {s['reason']}")
+        for d in entry.get("dropped", ()):
+            dropped += 1
+            where = f" for {d['arch']}" if d["arch"] else ""
+            print(f"  DROPPED {d['candidate']} on {d['signature']}{where}: {_indent(d['reason'])}")
     print(f"wrote {args.out}/manifest.json ({total} kernels for {', '.join(manifest['archs'])}, "
           f"{manifest['build_seconds']} s{', signed' if args.sign else ''})")
+    print(f"kernelgraft aot: built {total} kernels, dropped {dropped} (candidate, signature) pairs"
+          + (" (--allow-partial)" if dropped and args.allow_partial else ""))
+    if dropped and not args.allow_partial:
+        print("kernelgraft aot: the bundle is partial: fix the errors above, or pass --allow-partial "
+              "to accept it (dropped calls run JIT or the reference at run time)")
+        return 1
     return 0 if total else 1
+
+
+def _indent(text: str) -> str:
+    """A compiler's multi-line message, indented under its DROPPED line."""
+    return text.strip().replace("\n", "\n      ")

@@ -10,8 +10,9 @@ from pathlib import Path
 from types import ModuleType
 
 from .._op._operator import KernelOp
+from ..check._report import table_console  # one rule for every command's tables
 
-__all__ = ["prepare_environment", "load_target", "ops_of"]
+__all__ = ["prepare_environment", "load_target", "ops_of", "table_console"]
 
 
 def prepare_environment() -> None:

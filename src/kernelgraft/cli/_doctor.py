@@ -22,6 +22,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from ._common import load_target, ops_of, prepare_environment
@@ -31,19 +32,19 @@ def run(args) -> int:
 
     from .. import __version__, backends
 
-    console = Console(width=160)
+    console = Console(width=None if Console().is_terminal else 160)
     console.print(f"kernelgraft {__version__} | python {platform.python_version()} | {platform.machine()}")
     if torch.cuda.is_available():
         cap = torch.cuda.get_device_capability()
-        console.print(
+        console.print(escape(
             f"GPU: {torch.cuda.get_device_name()} (sm_{cap[0]}{cap[1]}), CUDA {torch.version.cuda}, "
             f"{torch.cuda.device_count()} device(s)"
-        )
+        ))
     else:
-        console.print(
+        console.print(escape(
             "GPU: none; ops run their reference on CPU tensors, Triton kernels through its "
             f"interpreter when TRITON_INTERPRET=1 (now {os.environ.get('TRITON_INTERPRET', 'unset')})"
-        )
+        ))
     packages = Table(title="packages")
     packages.add_column("package")
     packages.add_column("version")
@@ -52,7 +53,7 @@ def run(args) -> int:
             version = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             version = "-"
-        packages.add_row(name, version)
+        packages.add_row(name, escape(version))
     console.print(packages)
     table = Table(title="backends")
     table.add_column("backend")
@@ -61,21 +62,24 @@ def run(args) -> int:
     for name in backends.names():
         backend = backends.get(name)
         reason = backend.available() or backend.device_reason(device)
-        table.add_row(name, f"[red]{reason}" if reason else f"[green]ready on {device.type}")
+        # reasons hold pip commands such as `pip install 'kernelgraft[cuda]'`: never markup
+        table.add_row(name, f"[red]{escape(reason)}" if reason else f"[green]ready on {device.type}")
     console.print(table)
     console.print("native replay (eager CUDA C++, cuTile, CuTe DSL calls): " + _native_status(args.build))
     if args.target:
         for op in ops_of(load_target(args.target)):
-            console.print(f"{op.name}{op.signature.schema}: {len(op.impls)} impls, "
-                          f"{sum(len(i.configs) for i in op.impls)} candidates")
+            console.print(escape(f"{op.name}{op.signature.schema}: {len(op.impls)} impls, "
+                                 f"{sum(len(i.configs) for i in op.impls)} candidates"))
             for impl in op.impls:
                 reason = backends.get(impl.backend).available()
-                console.print(f"  {impl!r}" + (f" [red](unavailable: {reason})" if reason else ""))
+                console.print(f"  {escape(repr(impl))}" + (f" [red](unavailable: {escape(reason)})" if reason else ""))
     return 0
 
 
 def _native_status(build: bool) -> str:
     """Loads a finished build (milliseconds); builds only with ``--build``."""
+    from rich.markup import escape
+
     from .. import _native
     from .._errors import CompileError
 
@@ -83,11 +87,11 @@ def _native_status(build: bool) -> str:
         try:
             _native.build()
         except CompileError as exc:
-            return f"[red]{exc}"
+            return f"[red]{escape(str(exc))}"
     native = _native.get()
     if native is not None:
-        return f"[green]ready[/green] ({native.__file__})"
+        return f"[green]ready[/green] ({escape(str(native.__file__))})"
     if _native.busy() or (_native.enabled() and _native.reason() is None):
         return ("[yellow]not built yet[/yellow]: building in the background now; "
                 "`kernelgraft doctor --build` builds it ahead of time")
-    return f"[red]{_native.reason()}"
+    return f"[red]{escape(str(_native.reason()))}"

@@ -53,11 +53,12 @@ def _from_shapes(op, spec: str, template: tuple | None, dtype, device: str) -> t
 def run(args) -> int:
     import torch
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     import kernelgraft as kg
 
-    from ._common import load_target, ops_of
+    from ._common import load_target, ops_of, table_console
 
     module = load_target(args.target)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -69,7 +70,7 @@ def run(args) -> int:
     options = {k: v for k, v in {"prune": args.prune or None, "max_candidates": args.max_candidates,
                                  "budget": args.budget, "cold_l2": args.cold_l2 or None,
                                  "isolate": args.isolate or None}.items() if v is not None}
-    table = Table(title=f"kernelgraft tune ({kg.tune.cache_path()})")
+    table = Table(title=escape(f"kernelgraft tune ({kg.tune.cache_path()})"))
     for col in ("op", "inputs", "winner", "ms", "measured", "excluded", "source"):
         table.add_column(col)
     found = 0
@@ -85,14 +86,14 @@ def run(args) -> int:
                 d = kg.tune.pretune(op, *call, force=args.force)
                 desc = ", ".join(f"{tuple(a.shape)}" for a in call if isinstance(a, torch.Tensor))
                 if d is None:
-                    table.add_row(op.name, desc, "-", "-", "0", "-", "no supported candidate")
+                    table.add_row(escape(op.name), escape(desc), "-", "-", "0", "-", "no supported candidate")
                     continue
                 w = d.winner
                 label = f"{w['impl_name']}[{','.join(f'{k}={v}' for k, v in w['config'].items())}]" if w else "default"
-                table.add_row(op.name, desc, label, f"{w['ms']:.4f}" if w else "-", str(d.measured),
-                              str(len(d.excluded)), d.source)
-    console.print(table)
+                table.add_row(escape(op.name), escape(desc), escape(label), f"{w['ms']:.4f}" if w else "-",
+                              str(d.measured), str(len(d.excluded)), escape(str(d.source)))
+    table_console(table).print(table)
     if not found:
-        console.print(f"kernelgraft tune: no ops found in {args.target}")
+        console.print(escape(f"kernelgraft tune: no ops found in {args.target}"))
         return 1
     return 0
