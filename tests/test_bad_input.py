@@ -130,6 +130,55 @@ def test_allow_overlap_is_an_option_and_part_of_the_identity():
         _registry.unregister(lenient.name)
 
 
+def test_native_replay_hands_an_overlapping_call_back_and_it_is_refused():
+    """The replay runs the guard's comparisons in C++: a mutating op still replays, and an
+    overlapping call of its signature is refused as on the Python path."""
+    import ctypes
+    import shutil
+
+    from _host_backend import HOST_FN, kg_host
+
+    from kernelgraft import _native
+
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        pytest.skip("no C++ compiler on this machine: the native replay cannot be built")
+    assert _native.load() is not None, _native.reason()
+
+    def run(packed):
+        a, o = (ctypes.c_uint64.from_address(packed[i]).value for i in range(2))
+        n = ctypes.c_int32.from_address(packed[2]).value
+        A, O = ((ctypes.c_float * n).from_address(p) for p in (a, o))
+        for i in range(n):
+            O[i] += A[i]
+
+    fn = HOST_FN(run)
+
+    def accumulate(x: torch.Tensor, acc: torch.Tensor) -> None:
+        acc += x
+
+    op = kg.op("kgtest_bad::accumulate", mutates_args=("acc",), fallback="error",
+               impls=[kg_host(fn, [ctypes.c_void_p] * 2 + [ctypes.c_int32],
+                              lambda x, acc: [x, acc, x.numel()])])(accumulate)
+    try:
+        for _ in range(4):
+            x, acc = torch.randn(8), torch.randn(8)
+            want = acc + x
+            op(x, acc)
+            torch.testing.assert_close(acc, want)
+        replay = op.dispatcher.current_replay()
+        assert replay is not None and replay.stats() == {"calls": 2, "misses": 0}
+        buf = torch.randn(16)
+        before = buf.clone()
+        with pytest.raises(kg.InputError, match=r"'x' overlaps the memory of argument 'acc'"):
+            op(buf[4:12], buf[:8])  # the same signature as the replay's: shape (8,), stride (1,)
+        assert torch.equal(buf, before) and replay.stats()["misses"] >= 1  # handed back, not run
+        want = buf[:8] + buf[8:]
+        op(buf[8:], buf[:8])  # disjoint views of one buffer: replayed
+        assert replay.stats()["calls"] == 3 and torch.equal(buf[:8], want)
+    finally:
+        _registry.unregister(op.name)
+
+
 def test_overlap_check_cost_on_the_python_path():
     """The per-call guard reads one data_ptr per tensor and compares intervals: report its cost."""
     k, cache, slots = _scatter_case()

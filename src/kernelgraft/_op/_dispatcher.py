@@ -227,9 +227,7 @@ class Dispatcher:
             runner = self.runner(chosen)
             plan = kernel_plan(op, chosen, runner, out_specs, args)
             guard = self.overlap_guard(args)
-            if guard is not None:  # the native replay cannot run the guard: stay on the Python path
-                return guarded(plan, guard)
-            return attach(self, plan, chosen, runner, PLAIN, scope, epoch)
+            return attach(self, guarded(plan, guard), chosen, runner, PLAIN, scope, epoch, guard)
         device = tensors[0][1].device if tensors else torch.device("cpu")
         if not candidates or (device.type == "cpu" and not interpreting()):
             return guarded(reference_plan(op), self.overlap_guard(args))
@@ -257,8 +255,10 @@ class Dispatcher:
         ``data_ptr()`` per tensor involved and compares intervals: O(1) in the tensors' sizes, and
         zero cost for every op that mutates nothing. Overlap is judged on extents
         ``[data_ptr, data_ptr + span)``: two interleaved views (even and odd columns of one
-        buffer) count as overlapping; give such an op ``allow_overlap=True``. The native replay
-        cannot run this check, so plans that need it stay on the Python path.
+        buffer) count as overlapping; give such an op ``allow_overlap=True``. The native replay runs
+        the same comparisons in C++ (``guard.native``: argument pairs and spans) and hands an
+        overlapping call back to this path, which raises; a guard over list elements has no native
+        form (``guard.native`` is None) and keeps its plan on the Python path.
         """
         op = self.op
         mutated = set(op.signature.mutated)
@@ -298,6 +298,8 @@ class Dispatcher:
                         "handle overlapping arguments"
                     )
 
+        guard.native = (None if any(j is not None for _, j in where) else  # type: ignore[attr-defined]
+                        tuple((where[a][0], where[b][0], spans[a], spans[b]) for a, b in pairs))
         return guard
 
     def _accept_dtypes(self, args: tuple, tensors: Sequence[tuple[str, torch.Tensor]]) -> None:
