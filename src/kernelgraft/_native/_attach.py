@@ -22,15 +22,18 @@ _OUT_KINDS = {"none": 0, "tensor": 1}
 
 
 def attach(dispatcher: "Dispatcher", plan: "Plan", candidate: "Candidate", runner: Any, plain: tuple,
-           scope: Any, epoch: int) -> "Plan":
+           scope: Any, epoch: int, guard: Any = None) -> "Plan":
     """``plan`` wrapped to record its second call (the first may compile) into a native Replay.
     The runner says whether its launches can be recorded (``replayable``), else its backend does.
     ``scope`` and ``epoch`` are those the plan was made under: the replay serves only calls in that
-    tuning scope, and is not installed once plans have moved on to a later epoch."""
+    tuning scope, and is not installed once plans have moved on to a later epoch. ``guard``: the
+    plan's overlap guard (already inside ``plan``); the replay runs the same check in C++, and a
+    guard over list elements, which a replay cannot express, keeps the plan on the Python path."""
     replayable = getattr(runner, "replayable", None)
     if replayable is None:
         replayable = getattr(backends.get(candidate.impl.backend), "replayable", False)
-    if not enabled() or not replayable:
+    disjoint = () if guard is None else getattr(guard, "native", None)
+    if not enabled() or not replayable or disjoint is None:
         return plan
     op = dispatcher.op
     out_kind = _OUT_KINDS.get(op.signature.returns, 2)
@@ -54,7 +57,7 @@ def attach(dispatcher: "Dispatcher", plan: "Plan", candidate: "Candidate", runne
         with _record.recording() as recorder:
             out = plan(args)
         outs = () if out_kind == 0 else (out,) if out_kind == 1 else tuple(out)
-        replay = _record.replay_for(native, args, outs, out_kind, recorder, plain)
+        replay = _record.replay_for(native, args, outs, out_kind, recorder, plain, disjoint)
         if isinstance(replay, str):
             state["why"] = replay
             log.debug("%s: %s stays on the Python path: %s", op.name, candidate.label, replay)

@@ -139,9 +139,10 @@ def map_pointers(pointers: Sequence[tuple[int, int]], tensors: Sequence[torch.Te
 
 
 def replay_for(native: Any, args: tuple, outs: Sequence[torch.Tensor], out_kind: int,
-               recorder: _Recorder, plain: tuple) -> Any:
+               recorder: _Recorder, plain: tuple, disjoint: tuple = ()) -> Any:
     """A native Replay of the recorded call with arguments ``args`` and outputs ``outs``, or a str
-    saying why the call cannot be replayed."""
+    saying why the call cannot be replayed. ``disjoint``: (arg a, arg b, span a, span b) pairs the
+    replay checks do not overlap (the plan's overlap guard, see ``Dispatcher.overlap_guard``)."""
     if recorder.refused:
         return recorder.refused[0]
     if recorder.triton_launches > recorder.triton_described:
@@ -191,4 +192,5 @@ def replay_for(native: Any, args: tuple, outs: Sequence[torch.Tensor], out_kind:
         launch_kind=rec.kind, fn=rec.fn, function=rec.function, grid=rec.grid, block=rec.block,
         smem=rec.smem, buffer=rec.buffer, offsets=rec.offsets, tail=rec.tail, patches=tuple(patches),
         stream_offset=rec.stream_offset, result=rec.result, stream_device=where, keepalive=rec.owner,
+        disjoint=disjoint,
     )

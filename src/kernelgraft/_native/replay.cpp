@@ -75,6 +75,13 @@ struct Patch {
   int64_t delta;   // bytes added to the tensor's data pointer
 };
 
+// Two tensor arguments whose byte extents [data_ptr, data_ptr + span) must not overlap (one of
+// them is mutated by the op): an overlapping call is handed back to Python, which raises.
+struct Disjoint {
+  size_t a, b;
+  uint64_t span_a, span_b;
+};
+
 struct Replay {
   PyObject_HEAD
   vectorcallfunc vectorcall;
@@ -83,6 +90,7 @@ struct Replay {
   std::vector<Patch>* patches;
   std::vector<char>* buffer;
   std::vector<void*>* params;
+  std::vector<Disjoint>* disjoint;
   PyObject* tensor_types;  // tuple of the exact Python types accepted as plain tensors
   PyObject* keepalive;     // what owns the function, result slot and tail pointers (kept alive)
   int out_kind;            // 0: None, 1: one tensor, 2: tuple
@@ -161,18 +169,19 @@ int replay_init(Replay* self, PyObject* a, PyObject* kw) {
   static const char* names[] = {"tensor_types", "args", "outs", "out_kind", "launch_kind", "fn",
                                 "function", "grid", "block", "smem", "buffer", "offsets", "tail",
                                 "patches", "stream_offset", "result", "stream_device", "keepalive",
-                                nullptr};
+                                "disjoint", nullptr};
   PyObject *types, *args, *outs, *grid, *block, *buffer, *offsets, *tail, *patches, *stream_device;
   PyObject* keepalive = Py_None;
+  PyObject* disjoint = Py_None;
   int out_kind, launch_kind;
   unsigned long long fn, function, result;
   unsigned smem;
   Py_ssize_t stream_offset;
-  if (!PyArg_ParseTupleAndKeywords(a, kw, "O!O!O!iiKKOOIOOOOnKO|O", const_cast<char**>(names),
+  if (!PyArg_ParseTupleAndKeywords(a, kw, "O!O!O!iiKKOOIOOOOnKO|OO", const_cast<char**>(names),
                                    &PyTuple_Type, &types, &PyTuple_Type, &args, &PyTuple_Type, &outs,
                                    &out_kind, &launch_kind, &fn, &function, &grid, &block, &smem,
                                    &buffer, &offsets, &tail, &patches, &stream_offset, &result,
-                                   &stream_device, &keepalive))
+                                   &stream_device, &keepalive, &disjoint))
     return -1;
   if (launch_kind != 0 && launch_kind != 1) {
     PyErr_SetString(PyExc_ValueError, "launch_kind is 0 (driver) or 1 (packed)");
@@ -282,6 +291,26 @@ int replay_init(Replay* self, PyObject* a, PyObject* kw) {
     self->patches->push_back(Patch{static_cast<size_t>(offset), static_cast<size_t>(source), delta});
   }
   Py_DECREF(fast);
+  self->disjoint->clear();
+  if (disjoint != Py_None) {
+    PyObject* pairs = PySequence_Fast(disjoint, "disjoint is a sequence of (a, b, span_a, span_b)");
+    if (!pairs) return -1;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(pairs); ++i) {
+      unsigned long long a, b, span_a, span_b;
+      if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(pairs, i), "KKKK", &a, &b, &span_a, &span_b)) {
+        Py_DECREF(pairs);
+        return -1;
+      }
+      if (a >= self->args->size() || b >= self->args->size() || !(*self->args)[a].is_tensor ||
+          !(*self->args)[b].is_tensor) {
+        Py_DECREF(pairs);
+        PyErr_SetString(PyExc_ValueError, "a disjoint pair names an argument that is not a tensor");
+        return -1;
+      }
+      self->disjoint->push_back(Disjoint{static_cast<size_t>(a), static_cast<size_t>(b), span_a, span_b});
+    }
+    Py_DECREF(pairs);
+  }
   if (stream_offset >= 0 && static_cast<size_t>(stream_offset) + 8 > self->buffer->size()) {
     PyErr_SetString(PyExc_ValueError, "the stream slot lies outside the buffer");
     return -1;
@@ -298,6 +327,7 @@ PyObject* replay_new(PyTypeObject* type, PyObject*, PyObject*) {
   self->patches = new std::vector<Patch>();
   self->buffer = new std::vector<char>();
   self->params = new std::vector<void*>();
+  self->disjoint = new std::vector<Disjoint>();
   self->vectorcall = replay_call;
   return reinterpret_cast<PyObject*>(self);
 }
@@ -308,6 +338,7 @@ void replay_dealloc(Replay* self) {
   delete self->args;
   delete self->outs;
   delete self->patches;
+  delete self->disjoint;
   delete self->buffer;
   delete self->params;
   Py_XDECREF(self->tensor_types);
@@ -391,6 +422,11 @@ PyObject* replay_call(PyObject* obj, PyObject* const* argv, size_t nargsf, PyObj
     if (want.align >= 0 && (reinterpret_cast<uintptr_t>(t.const_data_ptr()) & 15) != static_cast<uintptr_t>(want.align))
       return miss(self);
     slots[i] = t;
+  }
+  for (const Disjoint& d : *self->disjoint) {
+    uint64_t pa = reinterpret_cast<uint64_t>(slots[d.a].const_data_ptr());
+    uint64_t pb = reinterpret_cast<uint64_t>(slots[d.b].const_data_ptr());
+    if (pa < pb + d.span_b && pb < pa + d.span_a) return miss(self);  // Python raises InputError
   }
   // Switch to the recorded device before allocating and launching, only if it is not current.
   const c10::impl::DeviceGuardImplInterface* impl = nullptr;

@@ -65,6 +65,7 @@ class KernelOp:
         cost: Callable[..., tuple[float, float]] | None = None,
         prune: Callable[..., Any] | None = None,
         buckets: Any = None,
+        allow_overlap: bool = False,
     ) -> None:
         where = f"kg.op({name or getattr(fn, '__qualname__', fn)!r})"
         if not callable(fn):
@@ -83,6 +84,10 @@ class KernelOp:
             raise SpecError(f"{where}: cost must be a function (*inputs) -> (bytes, flops), got {describe(cost)}")
         if fallback not in ("reference", "error"):
             raise SpecError(f"{where}: fallback must be 'reference' or 'error', got {fallback!r}")
+        if not isinstance(allow_overlap, bool):
+            raise SpecError(f"{where}: allow_overlap must be True or False, got {describe(allow_overlap)}")
+        # Whether inputs may share memory with an argument the op mutates (see Dispatcher.overlap_guard).
+        self.allow_overlap = allow_overlap
         self.reference = fn
         self.impls = impls
         self.signature: Signature = parse_signature(fn, mutates_args, where)
@@ -112,6 +117,7 @@ class KernelOp:
         self.__module__ = getattr(fn, "__module__", __name__)
         self._overload: Any = None
         self._lib: Any = None
+        self._autograd: tuple | None = None  # (backward, setup_context) once register_autograd ran
 
     # ---------------------------------------------------------------- construction helpers
     @staticmethod
@@ -188,7 +194,7 @@ class KernelOp:
         sorted, equivalent spellings (``dtypes=[...]`` vs one list per parameter) normalised."""
         from ..tune._key import callable_identity as source, dtype_name, tolerances_identity
 
-        return {
+        identity = {
             "reference": source(self.reference),
             "schema": self.signature.schema,
             "mutates": sorted(self.mutates_args),
@@ -202,6 +208,11 @@ class KernelOp:
             "prune": source(self.prune),
             "buckets": self.buckets.identity(),
         }
+        # Only when set: the fingerprints (default names, tune caches, bundles) of every op that
+        # keeps the default stay what they were.
+        if self.allow_overlap:
+            identity["allow_overlap"] = True
+        return identity
 
     def _bind_overload(self, overload: Any, lib: Any) -> None:
         self._overload = overload
@@ -240,11 +251,30 @@ class KernelOp:
 
     def _dispatcher_kernel(self, *args: Any) -> Any:
         # Below the dispatcher every tensor holds real data, whatever its Python type.
+        if self._autograd is None and _grad_enabled():
+            self._refuse_grad(args)
         key = self._d.key(args, False, ANY_TENSOR)
         if key is None:
             self.signature.check_types(self.name, args)
             raise InputError(f"{self.name}: unsupported argument types {[describe(a) for a in args]}")
         return self._d.execute(args, key)
+
+    def _refuse_grad(self, args: tuple) -> None:
+        """InputError if an input requires grad: the op has no backward, so its outputs would
+        silently carry no gradient.
+
+        Every call that could record autograd reaches this point: the eager fast path sends calls
+        with an input that requires grad (grad mode on) to ``torch.ops``, whose autograd fallback
+        runs this kernel with grad mode still on. An op with ``register_autograd`` runs it from its
+        autograd.Function's forward, with grad mode off, and never gets here."""
+        for name, t in self.signature.tensors(args):
+            if t.requires_grad:
+                raise InputError(
+                    f"{self.name}: argument {name!r} requires grad, but the op does not have an "
+                    "autograd kernel (no backward is registered), so its gradient would be lost. "
+                    "Call it under torch.no_grad() or on .detach()ed inputs, or give the op a "
+                    "backward with op.register_autograd(backward, setup_context=...)"
+                )
 
     def _fake(self, *args: Any) -> Any:
         outs = self._meta_fn(*args)
@@ -375,6 +405,7 @@ def op(
     cost: Callable[..., tuple[float, float]] | None = None,
     prune: Callable[..., Any] | None = None,
     buckets: Any = None,
+    allow_overlap: bool = False,
     **unknown: Any,
 ) -> Any:
     """Turn a PyTorch reference function into an operator backed by kernels.
@@ -388,6 +419,9 @@ def op(
     ``kernelgraft check``, the tuner's gate and graft verification apply: elementwise
     ``|got - want| <= rtol * (|want| + rms(want))`` against the float64 reference, and 0 means
     bit-exact (the default for integer, bool and 8-bit float outputs; see ``kernelgraft._verify``).
+    An op that mutates an argument refuses, with an ``InputError``, a call where another tensor
+    argument shares memory with the mutated one; ``allow_overlap=True`` declares that its kernels
+    handle that (they read each element before writing it, or the overlap is intended).
 
     >>> import torch, kernelgraft as kg
     >>> @kg.op("doctest::scale2")
@@ -403,7 +437,7 @@ def op(
     options = dict(
         impls=impls, mutates_args=mutates_args, sample_inputs=sample_inputs, dtypes=dtypes,
         ndim=ndim, fallback=fallback, tolerances=tolerances, cost=cost, prune=prune,
-        buckets=buckets,
+        buckets=buckets, allow_overlap=allow_overlap,
     )
 
     def wrap(fn: Callable[..., Any], qualname: str | None) -> KernelOp:

@@ -26,7 +26,9 @@ def _add_relu_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
     # Sum in float32 and round once; this also keeps Triton's CPU interpreter exact for bfloat16.
     x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
     y = tl.load(y_ptr + offsets, mask=mask).to(tl.float32)
-    tl.store(out_ptr + offsets, tl.maximum(x + y, 0.0).to(out_ptr.dtype.element_ty), mask=mask)
+    s = x + y
+    # relu as torch computes it: NaN and -0.0 pass through (tl.maximum would turn NaN into 0).
+    tl.store(out_ptr + offsets, tl.where(s < 0.0, 0.0, s).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def launch_add_relu(x, y, out, *, BLOCK, num_warps):
@@ -59,7 +61,10 @@ __global__ void add_relu(const T* __restrict__ x, const T* __restrict__ y, T* __
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
         long long i = base + (long long)k * BLOCK;
-        if (i < n) out[i] = (T)fmaxf((float)x[i] + (float)y[i], 0.0f);
+        if (i < n) {
+            float s = (float)x[i] + (float)y[i];
+            out[i] = (T)(s < 0.0f ? 0.0f : s);  // NaN and -0.0 pass through, as torch.relu; fmaxf drops NaN
+        }
     }
 }
 """

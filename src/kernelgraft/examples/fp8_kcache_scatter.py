@@ -13,7 +13,15 @@ Semantics and layout follow vLLM's ``indexer_k_quant_and_cache`` (csrc/cache_ker
   ``block_size * head_dim`` fp8 bytes (token-major), then ``block_size * head_dim/quant_block_size``
   little-endian float32 scales (token-major).
 - ``slot_mapping``: ``int64 [num_tokens]``; token ``t`` goes to page ``slot // block_size``, row
-  ``slot % block_size``; ``slot < 0`` marks a padding token that writes nothing.
+  ``slot % block_size``; ``slot < 0`` marks a padding token that writes nothing. A slot at or past
+  ``num_blocks * block_size`` is out of range and never written out of bounds: on CPU the call
+  raises ``kg.InputError`` before writing anything (the reference does too); on CUDA the kernels
+  skip that token like a padding token (no write, no error), because finding it would cost a host
+  synchronisation per call. Validate slots upstream, or run the CPU path, to get the error.
+- NaN and Inf follow the reference bit for bit: a block holding a NaN gets a NaN scale and NaN
+  values (0x7F, or 0xFF for a NaN with the sign bit), a block holding +-Inf an Inf scale, so its
+  infinite values become NaN (Inf / Inf) and its finite ones zero; the NaN's sign is the one the
+  device's division gives (x86 CPUs set it, NVIDIA GPUs do not), in the kernel and the reference alike.
 
 The op only mutates ``kv_cache`` (returns None); every byte it does not own must stay untouched,
 and results must match the reference byte for byte. ``kv_cache`` may be a non-contiguous view
@@ -67,6 +75,22 @@ def _check_layout(k, kv_cache, quant_block_size):
     return None
 
 
+def _check_slots(kv_cache, slot_mapping):
+    """InputError for a slot past the cache (one pass over the slots: used on CPU, where it costs
+    no device synchronisation, and by the reference)."""
+    n_slots = kv_cache.shape[0] * kv_cache.shape[1]
+    if slot_mapping.numel() == 0:
+        return
+    top = int(slot_mapping.max())
+    if top >= n_slots:
+        token = int(torch.argmax(slot_mapping))
+        raise kg.InputError(
+            f"kgexamples::fp8_kcache_scatter: argument 'slot_mapping' holds slot {top} (token {token}), "
+            f"expected a slot below num_blocks * block_size = {kv_cache.shape[0]} * {kv_cache.shape[1]} "
+            f"= {n_slots}, or a negative slot for a padding token"
+        )
+
+
 def _page_index(flat: torch.Tensor, cache_stride: int):
     return flat // cache_stride, flat % cache_stride
 
@@ -91,12 +115,14 @@ def _e4m3_bits(x):
     sub = (mant + ((1 << (shift - 1)) - 1) + ((mant >> shift) & 1)) >> shift
     sub = tl.where(mag < 0x00800000, 0, sub)
     code = tl.where(mag >= 0x3C800000, normal, sub)
+    # NaN stays NaN (torch's 0x7F, with the sign); Inf saturates to 448 through the clamp above.
+    code = tl.where(mag > 0x7F800000, 0x7F, code)
     return (sign | code).to(tl.uint8)
 
 
 @triton.jit
 def _fp8_kcache_scatter_kernel(
-    k_ptr, cache_ptr, slot_ptr, n_tokens, cache_stride,
+    k_ptr, cache_ptr, slot_ptr, n_tokens, n_slots, cache_stride,
     stride_page, stride_row, stride_col,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     QBLOCK: tl.constexpr, QPAD: tl.constexpr, TOKENS: tl.constexpr,
@@ -109,12 +135,19 @@ def _fp8_kcache_scatter_kernel(
     qb = tl.program_id(1)
     lane = tl.arange(0, QPAD)
     slot = tl.load(slot_ptr + tokens, mask=tokens < n_tokens, other=-1)
-    valid = slot >= 0
+    # Padding (negative) and out-of-range slots write nothing: never a store outside the cache.
+    valid = (slot >= 0) & (slot < n_slots)
     mask = valid[:, None] & (lane[None, :] < QBLOCK)
     col = qb * QBLOCK + lane
     x = tl.load(k_ptr + tokens[:, None] * HEAD_DIM + col[None, :], mask=mask, other=0.0).to(tl.float32)
     # correctly rounded, like CUDA's '/' (a plain '/' may become a multiply by 1/448)
-    scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=1), 1e-4), tl.full([TOKENS], 448.0, tl.float32))
+    # amax and the 1e-4 floor propagate NaN as torch's amax and clamp_min do (tl.max and
+    # tl.maximum may drop it): a block holding a NaN gets a NaN scale, as in the reference.
+    amax = tl.max(tl.abs(x), axis=1)
+    has_nan = tl.max((x != x).to(tl.int32), axis=1) > 0
+    amax = tl.where(has_nan, float("nan"), amax)
+    amax = tl.where(amax < 1e-4, 1e-4, amax)
+    scale = tl.math.div_rn(amax, tl.full([TOKENS], 448.0, tl.float32))
     if UE8M0:
         bits = scale.to(tl.int32, bitcast=True)
         exponent = (bits >> 23) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
@@ -158,12 +191,14 @@ def _fp8_kcache_scatter_kernel(
 
 def launch_fp8_kcache_scatter(k, kv_cache, slot_mapping, quant_block_size, scale_fmt, *, TOKENS, num_warps):
     n_tokens, head_dim = k.shape
-    _, block_size, cache_stride = kv_cache.shape
+    num_blocks, block_size, cache_stride = kv_cache.shape
+    if slot_mapping.device.type == "cpu":  # on GPUs the kernel masks them (see the module docstring)
+        _check_slots(kv_cache, slot_mapping)
     s_page, s_row, s_col = kv_cache.stride()
     grid = (triton.cdiv(n_tokens, TOKENS), head_dim // quant_block_size)
     dense = s_col == 1 and s_row == cache_stride
     _fp8_kcache_scatter_kernel[grid](
-        k, kv_cache, slot_mapping, n_tokens, cache_stride,
+        k, kv_cache, slot_mapping, n_tokens, num_blocks * block_size, cache_stride,
         s_page, s_row, s_col,
         HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         QBLOCK=quant_block_size, QPAD=triton.next_power_of_2(quant_block_size), TOKENS=TOKENS,
@@ -206,11 +241,13 @@ _CUDA_SOURCE = r"""
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
+__device__ __forceinline__ float nan_max(float a, float b) { return (a > b || a != a) ? a : b; }
 // One warp per (token, quantisation block); WARPS warps per thread block. Byte i of page b is at
 // cache + b*s_page + (i / cache_stride)*s_row + (i % cache_stride)*s_col, whatever the view.
 template <typename T>
 __global__ void fp8_kcache_scatter(const T* __restrict__ k, unsigned char* __restrict__ cache,
-                                   const long long* __restrict__ slots, int n_tokens, int head_dim,
+                                   const long long* __restrict__ slots, int n_tokens, long long n_slots,
+                                   int head_dim,
                                    int qbs, int block_size, int cache_stride, long long s_page,
                                    long long s_row, long long s_col, int ue8m0) {
     const int nqb = head_dim / qbs;
@@ -220,12 +257,13 @@ __global__ void fp8_kcache_scatter(const T* __restrict__ k, unsigned char* __res
     const long long token = pair / nqb;
     const int qb = (int)(pair % nqb);
     const long long slot = slots[token];
-    if (slot < 0) return;  // padding token
+    if (slot < 0 || slot >= n_slots) return;  // padding token, or out of range: never written
     const T* src = k + token * head_dim + (long long)qb * qbs;
     float amax = 0.0f;
-    for (int e = lane; e < qbs; e += 32) amax = fmaxf(amax, fabsf((float)src[e]));
-    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-    float scale = __fdiv_rn(fmaxf(amax, 1e-4f), 448.0f);
+    // NaN-propagating max, as torch's amax and clamp_min (fmaxf would drop a NaN).
+    for (int e = lane; e < qbs; e += 32) amax = nan_max(amax, fabsf((float)src[e]));
+    for (int off = 16; off > 0; off >>= 1) amax = nan_max(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    float scale = __fdiv_rn(amax < 1e-4f ? 1e-4f : amax, 448.0f);
     float inv = 0.0f;  // nonzero: an exact 1 / scale, so x * inv == x / scale correctly rounded
     if (ue8m0) {  // round up to a power of two on the bits: exact 2^ceil(log2(scale))
         int bits = __float_as_int(scale);
@@ -256,13 +294,14 @@ __global__ void fp8_kcache_scatter(const T* __restrict__ k, unsigned char* __res
 
 def launch_fp8_kcache_scatter_cuda(k, kv_cache, slot_mapping, quant_block_size, scale_fmt, *, WARPS):
     n_tokens, head_dim = k.shape
-    _, block_size, cache_stride = kv_cache.shape
+    num_blocks, block_size, cache_stride = kv_cache.shape
     pairs = n_tokens * (head_dim // quant_block_size)
     i32, i64 = kg.driver.i32, kg.driver.i64
     return kg.Launch(
         grid=max(1, (pairs + WARPS - 1) // WARPS),
         block=32 * WARPS,
-        args=(k, kv_cache, slot_mapping, i32(n_tokens), i32(head_dim), i32(quant_block_size),
+        args=(k, kv_cache, slot_mapping, i32(n_tokens), i64(num_blocks * block_size), i32(head_dim),
+              i32(quant_block_size),
               i32(block_size), i32(cache_stride), *(i64(s) for s in kv_cache.stride()),
               i32(scale_fmt == "ue8m0")),
         template={"T": kg.ctype(k.dtype)},
@@ -371,6 +410,7 @@ def fp8_kcache_scatter(
     why = _check_layout(k, kv_cache, quant_block_size)
     if why:
         raise kg.InputError(f"kgexamples::fp8_kcache_scatter: {why}")
+    _check_slots(kv_cache, slot_mapping)
     head_dim, (_, block_size, cache_stride) = k.shape[1], kv_cache.shape
     keep = slot_mapping >= 0
     slots, k = slot_mapping[keep], k[keep]
