@@ -250,31 +250,15 @@ class KernelOp:
         return d.execute(args, key)
 
     def _dispatcher_kernel(self, *args: Any) -> Any:
-        # Below the dispatcher every tensor holds real data, whatever its Python type.
-        if self._autograd is None and _grad_enabled():
-            self._refuse_grad(args)
+        # Below the dispatcher every tensor holds real data, whatever its Python type. (An op
+        # without a backward is not refused here when an input requires grad: model parameters
+        # require grad in plain inference and in torch.compile's traced graphs alike; the refusal
+        # belongs at backward time, see issue 16.)
         key = self._d.key(args, False, ANY_TENSOR)
         if key is None:
             self.signature.check_types(self.name, args)
             raise InputError(f"{self.name}: unsupported argument types {[describe(a) for a in args]}")
         return self._d.execute(args, key)
-
-    def _refuse_grad(self, args: tuple) -> None:
-        """InputError if an input requires grad: the op has no backward, so its outputs would
-        silently carry no gradient.
-
-        Every call that could record autograd reaches this point: the eager fast path sends calls
-        with an input that requires grad (grad mode on) to ``torch.ops``, whose autograd fallback
-        runs this kernel with grad mode still on. An op with ``register_autograd`` runs it from its
-        autograd.Function's forward, with grad mode off, and never gets here."""
-        for name, t in self.signature.tensors(args):
-            if t.requires_grad:
-                raise InputError(
-                    f"{self.name}: argument {name!r} requires grad, but the op does not have an "
-                    "autograd kernel (no backward is registered), so its gradient would be lost. "
-                    "Call it under torch.no_grad() or on .detach()ed inputs, or give the op a "
-                    "backward with op.register_autograd(backward, setup_context=...)"
-                )
 
     def _fake(self, *args: Any) -> Any:
         outs = self._meta_fn(*args)
