@@ -71,3 +71,26 @@ register(HostBackend())
 
 def kg_host(fn, kinds, launch, configs=({},)) -> HostImpl:
     return HostImpl(launch=launch, configs=configs, fn=fn, kinds=tuple(kinds))
+
+
+def _accumulate_fn(packed):
+    a, o = (ctypes.c_uint64.from_address(packed[i]).value for i in range(2))
+    n = ctypes.c_int32.from_address(packed[2]).value
+    A, O = ((ctypes.c_float * n).from_address(p) for p in (a, o))
+    for i in range(n):
+        O[i] += A[i]
+
+
+_ACCUMULATE = HOST_FN(_accumulate_fn)
+
+
+def accumulate_op(name: str):
+    """A mutating op (``acc += x`` on float32 CPU tensors) run by a host "kernel": replayable."""
+    import kernelgraft as kg
+
+    def accumulate(x: torch.Tensor, acc: torch.Tensor) -> None:
+        acc += x
+
+    return kg.op(name, mutates_args=("acc",), fallback="error",
+                 impls=[kg_host(_ACCUMULATE, [ctypes.c_void_p] * 2 + [ctypes.c_int32],
+                                lambda x, acc: [x, acc, x.numel()])])(accumulate)

@@ -115,10 +115,9 @@ def test_allow_overlap_is_an_option_and_part_of_the_identity():
 def test_native_replay_hands_an_overlapping_call_back_and_it_is_refused():
     """The replay runs the guard's comparisons in C++: a mutating op still replays, and an
     overlapping call of its signature is refused as on the Python path."""
-    import ctypes
     import shutil
 
-    from _host_backend import HOST_FN, kg_host
+    from _host_backend import accumulate_op
 
     from kernelgraft import _native
 
@@ -126,21 +125,7 @@ def test_native_replay_hands_an_overlapping_call_back_and_it_is_refused():
         pytest.skip("no C++ compiler on this machine: the native replay cannot be built")
     assert _native.load() is not None, _native.reason()
 
-    def run(packed):
-        a, o = (ctypes.c_uint64.from_address(packed[i]).value for i in range(2))
-        n = ctypes.c_int32.from_address(packed[2]).value
-        A, O = ((ctypes.c_float * n).from_address(p) for p in (a, o))
-        for i in range(n):
-            O[i] += A[i]
-
-    fn = HOST_FN(run)
-
-    def accumulate(x: torch.Tensor, acc: torch.Tensor) -> None:
-        acc += x
-
-    op = kg.op("kgtest_bad::accumulate", mutates_args=("acc",), fallback="error",
-               impls=[kg_host(fn, [ctypes.c_void_p] * 2 + [ctypes.c_int32],
-                              lambda x, acc: [x, acc, x.numel()])])(accumulate)
+    op = accumulate_op("kgtest_bad::accumulate")
     try:
         for _ in range(4):
             x, acc = torch.randn(8), torch.randn(8)

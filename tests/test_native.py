@@ -615,23 +615,9 @@ def test_calls_that_cannot_be_replayed_stay_in_python(relu_add, monkeypatch):
 
 
 def test_a_mutating_op_replays(native):
-    from _host_backend import HOST_FN, kg_host
+    from _host_backend import accumulate_op
 
-    def run(packed):
-        a, o = (ctypes.c_uint64.from_address(packed[i]).value for i in range(2))
-        n = ctypes.c_int32.from_address(packed[2]).value
-        A, O = ((ctypes.c_float * n).from_address(p) for p in (a, o))
-        for i in range(n):
-            O[i] += A[i]
-
-    fn = HOST_FN(run)
-
-    def accumulate(x: torch.Tensor, acc: torch.Tensor) -> None:
-        acc += x
-
-    op = kg.op("kgtest_native::accumulate", mutates_args=("acc",), fallback="error",
-               impls=[kg_host(fn, [ctypes.c_void_p] * 2 + [ctypes.c_int32], lambda x, acc: [x, acc, x.numel()])])(
-        accumulate)
+    op = accumulate_op("kgtest_native::accumulate")
     for _ in range(4):
         x, acc = _fresh()
         want = acc + x

@@ -173,16 +173,19 @@ class Dispatcher:
             table[key] = plan
         return plan(args)
 
+    def _current_table(self) -> dict[tuple, Plan]:
+        """The plans of the current tuning scope (empty once the epoch moved on)."""
+        table = self.tables.get(current_scope()) if self.epoch == _EPOCH[0] else None
+        return table or {}
+
     def plan_for(self, args: tuple) -> Plan | None:
         """The plan that serves these arguments in the current scope, if one was made."""
         key = self.key(args, False, ANY_TENSOR)
-        table = self.tables.get(current_scope()) if self.epoch == _EPOCH[0] else None
-        return table.get(key) if table is not None and key is not None else None
+        return self._current_table().get(key) if key is not None else None
 
     def plans(self) -> dict[tuple, Plan]:
         """The plans of the current tuning scope, by signature key (a copy)."""
-        table = self.tables.get(current_scope()) if self.epoch == _EPOCH[0] else None
-        return dict(table or {})
+        return dict(self._current_table())
 
     def current_replay(self) -> Any:
         """The native Replay the next call tries first, or None."""

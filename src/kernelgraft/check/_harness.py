@@ -14,6 +14,7 @@ import torch
 from .. import _verify
 from .._op._candidates import Candidate
 from .._errors import KernelgraftError
+from ..aot._build import signature_label
 from . import _inputs
 from ._compile import COMPILABLE, Compiler, NotCompiled, compiler_message
 
@@ -48,19 +49,6 @@ class CheckReport:
 
     def extend(self, other: "CheckReport") -> None:
         self.results.extend(other.results)
-
-
-def _label(args: tuple) -> str:
-    parts = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            dt = str(a.dtype).removeprefix("torch.")
-            parts.append(f"{dt}{list(a.shape)}")
-        elif isinstance(a, (list, tuple)):
-            parts.append(f"[{len(a)} tensors]")
-        else:
-            parts.append(repr(a))
-    return " ".join(parts)
 
 
 def _run_candidate(op: Any, candidate: Candidate, args: tuple, out_specs) -> list[torch.Tensor]:
@@ -122,7 +110,7 @@ def _check_metadata(op, args, sample, variant) -> Result:
         if tuple(t.shape) != tuple(shape) or t.dtype != dtype or t.device != dev or not t.is_contiguous():
             return Result(
                 **base, status="fail",
-                note=f"output {i}: real {_label((t,))} on {t.device} vs fake {dtype}{list(shape)} on {dev}",
+                note=f"output {i}: real {signature_label((t,))} on {t.device} vs fake {dtype}{list(shape)} on {dev}",
             )
     return Result(**base, status="pass")
 
@@ -173,7 +161,7 @@ def check_op(
             if strided is not None:
                 variants.append(("noncontiguous", strided))
         for variant, vargs in variants:
-            sample = _label(vargs)
+            sample = signature_label(vargs)
             try:
                 candidates = op.candidates(*vargs)
                 out_specs = op.dispatcher.output_specs(vargs)

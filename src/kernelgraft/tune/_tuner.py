@@ -138,14 +138,9 @@ class Tuner:
         self._device_locks: dict[str, threading.RLock] = {}
         self._locks_guard = threading.Lock()
 
-    def _device_lock(self, args: tuple) -> threading.RLock:
-        device = "cpu"
-        for a in args:
-            t = a if isinstance(a, torch.Tensor) else a[0] if isinstance(a, (list, tuple)) and a and \
-                isinstance(a[0], torch.Tensor) else None
-            if t is not None:
-                device = str(t.device)
-                break
+    def _device_lock(self, op: Any, args: tuple) -> threading.RLock:
+        first = next(iter(op.signature.tensors(args)), None)
+        device = str(first[1].device) if first is not None else "cpu"
         with self._locks_guard:
             lock = self._device_locks.get(device)
             if lock is None:
@@ -188,7 +183,7 @@ class Tuner:
         measure = self._may_measure(op, args, s)
         if not measure:
             return self._resolve_locked(op, candidates, args, key, s, measure)
-        with self._device_lock(args):
+        with self._device_lock(op, args):
             found = self.memory.get(key.digest)  # another thread may have tuned it while we waited
             if found is not None:
                 self.stats["memory_hit"] += 1
