@@ -254,7 +254,7 @@ def test_gpu_nan_inf_bytes(impl, special):
 
 @pytest.mark.gpu
 def test_gpu_overlap_refused_and_cost():
-    cache = torch.zeros(2, 4, 132, dtype=torch.uint8, device="cuda")
+    cache = torch.randint(0, 256, (3, 4, 132), dtype=torch.uint8, device="cuda")  # 1584 bytes: room for k
     k = cache.view(-1)[: 3 * 128 * 4].view(torch.float32).view(3, 128)
     with pytest.raises(kg.InputError, match="overlaps"):
         fp8_kcache_scatter(k, cache, torch.tensor([5, -1, 0], device="cuda"), 128, "")

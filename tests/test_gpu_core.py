@@ -60,7 +60,7 @@ def test_runs_on_the_current_stream():
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        torch.cuda._sleep(2_000_000)  # keeps the side stream busy: work on it must wait
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time: far longer than any host path of the call
         out = add_relu(x, y)
         done = torch.cuda.Event()
         done.record()
