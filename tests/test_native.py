@@ -408,10 +408,35 @@ def test_an_altered_library_is_refused(fresh, monkeypatch, caplog):
     directory = _native.directory()
     _plant(directory, b"\x7fELF planted code", recorded=b"what the build produced")
     _no_build(monkeypatch)
-    monkeypatch.setattr(_native, "_open", lambda path: pytest.fail(f"{path} was opened"))
+    monkeypatch.setattr(_native, "_open", lambda path, fd=None: pytest.fail(f"{path} was opened"))
     assert _native.get() is None and _native.load() is None
     assert "does not match the sha256 recorded" in _native.reason()
     assert any("does not match" in r.getMessage() for r in caplog.records)
+
+
+def test_the_loader_maps_the_bytes_it_hashed_not_what_the_path_names_later(fresh, monkeypatch):
+    """Hashing by path and then loading by path leaves a window in which the file can be swapped;
+    the loader hashes through a descriptor and loads that descriptor (/proc/self/fd)."""
+    import os
+
+    directory = _native.directory()
+    checked = b"\x7fELF the bytes that were checked"
+    _plant(directory, checked)
+    seen = {}
+
+    def swap_then_open(library, fd=None):
+        os.replace(directory / "record.json", directory / "record.json.bak")  # keep the record aside
+        (directory / "swapped.so").write_bytes(b"\x7fELF swapped in after the check")
+        os.replace(directory / "swapped.so", library)  # the path now names other bytes
+        with open(f"/proc/self/fd/{fd}", "rb") as fh:
+            seen["bytes"] = fh.read()
+        raise ImportError("not a real library")
+
+    _no_build(monkeypatch)
+    monkeypatch.setattr(_native, "_open", swap_then_open)
+    assert _native.get() is None
+    assert seen["bytes"] == checked
+    assert "did not load: ImportError" in _native.reason()
 
 
 def test_a_planted_library_without_a_record_never_loads(fresh, monkeypatch):
@@ -422,7 +447,7 @@ def test_a_planted_library_without_a_record_never_loads(fresh, monkeypatch):
     (directory / "kernelgraft_native-0123456789abcdef.so").write_bytes(b"\x7fELF planted")
     started = []
     monkeypatch.setattr(_native, "_start_child", started.append)
-    monkeypatch.setattr(_native, "_open", lambda path: pytest.fail(f"{path} was opened"))
+    monkeypatch.setattr(_native, "_open", lambda path, fd=None: pytest.fail(f"{path} was opened"))
     assert _native.get() is None
     assert started == [directory]
 
@@ -437,7 +462,7 @@ def test_a_directory_others_can_write_is_refused(fresh, monkeypatch, where):
     os.chmod(target, 0o777)
     try:
         _no_build(monkeypatch)
-        monkeypatch.setattr(_native, "_open", lambda path: pytest.fail(f"{path} was opened"))
+        monkeypatch.setattr(_native, "_open", lambda path, fd=None: pytest.fail(f"{path} was opened"))
         assert _native.get() is None
         assert "writable by group or others (mode 777)" in _native.reason()
         assert str(target) in _native.reason()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import importlib.machinery
 import importlib.util
 import logging
 import os
@@ -97,22 +98,30 @@ def _refuse(why: str) -> None:
     log.warning("%s; eager calls take the Python path", why)
 
 
-def _open(library: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(_build.NAME, library)
+def _open(library: Path, fd: int | None = None) -> ModuleType:
+    """Import the extension; through ``/proc/self/fd/<fd>`` when given (and the platform has it),
+    so the loader maps the very file whose bytes were hashed, not whatever the path names now."""
+    origin = str(library)
+    if fd is not None and os.path.isdir("/proc/self/fd"):
+        origin = f"/proc/self/fd/{fd}"
+    loader = importlib.machinery.ExtensionFileLoader(_build.NAME, origin)
+    spec = importlib.util.spec_from_file_location(_build.NAME, origin, loader=loader)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(module)  # type: ignore[union-attr]
+    module.__file__ = str(library)
     return module
 
 
 def _load_built(path: Path) -> ModuleType | None | str:
     """The verified build of ``path`` loaded, None when there is none, or why it is refused."""
-    library = _build.verified_library(path)
-    if not isinstance(library, Path):
-        return library
+    found = _build.open_verified(path)
+    if not isinstance(found, tuple):
+        return found
+    fd, library = found
     _STATE["loading"] = True
     try:
         start = time.perf_counter()
-        module = _open(library)
+        module = _open(library, fd)
         log.debug("kernelgraft native replay loaded from %s in %.1f ms", library,
                   1e3 * (time.perf_counter() - start))
         return module
@@ -120,6 +129,7 @@ def _load_built(path: Path) -> ModuleType | None | str:
         return f"the native replay at {library} did not load: {type(exc).__name__}: {exc}"
     finally:
         _STATE["loading"] = False
+        os.close(fd)
 
 
 def _start_child(path: Path) -> None:

@@ -79,6 +79,17 @@ def read_record(directory: Path) -> dict | None | str:
 def verified_library(directory: Path) -> Path | None | str:
     """The library ``directory``'s record names, once its bytes match the recorded sha256; None
     when nothing is built; a str saying why what is there must not be loaded."""
+    found = open_verified(directory)
+    if isinstance(found, tuple):
+        os.close(found[0])
+        return found[1]
+    return found
+
+
+def open_verified(directory: Path) -> tuple[int, Path] | None | str:
+    """Like ``verified_library``, with the library open: ``(fd, path)``, where the bytes hashed are
+    the ones read through ``fd``, so loading ``/proc/self/fd/<fd>`` maps exactly the file that was
+    checked, whatever happens to the path meanwhile. The caller closes ``fd``."""
     why = untrusted(directory)
     if why:
         return why
@@ -87,19 +98,28 @@ def verified_library(directory: Path) -> Path | None | str:
         return record
     library = directory / record["file"]
     try:
-        st = os.lstat(library)
+        fd = os.open(library, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
-        return f"the recorded library {library} cannot be inspected: {exc}"
-    if not stat.S_ISREG(st.st_mode):
-        return f"the recorded library {library} is not a regular file"
-    why = _owned_privately(library, st)
+        return f"the recorded library {library} cannot be opened: {exc}"
+    try:
+        st = os.fstat(fd)
+        why = (f"the recorded library {library} is not a regular file" if not stat.S_ISREG(st.st_mode)
+               else _owned_privately(library, st))
+        if not why:
+            digest = hashlib.sha256()
+            with os.fdopen(os.dup(fd), "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    digest.update(block)
+            if digest.hexdigest() != record["sha256"]:
+                why = (f"{library} does not match the sha256 recorded when it was built "
+                       f"({digest.hexdigest()[:16]}... vs {record['sha256'][:16]}...): it was altered or replaced")
+    except OSError as exc:
+        why = f"the recorded library {library} cannot be read: {exc}"
     if why:
+        os.close(fd)
         return why
-    digest = hashlib.sha256(library.read_bytes()).hexdigest()
-    if digest != record["sha256"]:
-        return (f"{library} does not match the sha256 recorded when it was built "
-                f"({digest[:16]}... vs {record['sha256'][:16]}...): it was altered or replaced")
-    return library
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd, library
 
 
 def _write_atomically(directory: Path, name: str, data: bytes) -> None:
