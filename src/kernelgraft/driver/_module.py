@@ -296,7 +296,7 @@ class Launcher:
         else:
             (err,) = _cu.cu().cuLaunchKernel(handle, gx, gy, gz, bx, by, bz, shared_mem, stream, params, 0)
         if int(err) != 0:
-            self._fail(err, device_index, (gx, gy, gz), (bx, by, bz), shared_mem, values)
+            self._fail(err, device_index, (gx, gy, gz), (bx, by, bz), shared_mem, values, stream)
 
     def _note(self, raw, device_index, handle, grid, block, shared_mem, stream, values) -> None:
         """Describe this launch to the calling thread's observer (driver/_observe.py)."""
@@ -308,18 +308,19 @@ class Launcher:
             values, stream, device_index, owner=self,
         ))
 
-    def _fail(self, err, device_index, grid, block, shared_mem, values) -> None:
+    def _fail(self, err, device_index, grid, block, shared_mem, values, stream) -> None:
         driver = _cu.cu()
         try:
             err = driver.CUresult(int(err))  # the ctypes path returns a plain int
         except ValueError:
             pass
         if int(err) == int(driver.CUresult.CUDA_ERROR_INVALID_CONTEXT):
-            # A thread that never touched CUDA has no current context: set it and retry once.
+            # A thread that never touched CUDA has no current context: set it and retry once, on
+            # the stream the caller asked for (a graph capture's, a side stream), not the current one.
             _cu.ensure_context(device_index)
             (err,) = driver.cuLaunchKernel(
                 self.function.handle(device_index), *grid, *block, shared_mem,
-                current_stream(device_index), self.buffer.address(values), 0)
+                stream, self.buffer.address(values), 0)
             if int(err) == 0:
                 return
         raise LaunchError(
