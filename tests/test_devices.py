@@ -278,3 +278,33 @@ def test_concurrent_interpreted_triton_calls_are_serialized_and_correct():
         t.join(timeout=300)
     assert not any(t.is_alive() for t in threads), "a thread hung"
     assert not errors, errors
+
+
+def test_a_bundled_binary_never_launches_on_a_gpu_of_another_arch(monkeypatch):
+    """A bundle is loaded for one arch; a process may also drive a GPU of another (an sm_80 next
+    to an sm_90). A tensor there must take the JIT fallback (or get an error naming both archs),
+    never an sm_90 cubin launched on sm_80."""
+    import torch
+
+    from kernelgraft._errors import UnsupportedError
+    from kernelgraft.aot import _runner
+
+    kernel = object.__new__(_runner.Kernel)
+    kernel.where, kernel.arch, kernel.kinds = "bundle b: add kernel k", "sm_90", ["ptr"]
+    kernel._checked, kernel._foreign = set(), {}
+    caps = {0: (9, 0), 1: (8, 0)}
+    asked = []
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d: asked.append(d) or caps[d])
+    monkeypatch.setattr(_runner.driver, "available", lambda: "no driver in this test")
+    assert kernel.first_use(0) is None and 0 in kernel._checked
+    why = kernel.first_use(1)
+    assert why == "bundle b: add kernel k is built for sm_90, but the tensors are on cuda:1 (sm_80)"
+    assert kernel.first_use(1) == why and asked == [0, 1]  # judged once per device
+
+    runner = _runner.BundledRunner("add[BLOCK=64]", [kernel], 1)
+    with pytest.raises(UnsupportedError, match=r"built for sm_90, but the tensors are on cuda:1 \(sm_80\)"):
+        runner._run_fallback((), kernel.first_use(1))
+    ran = []
+    fallback = _runner.BundledRunner("add[BLOCK=64]", [kernel], 1, fallback=lambda: lambda *a: ran.append(a))
+    fallback._run_fallback(("x",), kernel.first_use(1))
+    assert ran == [("x",)]

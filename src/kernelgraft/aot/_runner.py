@@ -140,7 +140,25 @@ class Kernel:
             self.launcher = self.function.launcher(self.kinds)
         except KernelgraftError as exc:
             raise BundleError(f"{self.where}: {exc}") from None
-        self._checked: set[int] = set()
+        self.arch = str(entry.get("arch", ""))
+        self._checked: set[int] = set()  # devices this binary was checked against (arch, params)
+        self._foreign: dict[int, str] = {}  # devices it cannot run on, with why
+
+    def first_use(self, device: int) -> str | None:
+        """Check this binary against ``device`` once: None when it may launch there, else why
+        not (a process may drive GPUs of several archs; the bundle was loaded for one)."""
+        if device in self._foreign:
+            return self._foreign[device]
+        major, minor = torch.cuda.get_device_capability(device) if device >= 0 and self.arch else (0, 0)
+        if device >= 0 and self.arch and self.arch != f"sm_{major}{minor}":
+            why = (f"{self.where} is built for {self.arch}, but the tensors are on cuda:{device} "
+                   f"(sm_{major}{minor})")
+            self._foreign[device] = why
+            return why
+        if driver.available() is None:
+            self.function.check_params(device, self.kinds)
+        self._checked.add(device)
+        return None
 
     def fits(self, args: Sequence[Any], n_inputs: int) -> bool:
         for i, dt in self.dtypes:
@@ -229,7 +247,8 @@ class BundledRunner:
         if kernel.aligned and misaligned & 15:
             return self._run_fallback(args, "a pointer is not 16-byte aligned")
         device = args[kernel.ptr_slots[0][1]].get_device() if kernel.ptr_slots else torch.cuda.current_device()
-        if device not in kernel._checked and driver.available() is None:
-            kernel.function.check_params(device, kernel.kinds)
-            kernel._checked.add(device)
+        if device not in kernel._checked:
+            why = kernel.first_use(device)
+            if why is not None:
+                return self._run_fallback(args, why)
         kernel.launcher(device, grid, kernel.block, values, smem)
