@@ -200,6 +200,88 @@ def test_same_key_from_many_threads_is_tuned_once():
     assert kg.tune.stats().get("tuned") == 1
 
 
+def test_a_failed_tuning_is_not_redone_by_each_waiting_thread(monkeypatch):
+    """Tuning that raises gives the default candidate; the threads that waited on the same key
+    use that outcome instead of each failing the same tuning again."""
+    from kernelgraft.tune import _tuner
+
+    op = _double_op("tthreads::failonce")
+    barrier = threading.Barrier(5)
+    x = torch.randn(517)
+    attempts = []
+
+    def broken(*args, **kwargs):
+        attempts.append(threading.get_ident())
+        time.sleep(0.05)
+        raise RuntimeError("the trials broke")
+
+    monkeypatch.setattr(_tuner, "run_trials", broken)
+
+    def work(errors):
+        try:
+            with kg.tune("on", timer=_timer_preferring(1)):
+                barrier.wait(timeout=30)
+                assert torch.equal(op(x), x * 2)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    errors: list = []
+    threads = [threading.Thread(target=work, args=(errors,), daemon=True) for _ in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert len(set(attempts)) == 1, f"{len(set(attempts))} threads each tuned and failed"
+
+
+def test_nested_tuning_on_two_devices_in_opposite_orders_does_not_deadlock(monkeypatch):
+    """Thread 1 tunes op A (holding A's device lock) whose candidate calls op B on another device;
+    thread 2 does the opposite. Waiting for the second lock while holding the first would
+    deadlock (ABBA); the nested call takes the default candidate instead and tunes later."""
+    locks = {"tthreads::abba_a": threading.RLock(), "tthreads::abba_b": threading.RLock()}
+    monkeypatch.setattr(kg.tune.TUNER, "_device_lock", lambda op, args: locks[op.name])
+    both_hold = threading.Barrier(2)
+    inner: dict = {}
+
+    def calling(other):
+        def launch(x, out, *, K):
+            torch.mul(x, 2, out=out)
+            if other in inner and threading.current_thread().name.startswith("abba"):
+                key = (threading.current_thread().name, other)
+                if key not in inner["done"]:
+                    inner["done"].add(key)
+                    both_hold.wait(timeout=10)  # each thread now holds its own op's lock
+                    inner[other](x)  # and tunes the other op nested
+        return launch
+
+    def make(name, other):
+        def double(x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+        return kg.op(double, name=name, impls=[kg_torch(calling(other), configs=CONFIGS)])
+
+    a = make("tthreads::abba_a", "b")
+    b = make("tthreads::abba_b", "a")
+    inner.update(a=a, b=b, done=set())
+    errors: list = []
+
+    def work(op):
+        try:
+            with kg.tune("on", timer=_timer_preferring(1)):
+                x = torch.randn(77)
+                assert torch.equal(op(x), x * 2)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(op,), name=f"abba-{op.name}", daemon=True) for op in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads), "deadlock: both threads still wait"
+    assert not errors, errors
+
+
 def test_a_replay_is_not_installed_after_plans_moved_on():
     op = _double_op("tthreads::replay")
     d = op.dispatcher

@@ -89,6 +89,10 @@ def _entry(c: Any, **extra: Any) -> dict[str, Any]:
             "config": c.config.as_dict(), **extra}
 
 
+class _Held(threading.local):
+    locks: list = []
+
+
 class _Progress:
     """A rich progress bar that appears only once tuning has taken more than a moment."""
 
@@ -137,6 +141,7 @@ class Tuner:
         # against each other on one GPU. Re-entrant: a reference may call another op that tunes.
         self._device_locks: dict[str, threading.RLock] = {}
         self._locks_guard = threading.Lock()
+        self._held = _Held()  # the device tuning locks the calling thread holds, innermost last
 
     def _device_lock(self, op: Any, args: tuple) -> threading.RLock:
         first = next(iter(op.signature.tensors(args)), None)
@@ -183,12 +188,25 @@ class Tuner:
         measure = self._may_measure(op, args, s)
         if not measure:
             return self._resolve_locked(op, candidates, args, key, s, measure)
-        with self._device_lock(op, args):
-            found = self.memory.get(key.digest)  # another thread may have tuned it while we waited
-            if found is not None:
-                self.stats["memory_hit"] += 1
-                return found
-            return self._resolve_locked(op, candidates, args, key, s, measure)
+        lock = self._device_lock(op, args)
+        if self._held.locks and not any(held is lock for held in self._held.locks):
+            # Tuning nested inside another device's tuning (an op whose reference or candidate
+            # calls an op on a second GPU): waiting for that device's lock while holding ours can
+            # deadlock against a thread doing the opposite, so wait only if it is free at once;
+            # otherwise the default candidate serves this call and the key is tuned later.
+            if not lock.acquire(blocking=False):
+                return Decision(key.as_json(), [], [], source="default")
+            lock.release()
+        with lock:
+            self._held.locks = [*self._held.locks, lock]
+            try:
+                found = self.memory.get(key.digest)  # another thread may have tuned it while we waited
+                if found is not None:
+                    self.stats["memory_hit"] += 1
+                    return found
+                return self._resolve_locked(op, candidates, args, key, s, measure)
+            finally:
+                self._held.locks = self._held.locks[:-1]
 
     def _resolve_locked(self, op: Any, candidates: Sequence[Any], args: tuple, key: TuneKey, s: Settings,
                         measure: bool) -> Decision:
@@ -277,7 +295,11 @@ class Tuner:
             warnings.warn(f"{op.name}: tuning failed ({type(exc).__name__}: {exc}); using the default "
                           "candidate", TuneWarning, stacklevel=5)
             log.debug("tuning failure", exc_info=True)
-            return Decision(key.as_json(), [], [], source="default")
+            failed = Decision(key.as_json(), [], [], source="default")
+            # Kept in memory (not on disk): the threads that waited for this key, and later
+            # calls, use the default candidate instead of each failing the same tuning again.
+            self.memory[key.digest] = failed
+            return failed
         decision = self._decision(key, results, started, len(candidates))
         self.stats["tuned"] += 1
         self.disk.put({key.digest: decision.to_json()})
