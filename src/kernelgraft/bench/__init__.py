@@ -11,21 +11,28 @@ from ._cost import call_cost, default_bytes
 from ._main import bench_inputs_of, run_benchmarks
 from ._report import load_json, plot, render_table, write_json
 from ._run import Row, bench_op
+from ._suite import REGIMES, SUITES, Case, cases, regime_of, shape_plan
 from ._timing import Timing, measure
 
 __all__ = [
+    "Case",
     "Ceilings",
+    "REGIMES",
+    "SUITES",
     "Row",
     "Timing",
     "bench_inputs_of",
     "bench_op",
+    "cases",
     "call_cost",
     "default_bytes",
     "load_json",
     "measure",
     "measure_ceilings",
     "plot",
+    "regime_of",
     "render_table",
     "run_benchmarks",
+    "shape_plan",
     "write_json",
 ]

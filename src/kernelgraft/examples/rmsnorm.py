@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 import kernelgraft as kg
+from kernelgraft.bench import cases
 
 
 @triton.jit
@@ -130,14 +131,30 @@ def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
         yield (torch.randn(9, 768, device=device, dtype=dt), torch.randn(768, device=device, dtype=dt), 1e-6)
 
 
-def bench_inputs(device: str = "cuda"):
-    """LLM-like (tokens, hidden) bf16 activations for ``kernelgraft bench``."""
-    for rows, cols in ((512, 4096), (4096, 4096), (16384, 4096), (32768, 8192)):
-        yield (
-            torch.randn(rows, cols, device=device, dtype=torch.bfloat16),
-            torch.randn(cols, device=device, dtype=torch.bfloat16),
-            1e-6,
-        )
+# Shapes for ``kernelgraft bench`` (kernelgraft.bench._suite): (rows, hidden) bf16 activations.
+BENCH_SHAPES = {
+    "short": {"prefill": [(512, 4096), (4096, 4096), (16384, 4096), (32768, 8192)]},
+    "llm": {
+        "decode": [(1, 4096), (16, 4096), (64, 8192)],
+        "prefill": [(4096, 4096), (16384, 4096), (32768, 4096)],
+        # per-head QK norm: tokens x heads rows of head_dim
+        "narrow": [(32768, 64), (65536, 128), (262144, 128), (65536, 256)],
+        "wide": [(64, 16384), (4096, 16384), (16384, 8192), (32768, 8192)],
+    },
+}
+
+
+def _bench_case(rows, cols, device="cuda"):
+    return (
+        torch.randn(rows, cols, device=device, dtype=torch.bfloat16),
+        torch.randn(cols, device=device, dtype=torch.bfloat16),
+        1e-6,
+    )
+
+
+def bench_inputs(device: str = "cuda", suite: str = "short"):
+    """LLM-like (tokens, hidden) bf16 activations for ``kernelgraft bench``, by regime."""
+    return cases(BENCH_SHAPES, suite, lambda rows, cols: _bench_case(rows, cols, device))
 
 
 @kg.op(

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 import kernelgraft as kg
+from kernelgraft.bench import cases
 
 from ._softmax_cuda import CUDA, CUDA_CLUSTER, CUDA_ROW_REGS, CUDA_ROW_TMA, CUDA_STREAM, _fits_nonempty, _nonempty, _rows_cols
 
@@ -136,11 +137,25 @@ def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
     yield (torch.randn(140, 8200, device=device, dtype=torch.float32),)
 
 
-def bench_inputs(device: str = "cuda"):
-    """Attention-score-like rows: (rows, 4096) bf16 from 2^18 to 2^27 elements, plus a 32k vocab."""
-    for rows in (64, 512, 4096, 32768):
-        yield (torch.randn(rows, 4096, device=device, dtype=torch.bfloat16),)
-    yield (torch.randn(2048, 32768, device=device, dtype=torch.bfloat16),)
+# Shapes for ``kernelgraft bench`` (kernelgraft.bench._suite): (rows, cols) bf16.
+BENCH_SHAPES = {
+    "short": {"attention": [(64, 4096), (512, 4096), (4096, 4096), (32768, 4096)], "vocab": [(2048, 32768)]},
+    "llm": {
+        # one decode token: heads x KV length; a prefill: heads x queries rows
+        "attention": [(32, 4096), (64, 32768), (4096, 4096), (32768, 1024), (32768, 4096)],
+        # MoE routers and short score rows
+        "narrow": [(4096, 128), (32768, 128), (16384, 256)],
+        # sampling over a vocabulary: Llama-2 32000, Llama-3 128256, Qwen 151936, Gemma 256000
+        "vocab": [(1, 32000), (1, 128256), (1, 151936), (1, 256000), (16, 151936), (64, 128256),
+                  (2048, 32768), (1024, 128256)],
+    },
+}
+
+
+def bench_inputs(device: str = "cuda", suite: str = "short"):
+    """Attention-score, router and vocabulary rows in bf16 for ``kernelgraft bench``, by regime."""
+    return cases(BENCH_SHAPES, suite,
+                 lambda rows, cols: (torch.randn(rows, cols, device=device, dtype=torch.bfloat16),))
 
 
 @kg.op(
