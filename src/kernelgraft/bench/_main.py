@@ -11,8 +11,10 @@ from itertools import islice
 from typing import Any
 
 from ._ceilings import Ceilings, measure_ceilings
+from ._peers import peers_for
 from ._report import document, plot, render_table, write_json
 from ._run import Row, bench_op, summary_rows
+from ._suite import SUITES
 
 __all__ = ["bench_inputs_of", "run_benchmarks"]
 
