@@ -153,6 +153,10 @@ def _others(peers: dict) -> str:
     return ", ".join(f"{name} {_us(t)}" for name, t in peers.items() if name != "liger") or "-"
 
 
+def _gbps(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}"
+
+
 def _pct(v: float | None) -> str:
     return "-" if v is None else f"{v:.1%}"
 
@@ -176,7 +180,7 @@ def markdown(summary: dict) -> str:
                   for e in summary[key]]
     lines += ["", f"## Bandwidth at the largest shape (limit {LIMITS['bandwidth']:.0%} of measured copy)", "",
               "| op | inputs | GB/s | of copy |", "| --- | --- | ---: | ---: |"]
-    lines += [f"| {b['op'].split('::')[-1]} | {b['shape']} | {_us(b['gbps'])} | {_pct(b['fraction'])} |"
+    lines += [f"| {b['op'].split('::')[-1]} | {b['shape']} | {_gbps(b['gbps'])} | {_pct(b['fraction'])} |"
               for b in summary["bandwidth"]]
     over = summary["over_limit"]
     lines += ["", f"Over the limits: {over['vs_torch']} shapes vs torch, {over['vs_liger']} vs Liger, "
