@@ -235,7 +235,8 @@ def run(args) -> int:
         try:
             rows += bench_op(op, _until(deadline, cases, skipped, name), ceilings=ceilings, timer=timer,
                              compile=args.compile != "off", dynamic=args.compile == "dynamic",
-                             peers=peers_for(op.name, peers), timing="graph", candidates=False, untuned=False)
+                             peers=peers_for(op.name, peers), timing="graph", candidates=False, untuned=False,
+                             compare=args.head_to_head)
         except Exception as exc:  # one op failing must not lose the others
             print(f"{name}: failed: {type(exc).__name__}: {exc}")
         print(f"{name}: {len(dims_set)} shapes in {time.monotonic() - t0:.1f} s", flush=True)
@@ -264,6 +265,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="torch.compile of the reference: once per op with dynamic shapes (default), "
                              "once per shape, or not at all")
     parser.add_argument("--no-liger", action="store_true", help="no Liger-Kernel peers")
+    parser.add_argument("--head-to-head", action="store_true",
+                        help="also time the tuned op against torch.compile in alternating rounds (h2h_vs_compile "
+                             "in the JSON; about a second more per shape)")
     parser.add_argument("--time-limit", type=float, default=420.0,
                         help="seconds after which remaining shapes are skipped (and listed)")
     args = parser.parse_args(argv)

@@ -197,6 +197,7 @@ def bench_op(
     candidates: bool = True,
     untuned: bool = True,
     dynamic: bool = False,
+    compare: bool = True,
 ) -> list[Row]:
     """All rows for ``op`` over ``inputs`` (tuples of arguments, small to large; a
     :class:`~kernelgraft.bench.Case` carries its regime into the rows).
@@ -205,8 +206,9 @@ def bench_op(
     beside it; ``timing`` is "cold" (per-call events after an L2 flush, the tuner tuning in that
     regime) or "graph" (CUDA-graph replay, the tuner's default regime). ``candidates=False``
     skips timing every candidate (the tuned op is still timed), ``untuned=False`` the op with the
-    tuner off, and ``dynamic=True`` compiles the reference once with dynamic shapes instead of
-    once per shape."""
+    tuner off, ``dynamic=True`` compiles the reference once with dynamic shapes instead of once
+    per shape, and ``compare=False`` skips the head-to-head rounds behind ``vs_best`` and
+    ``vs_compile`` (a dozen more timings per shape)."""
     timer, quick = _timers(timing, timer)
     peer_list = as_peers(peers)
     rows: list[Row] = []
@@ -278,7 +280,7 @@ def bench_op(
                         _timed(tuned, lambda: op(*args), timer, ceilings)
                         plan = op.dispatcher.plan_for(args)
                         tuned.detail = getattr(getattr(plan, "candidate", None), "label", "") or ""
-                        if tuned.time_us is not None:
+                        if compare and tuned.time_us is not None:
                             _compare(tuned, lambda: op(*args), timed, cand_fns, compile_fn, quick)
                     emit(tuned)
                 except Exception as exc:
