@@ -188,8 +188,10 @@ TRITON_ONLINE = kg.triton(
 
 TRITON_SPLIT = kg.triton(
     launch_softmax_split,
-    # 4-8 splits for tens of rows, up to 256 for a single row: the H200's 132 SMs want ~100+ programs
-    configs=[{"splits": 4, "BLOCK": 4096, "num_warps": 8}, {"splits": 8, "BLOCK": 2048, "num_warps": 8},
+    # 4-8 splits for tens of rows (decode attention scores of 4K-32K keys, a batch's logits), up to
+    # 256 for a single row: the H200's 132 SMs want ~100+ programs
+    configs=[{"splits": 4, "BLOCK": 1024, "num_warps": 4}, {"splits": 8, "BLOCK": 1024, "num_warps": 4},
+             {"splits": 4, "BLOCK": 4096, "num_warps": 8}, {"splits": 8, "BLOCK": 2048, "num_warps": 8},
              {"splits": 16, "BLOCK": 2048, "num_warps": 8}, {"splits": 32, "BLOCK": 1024, "num_warps": 4},
              {"splits": 64, "BLOCK": 1024, "num_warps": 4}, {"splits": 128, "BLOCK": 512, "num_warps": 4},
              {"splits": 256, "BLOCK": 512, "num_warps": 4}],
