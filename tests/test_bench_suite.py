@@ -261,3 +261,25 @@ def test_liger_peers_match_the_examples_on_gpu():
                 assert compare_trees(want, got, tolerances=op.tolerances) is None, (op_name, case.dims)
                 checked += 1
     assert checked > 20
+
+
+def test_run_benchmarks_passes_suite_and_peers_per_op(tmp_path):
+    from kernelgraft.bench import Ceilings, load_json, run_benchmarks
+    from kernelgraft.examples.add_relu import add_relu
+    from kernelgraft.examples.softmax import softmax
+
+    asked = []
+
+    def inputs_for(op, device, suite):
+        asked.append((op.name, device, suite))
+        x = torch.randn(4, 64)
+        return [Case((x,) if op is softmax else (x, x), "decode", (4, 64))]
+
+    peers = {"softmax": [("mine", lambda x: torch.softmax(x, -1))]}
+    rows, _ = run_benchmarks([softmax, add_relu], device="cpu", json_path=str(tmp_path / "b.json"), compile=False,
+                             tune=False, ceilings=Ceilings(4000.0, 800.0), timer=CountingTimer(),
+                             inputs_for=inputs_for, say=lambda s: None, suite="llm", peers=peers)
+    assert asked == [("kgexamples::softmax", "cpu", "llm"), ("kgexamples::add_relu", "cpu", "llm")]
+    assert [(r.op, r.variant) for r in rows if r.kind == PEER] == [("kgexamples::softmax", "peer: mine")]
+    back, _, _ = load_json(tmp_path / "b.json")
+    assert {r.regime for r in back} == {"decode"} and any(r.kind == PEER and r.vs_tuned for r in back)
