@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -208,6 +209,12 @@ def test_loads_without_triton_up_to_the_launch(bundle, tmp_path):
                 block = int(cfg.split("BLOCK=")[1].split(",")[0]) * int(cfg.split("ITEMS=")[1].split("]")[0])
                 assert call["kernel"].startswith("_Z8add_relu") and call["values"][n_ptrs:] == [n]
             assert call["grid"] == [(n + block - 1) // block, 1, 1]
+        elif r["label"].startswith("triton:rmsnorm_rows"):  # blocks of rows: (n_rows, n_cols, eps)
+            rows, cols = math.prod(shape[:-1]), shape[-1]
+            per = int(r["label"].split("rows_per_program=")[1].split("]")[0].split(",")[0])
+            assert call["grid"] == [(rows + per - 1) // per, 1, 1]
+            assert call["values"][n_ptrs:n_ptrs + 2] == [rows, cols]
+            assert call["values"][n_ptrs + 2] == pytest.approx(1e-6)
         else:
             rows, cols = shape[0], shape[-1]
             assert call["grid"] == [rows, 1, 1]

@@ -181,6 +181,61 @@ def test_softmax_stream_kernel_claims_long_rows():  # compiling them: test_cuda_
     assert spec.min_capability == (8, 0)
 
 
+def _check_alone(name, spec, reference, samples, dtypes):
+    """check_op on an op holding ``spec`` alone (the example's other kernels are checked elsewhere)."""
+    from kernelgraft.check import check_op
+
+    op = kg.op(name, impls=[spec], sample_inputs=samples, dtypes=dtypes)(reference)
+    report = check_op(op, device="cpu", opcheck=False)
+    passed = [r for r in report.results if r.status == "pass" and r.candidate.startswith("triton:")]
+    assert report.ok, [r for r in report.results if r.status == "fail"]
+    return {r.candidate for r in passed}, {r.sample for r in passed}
+
+
+def test_rmsnorm_block_of_rows_candidates_pass_check_op():
+    from kernelgraft.examples import rmsnorm as module
+
+    def samples(device="cpu", dtype=torch.float32):
+        for rows, cols, dt in [(70, 64, torch.float32), (33, 128, torch.bfloat16), (5, 256, torch.float16),
+                               (9, 1000, torch.float32)]:
+            yield (torch.randn(rows, cols, device=device, dtype=dt), torch.randn(cols, device=device, dtype=dt), 1e-6)
+
+    def reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return module.rmsnorm.reference(x, weight, eps)
+
+    labels, shapes = _check_alone("kgtest_suite::rmsnorm_rows", module.TRITON_ROWS, reference, samples,
+                                  (torch.float32, torch.float16, torch.bfloat16))
+    assert len(labels) == 4 and len(shapes) == 4  # every config and every sample passed
+    # wider than 1024 elements is the one-row kernels' job
+    x = torch.empty(4, 2048)
+    for cand in module.rmsnorm.candidates(x, torch.empty(2048), 1e-6):
+        if cand.impl is module.TRITON_ROWS:
+            assert not cand.supported and "at most 1024 elements" in cand.reason
+
+
+def test_softmax_split_row_candidates_pass_check_op():
+    from kernelgraft.examples import softmax as module
+
+    def samples(device="cpu", dtype=torch.float32):
+        yield (torch.randn(1, 40000, device=device, dtype=dtype) * 5,)  # more splits than the row fills
+        masked = torch.randn(3, 32768, device=device, dtype=torch.bfloat16)
+        masked[1, 5000:] = float("-inf")  # whole chunks of -inf
+        masked[2, :20000] = float("-inf")
+        yield (masked,)
+        yield (torch.randn(2, 20000, device=device, dtype=torch.float16) * 10,)
+
+    def reference(x: torch.Tensor) -> torch.Tensor:
+        return module.softmax.reference(x)
+
+    labels, shapes = _check_alone("kgtest_suite::softmax_split", module.TRITON_SPLIT, reference, samples,
+                                  (torch.float32, torch.float16, torch.bfloat16))
+    assert len(labels) >= 4 and len(shapes) == 3
+    many_rows = torch.empty(65, 1 << 16)
+    for cand in module.softmax.candidates(many_rows):
+        if cand.impl is module.TRITON_SPLIT:
+            assert not cand.supported and "at most 64 rows" in cand.reason
+
+
 def test_bench_inputs_are_declared():
     for module in MODULES:
         assert callable(importlib.import_module(f"kernelgraft.examples.{module}").bench_inputs)
@@ -214,7 +269,7 @@ def test_fp8_scatter_every_candidate_byte_exact_on_gpu():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("module", ["rmsnorm_residual", "softmax", "swiglu"])
+@pytest.mark.parametrize("module", ["rmsnorm", "rmsnorm_residual", "softmax", "swiglu"])
 def test_every_candidate_matches_reference_on_gpu(module):
     mod = importlib.import_module(f"kernelgraft.examples.{module}")
     op = getattr(mod, module)

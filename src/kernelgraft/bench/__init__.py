@@ -1,7 +1,8 @@
 """The harness behind ``kernelgraft bench``: ceilings, timing, per-op runs and the report.
 
-Each op is timed on its module's ``bench_inputs(device)`` shapes: every candidate, the best per
-backend, torch eager and ``torch.compile`` of the reference, and the tuned op; achieved GB/s and
+Each op is timed on its module's ``bench_inputs(device, suite)`` shapes (the "short" suite, or
+"llm": every regime an LLM meets, ``_suite``): every candidate, the best per backend, torch eager
+and ``torch.compile`` of the reference, peers (``_peers``), and the tuned op; achieved GB/s and
 TFLOP/s come from the op's ``cost`` hook (or tensor sizes) and are shown as fractions of the copy
 bandwidth and bf16 GEMM throughput measured at the start of the run.
 """
@@ -9,23 +10,34 @@ bandwidth and bf16 GEMM throughput measured at the start of the run.
 from ._ceilings import Ceilings, measure_ceilings
 from ._cost import call_cost, default_bytes
 from ._main import bench_inputs_of, run_benchmarks
+from ._peers import Peer, as_peers, parse_peer
 from ._report import load_json, plot, render_table, write_json
 from ._run import Row, bench_op
+from ._suite import REGIMES, SUITES, Case, cases, regime_of, shape_plan
 from ._timing import Timing, measure
 
 __all__ = [
+    "Case",
     "Ceilings",
+    "Peer",
+    "REGIMES",
+    "SUITES",
     "Row",
     "Timing",
+    "as_peers",
     "bench_inputs_of",
     "bench_op",
+    "cases",
     "call_cost",
     "default_bytes",
     "load_json",
     "measure",
     "measure_ceilings",
+    "parse_peer",
     "plot",
+    "regime_of",
     "render_table",
     "run_benchmarks",
+    "shape_plan",
     "write_json",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import sys
 import time
@@ -10,19 +11,35 @@ from itertools import islice
 from typing import Any
 
 from ._ceilings import Ceilings, measure_ceilings
+from ._peers import peers_for
 from ._report import document, plot, render_table, write_json
 from ._run import Row, bench_op, summary_rows
+from ._suite import SUITES
 
 __all__ = ["bench_inputs_of", "run_benchmarks"]
 
 log = logging.getLogger(__name__)
 
 
-def bench_inputs_of(op: Any, device: str) -> Iterable[tuple] | None:
-    """The op module's ``bench_inputs(device)``, else its ``sample_inputs`` (small shapes), else None."""
+def _takes_suite(make: Callable) -> bool:
+    try:
+        return "suite" in inspect.signature(make).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def bench_inputs_of(op: Any, device: str, suite: str = "short") -> Iterable[tuple] | None:
+    """The op module's ``bench_inputs(device, suite)`` (``bench_inputs(device)`` when it takes no
+    suite: its shapes serve every suite), else its ``sample_inputs`` (small shapes), else None."""
+    if suite not in SUITES:
+        raise ValueError(f"unknown benchmark suite {suite!r}; suites are {', '.join(SUITES)}")
     module = sys.modules.get(getattr(op, "__module__", ""), None)
     make = getattr(module, "bench_inputs", None)
     if callable(make):
+        if _takes_suite(make):
+            return make(device, suite=suite)
+        if suite != "short":
+            log.warning("%s: bench_inputs(device) takes no suite; timing its own shapes for suite %r", op.name, suite)
         return make(device)
     if op.sample_inputs is not None:
         log.warning("%s: no bench_inputs(device) in its module; using sample_inputs (small shapes)", op.name)
@@ -42,17 +59,24 @@ def run_benchmarks(
     all_candidates: bool = False,
     ceilings: Ceilings | None = None,
     timer: Callable | None = None,
-    inputs_for: Callable[[Any, str], Iterable[tuple] | None] = bench_inputs_of,
+    inputs_for: Callable[..., Iterable[tuple] | None] = bench_inputs_of,
     say: Callable[[str], None] = print,
+    suite: str = "short",
+    peers: Any = None,
+    timing: str = "cold",
+    dynamic: bool = False,
 ) -> tuple[list[Row], Ceilings | None]:
-    """Benchmark ``ops`` and write the report. Returns all rows and the ceilings used."""
+    """Benchmark ``ops`` on the shapes of ``suite`` and write the report. Returns all rows and
+    the ceilings used. ``peers`` are timed beside each op they apply to (a list, or a mapping
+    from op names to lists; ``kernelgraft.bench._peers``); ``timing`` and ``dynamic`` as in
+    :func:`~kernelgraft.bench.bench_op`."""
     if ceilings is None:
         say("measuring ceilings (device copy bandwidth, bf16 GEMM) ...")
         ceilings = measure_ceilings(device)
         say(f"  copy {ceilings.copy_gbps:.0f} GB/s, bf16 GEMM {ceilings.bf16_tflops:.0f} TFLOP/s")
     rows: list[Row] = []
     for op in ops:
-        inputs = inputs_for(op, device)
+        inputs = inputs_for(op, device, suite) if suite != "short" else inputs_for(op, device)
         if inputs is None:
             say(f"{op.name}: skipped (no bench_inputs or sample_inputs)")
             continue
@@ -60,7 +84,8 @@ def run_benchmarks(
             inputs = islice(inputs, max_shapes)
         started = time.perf_counter()
         try:
-            rows.extend(bench_op(op, inputs, ceilings=ceilings, timer=timer, compile=compile, tune=tune))
+            rows.extend(bench_op(op, inputs, ceilings=ceilings, timer=timer, compile=compile, tune=tune,
+                                 peers=peers_for(op.name, peers), timing=timing, dynamic=dynamic))
         except Exception as exc:  # a broken op (or its inputs) must not lose the others
             say(f"{op.name}: benchmark failed: {type(exc).__name__}: {exc}")
             log.debug("bench of %s failed", op.name, exc_info=True)

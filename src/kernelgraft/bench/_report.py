@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from ._ceilings import Ceilings
-from ._run import BACKEND, COMPILE, EAGER, TUNED, Row
+from ._run import BACKEND, COMPILE, EAGER, PEER, TUNED, Row
 
 __all__ = ["document", "write_json", "load_json", "render_table", "plot", "environment"]
 
 SCHEMA = "kernelgraft.bench/1"
-PLOTTED = (BACKEND, EAGER, COMPILE, TUNED)
+PLOTTED = (BACKEND, EAGER, COMPILE, PEER, TUNED)
 
 
 def environment() -> dict[str, Any]:
@@ -114,14 +114,15 @@ def table_lines(rows: Sequence[Row]) -> list[list[str]]:
         speedup = f"{ref / r.time_us:.2f}x" if ref and r.time_us else "-"
         note = r.error or r.detail
         out.append([
-            r.op.split("::")[-1], r.shape, r.variant, _fmt(r.time_us, ".1f"), _fmt(r.gbps, ".0f"),
+            r.op.split("::")[-1], f"{r.regime}: {r.shape}" if r.regime else r.shape, r.variant, _fmt(r.time_us, ".1f"), _fmt(r.gbps, ".0f"),
             _pct(r.bw_frac), _fmt(r.tflops, ".1f") if r.flops else "-", _pct(r.flops_frac) if r.flops else "-",
-            speedup, note,
+            speedup, _fmt(r.vs_tuned, ".2f") + ("x" if r.vs_tuned is not None else ""), note,
         ])
     return out
 
 
-HEADERS = ["op", "inputs", "variant", "median us", "GB/s", "% copy", "TFLOP/s", "% gemm", "vs eager", "note"]
+HEADERS = ["op", "inputs", "variant", "median us", "GB/s", "% copy", "TFLOP/s", "% gemm", "vs eager", "kg/this",
+           "note"]
 
 
 def render_table(rows: Sequence[Row], ceilings: Ceilings | None, *, console: Any = None) -> str:
@@ -165,6 +166,8 @@ def _style(kind: str, backend: str, backends: list[str]) -> dict[str, Any]:
     op fixed; each backend's best its own colour."""
     if kind in _FIXED_STYLES:
         return dict(_FIXED_STYLES[kind])
+    if kind == PEER:
+        return {"color": "tab:cyan", "linestyle": "-.", "marker": "s", "linewidth": 1.5}
     color = _BACKEND_COLORS.get(backend)
     if color is None:
         spare = [b for b in backends if b not in _BACKEND_COLORS]

@@ -1,5 +1,6 @@
 """Benchmark one op: every candidate, the best of each backend, torch eager and torch.compile of
-the reference, the op as dispatched, and the tuned op, on each of its benchmark shapes."""
+the reference, peers (other implementations of the op), the op as dispatched, and the tuned op,
+on each of its benchmark shapes."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import torch
 from .._timing import on_device
 from ._ceilings import Ceilings
 from ._cost import call_cost, describe_inputs
+from ._peers import Peer, as_peers
+from ._suite import regime_of
 from ._timing import Timing, measure
 
 __all__ = ["Row", "bench_op", "tuned_label"]
@@ -23,7 +26,9 @@ log = logging.getLogger(__name__)
 Timer = Callable[[Callable[[], object]], Timing]
 
 # kinds of rows, in display order
-CANDIDATE, BACKEND, EAGER, COMPILE, DEFAULT, TUNED = "candidate", "backend", "eager", "compile", "default", "tuned"
+CANDIDATE, BACKEND, EAGER, COMPILE, PEER, DEFAULT, TUNED = (
+    "candidate", "backend", "eager", "compile", "peer", "default", "tuned")
+TIMINGS = ("cold", "graph")  # per-call events after an L2 flush; CUDA-graph replay
 
 
 @dataclasses.dataclass
@@ -46,11 +51,15 @@ class Row:
     error: str | None = None
     vs_best: float | None = None  # tuned rows: time / fastest candidate's, timed head to head
     vs_compile: float | None = None  # tuned rows: time / torch.compile's, timed head to head
+    vs_tuned: float | None = None  # eager, compile and peer rows: the tuned op's time / this row's
+    regime: str = ""  # the shape's regime in its suite (kernelgraft.bench._suite), '' if untagged
+    method: str = ""  # how it was timed: "events" (per call) or "graph" (CUDA-graph replay)
 
     def fill(self, timing: Timing | None, ceilings: Ceilings | None) -> "Row":
         if timing is None:
             return self
         self.time_us, self.reps = timing.median_us, timing.reps
+        self.method = getattr(timing, "method", "")
         seconds = timing.median_us * 1e-6
         if seconds > 0:
             self.gbps = self.bytes / seconds / 1e9
@@ -127,14 +136,51 @@ def head_to_head(fn: Callable[[], object], other: Callable[[], object], timer: T
     return sorted(values)[len(values) // 2] if values else math.nan
 
 
-def _compiled(reference: Callable[..., Any]) -> Callable[..., Any]:
+def _compiled(reference: Callable[..., Any], dynamic: bool = False) -> Callable[..., Any]:
     import torch._dynamo
 
     # One specialisation per shape: raise the recompile limit so large sweeps keep compiling.
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 256))
-    return torch.compile(reference, dynamic=False)
+    return torch.compile(reference, dynamic=dynamic)
+
+
+def _timers(timing: str, timer: Timer | None) -> tuple[Timer, Timer]:
+    """(full timer, quick timer for head-to-head rounds) of a timing method, or the given timer."""
+    if timer is not None:
+        return timer, timer
+    if timing not in TIMINGS:
+        raise ValueError(f"bench timing {timing!r}: expected one of {', '.join(TIMINGS)}")
+    graph = timing == "graph"
+    # head-to-head rounds follow a full timing of both sides: a short warm-up suffices
+    return (lambda fn: measure(fn, graph=graph)), (lambda fn: measure(fn, warmup_ms=20.0, rep_ms=30.0, graph=graph))
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+
+
+def _peer_row(base: dict, peer: Peer, op: Any, args: tuple, expected: Any, timer: Timer,
+              ceilings: Ceilings | None) -> Row:
+    """Time one peer after checking that it computes what the op computes (a mismatch is noted,
+    not hidden: a peer that skips work would otherwise look fast)."""
+    from .._verify import compare_trees
+
+    row = Row(**base, kind=PEER, variant=f"peer: {peer.name}", backend="peer")
+    try:
+        got = peer.fn(*args)
+    except Exception as exc:
+        row.error = _error(exc)
+        log.warning("%s %s: peer %s failed: %s", row.op, row.shape, peer.name, row.error)
+        return row
+    try:
+        problem = compare_trees(expected, got, tolerances=op.tolerances, what=f"peer {peer.name}")
+    except Exception as exc:  # an output the comparison cannot read is a mismatch too
+        problem = _error(exc)
+    if problem:
+        row.detail = f"differs from the op: {problem}"[:300]
+    return _timed(row, lambda: peer.fn(*args), timer, ceilings)
 
 
 def bench_op(
@@ -146,11 +192,25 @@ def bench_op(
     compile: bool = True,
     tune: bool = True,
     on_row: Callable[[Row], None] | None = None,
+    peers: Any = None,
+    timing: str = "cold",
+    candidates: bool = True,
+    untuned: bool = True,
+    dynamic: bool = False,
+    compare: bool = True,
 ) -> list[Row]:
-    """All rows for ``op`` over ``inputs`` (tuples of arguments, small to large)."""
-    # head-to-head rounds follow a full timing of both sides: a short warm-up suffices
-    quick = timer or (lambda fn: measure(fn, warmup_ms=20.0, rep_ms=30.0))
-    timer = timer or (lambda fn: measure(fn))
+    """All rows for ``op`` over ``inputs`` (tuples of arguments, small to large; a
+    :class:`~kernelgraft.bench.Case` carries its regime into the rows).
+
+    ``peers`` (callables with the op's signature, see ``kernelgraft.bench._peers``) are timed
+    beside it; ``timing`` is "cold" (per-call events after an L2 flush, the tuner tuning in that
+    regime) or "graph" (CUDA-graph replay, the tuner's default regime). ``candidates=False``
+    skips timing every candidate (the tuned op is still timed), ``untuned=False`` the op with the
+    tuner off, ``dynamic=True`` compiles the reference once with dynamic shapes instead of once
+    per shape, and ``compare=False`` skips the head-to-head rounds behind ``vs_best`` and
+    ``vs_compile`` (a dozen more timings per shape)."""
+    timer, quick = _timers(timing, timer)
+    peer_list = as_peers(peers)
     rows: list[Row] = []
     compiled = None
 
@@ -161,6 +221,7 @@ def bench_op(
         return row
 
     for size, args in enumerate(inputs):
+        regime = regime_of(args)
         args = tuple(args)
         # every timing of this shape on the device of its tensors, whatever device is current
         with on_device(_device_of(args)):
@@ -173,9 +234,9 @@ def bench_op(
                 emit(Row(op.name, shape, size, math.nan, math.nan, DEFAULT, "kg op",
                          error=f"{type(exc).__name__}: {exc}".splitlines()[0][:300]))
                 continue
-            base = dict(op=op.name, shape=shape, size=size, bytes=nbytes, flops=flops)
+            base = dict(op=op.name, shape=shape, size=size, bytes=nbytes, flops=flops, regime=regime)
             cand_rows, cand_fns = [], {}
-            for cand in op.candidates(*args):
+            for cand in (op.candidates(*args) if candidates else ()):
                 if not cand.supported:
                     continue
                 row = Row(**base, kind=CANDIDATE, variant=cand.label, backend=cand.impl.backend)
@@ -189,34 +250,37 @@ def bench_op(
             for backend in sorted({r.backend for r in timed}):
                 best = min((r for r in timed if r.backend == backend), key=lambda r: r.time_us)
                 emit(dataclasses.replace(best, kind=BACKEND, variant=f"best {backend}", detail=best.variant))
-            emit(_timed(Row(**base, kind=EAGER, variant="torch eager", backend="torch"),
-                        lambda: op.reference(*args), timer, ceilings))
+            rivals = [emit(_timed(Row(**base, kind=EAGER, variant="torch eager", backend="torch"),
+                                  lambda: op.reference(*args), timer, ceilings))]
             compile_fn = None
             if compile:
-                row = Row(**base, kind=COMPILE, variant="torch.compile", backend="torch")
+                row = Row(**base, kind=COMPILE, variant="torch.compile" + (" (dynamic)" if dynamic else ""),
+                          backend="torch")
                 try:
-                    compiled = compiled or _compiled(op.reference)
+                    compiled = compiled or _compiled(op.reference, dynamic)
                     fn = lambda: compiled(*args)  # noqa: E731
                 except Exception as exc:
                     row.error, fn = f"{type(exc).__name__}: {exc}".splitlines()[0][:300], None
-                emit(_timed(row, fn, timer, ceilings))
+                rivals.append(emit(_timed(row, fn, timer, ceilings)))
                 compile_fn = fn if row.time_us is not None else None
-            with _mode("off"):
-                emit(_timed(Row(**base, kind=DEFAULT, variant="kg op (untuned default)", backend="kg"),
-                            lambda: op(*args), timer, ceilings))
+            rivals += [emit(_peer_row(base, peer, op, args, outputs, timer, ceilings)) for peer in peer_list]
+            if untuned:
+                with _mode("off"):
+                    emit(_timed(Row(**base, kind=DEFAULT, variant="kg op (untuned default)", backend="kg"),
+                                lambda: op(*args), timer, ceilings))
             label = tuned_label() if tune else "tuned (best measured)"
             tuned = Row(**base, kind=TUNED, variant=label, backend="kg")
             if tune and label == "tuned (kg.tune)":
                 # The first call inside the block tunes (or reads the cache); the timer's own first
                 # call is untimed, so the timed calls all run the chosen plan.
                 try:
-                    # tune in the regime this report measures (cold L2), so "tuned" and "best
-                    # candidate" are judged by the same clock
-                    with _mode("on", cold_l2=True):
+                    # tune in the regime this report measures (cold L2, or the tuner's own
+                    # graph replay), so "tuned" and "best candidate" are judged by the same clock
+                    with _mode("on", cold_l2=timing == "cold"):
                         _timed(tuned, lambda: op(*args), timer, ceilings)
                         plan = op.dispatcher.plan_for(args)
                         tuned.detail = getattr(getattr(plan, "candidate", None), "label", "") or ""
-                        if tuned.time_us is not None:
+                        if compare and tuned.time_us is not None:
                             _compare(tuned, lambda: op(*args), timed, cand_fns, compile_fn, quick)
                     emit(tuned)
                 except Exception as exc:
@@ -225,7 +289,10 @@ def bench_op(
                         emit(tuned)
             elif timed:
                 best = min(timed, key=lambda r: r.time_us)
-                emit(dataclasses.replace(best, kind=TUNED, variant=label, backend="kg", detail=best.variant))
+                tuned = emit(dataclasses.replace(best, kind=TUNED, variant=label, backend="kg", detail=best.variant))
+            for rival in rivals:
+                if tuned.time_us and rival.time_us:
+                    rival.vs_tuned = tuned.time_us / rival.time_us
             del args, outputs
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()

@@ -3,6 +3,11 @@
 Before every timed call the stream is kept busy for twice the call's host cost, so a call whose
 launch takes the host longer than its kernel takes the GPU is still timed by its kernel alone.
 
+With ``graph=True`` the calls are instead captured into a CUDA graph (as many as fill about a
+millisecond) and the graph is replayed: GPU time back to back, with no host launch cost and a warm
+L2 for inputs that fit in it, the way a model step replayed as a CUDA graph runs them. A callable
+that cannot be captured is timed by per-call events instead (``Timing.method`` says which).
+
 Like ``triton.testing.do_bench`` (which this mirrors rather than calls, because its signature
 differs across Triton releases): a warm-up, a repetition count fitted to a time budget, and an L2
 flush (writing a buffer larger than the cache) between calls, so every call reads its inputs from
@@ -12,6 +17,7 @@ HBM as in a real model step.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import statistics
 import time
 from collections.abc import Callable
@@ -24,6 +30,11 @@ from .._timing._l2 import FLUSH_BYTES, flush_buffer as _flush
 
 __all__ = ["Timing", "measure", "FLUSH_BYTES"]
 
+log = logging.getLogger(__name__)
+
+_REPLAY_TARGET_MS = 1.0  # calls per captured graph chosen so one replay takes about this long
+_MAX_CALLS_PER_GRAPH = 200
+
 
 @dataclasses.dataclass(frozen=True)
 class Timing:
@@ -32,15 +43,16 @@ class Timing:
     p20_us: float
     p80_us: float
     reps: int
+    method: str = "events"  # "events": per-call CUDA events; "graph": CUDA-graph replay
 
 
-def summarize(samples_us: list[float]) -> Timing:
+def summarize(samples_us: list[float], method: str = "events") -> Timing:
     """Median and spread of per-call times (microseconds)."""
     if not samples_us:
         raise ValueError("no timing samples")
     ordered = sorted(samples_us)
     q = lambda f: ordered[min(len(ordered) - 1, int(f * len(ordered)))]  # noqa: E731
-    return Timing(statistics.median(ordered), ordered[0], q(0.2), q(0.8), len(ordered))
+    return Timing(statistics.median(ordered), ordered[0], q(0.2), q(0.8), len(ordered), method)
 
 
 def measure(
@@ -52,15 +64,69 @@ def measure(
     min_reps: int = 5,
     max_reps: int = 500,
     cold_l2: bool = True,
+    graph: bool = False,
 ) -> Timing:
     """Median time of ``fn()`` in microseconds over about ``rep_ms`` of GPU time, measured on
-    ``device`` (the device of the tensors ``fn`` works on; "cuda" is the current one)."""
+    ``device`` (the device of the tensors ``fn`` works on; "cuda" is the current one); by CUDA-graph
+    replay with ``graph=True`` (``cold_l2`` then does not apply)."""
     device = torch.device(device)
     if device.type != "cuda":
         raise RuntimeError("kernelgraft.bench.measure needs a CUDA device")
     # events, the flush buffer and the busy cover follow torch's current device: make it ``device``
     with on_device(device):
+        if graph:
+            timing = _measure_graph(fn, device, warmup_ms, rep_ms, min_reps, max_reps)
+            if timing is not None:
+                return timing
         return _measure(fn, device, warmup_ms, rep_ms, min_reps, max_reps, cold_l2)
+
+
+def _measure_graph(fn, device, warmup_ms, rep_ms, min_reps, max_reps) -> Timing | None:
+    """Per-call times from replays of a CUDA graph of several calls; None if ``fn`` cannot be
+    captured (a host synchronisation, a CPU tensor), so the caller times it eagerly."""
+    fn()  # compile / allocate outside the capture
+    torch.cuda.synchronize(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        fn()
+    end.record()
+    torch.cuda.synchronize(device)
+    # an eager estimate includes launch gaps, so it errs towards fewer calls per graph
+    estimate_ms = max(start.elapsed_time(end) / 3, 1e-3)
+    inner = max(1, min(_MAX_CALLS_PER_GRAPH, int(_REPLAY_TARGET_MS / estimate_ms)))
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream(device)
+    try:
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            fn()  # warm-up on the capture stream, as torch.cuda.graphs advises
+        torch.cuda.current_stream(device).wait_stream(stream)
+        # our own capture stream on ``device`` (torch's default one belongs to the first device
+        # that captured); thread_local, so other threads' CUDA calls are not refused meanwhile
+        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+            for _ in range(inner):
+                fn()
+    except Exception as exc:
+        log.info("CUDA-graph capture failed (%s: %s); timing by per-call events", type(exc).__name__, exc)
+        torch.cuda.synchronize(device)
+        return None
+    deadline = time.perf_counter() + warmup_ms / 1e3
+    graph.replay()
+    while time.perf_counter() < deadline:  # bring the clocks up, as the eager path does
+        graph.replay()
+        torch.cuda.synchronize(device)
+    replay_ms = max(estimate_ms * inner, 1e-3)
+    reps = int(min(max_reps, max(min_reps, rep_ms / replay_ms)))
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for s, e in pairs:
+        s.record()
+        graph.replay()
+        e.record()
+    torch.cuda.synchronize(device)
+    samples = [s.elapsed_time(e) * 1e3 / inner for s, e in pairs]
+    del graph
+    return summarize(samples, "graph")
 
 
 def _measure(fn, device, warmup_ms, rep_ms, min_reps, max_reps, cold_l2) -> Timing:

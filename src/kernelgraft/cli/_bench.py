@@ -15,6 +15,16 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", help="write the full report here (overrides --out)")
     parser.add_argument("--png", help="write the plot here (overrides --out)")
     parser.add_argument("--max-shapes", type=int, help="only the first N benchmark shapes of each op")
+    parser.add_argument("--suite", choices=("short", "llm"), default="short",
+                        help="which shapes: short (default, a few per op) or llm (every regime an LLM meets: "
+                             "decode, prefill, narrow, wide, vocab, skinny GEMMs)")
+    parser.add_argument("--against", action="append", metavar="[OP=]MODULE:FUNCTION",
+                        help="time this peer (same signature as the op) beside it; MODULE a dotted name or a "
+                             ".py path; OP= limits it to one op (repeatable)")
+    parser.add_argument("--timing", choices=("cold", "graph"), default="cold",
+                        help="cold: each call after an L2 flush (default); graph: CUDA-graph replay")
+    parser.add_argument("--dynamic", action="store_true",
+                        help="compile the reference once with dynamic shapes instead of once per shape")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile of the reference")
     parser.add_argument("--no-tune", action="store_true", help="skip the autotuned op")
     parser.add_argument("--all-candidates", action="store_true", help="list every candidate in the table")
@@ -41,6 +51,13 @@ def run(args) -> int:
         return 0 if why is None else 1
     if not args.target:
         print("kernelgraft bench: give a TARGET (a .py file or module defining ops), or --replot JSON")
+        return 2
+    from ..bench._peers import parse_peer
+
+    try:  # before the GPU check: a typo in a peer is reported anywhere
+        peers = [parse_peer(spec) for spec in args.against or ()]
+    except ValueError as exc:
+        print(f"kernelgraft bench --against: {exc}")
         return 2
     import torch
 
@@ -72,5 +89,6 @@ def run(args) -> int:
     rows, _ = run_benchmarks(
         ops, json_path=json_path, png_path=png_path, compile=not args.no_compile,
         tune=not args.no_tune, max_shapes=args.max_shapes, all_candidates=args.all_candidates,
+        suite=args.suite, peers=peers, timing=args.timing, dynamic=args.dynamic,
     )
     return 0 if any(r.time_us for r in rows) else 1

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 import kernelgraft as kg
+from kernelgraft.bench import cases
 
 from ._elementwise import launch_binary_cuda
 
@@ -97,13 +98,17 @@ def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
         yield (torch.randn(33, 97, device=device, dtype=dt), torch.randn(33, 97, device=device, dtype=dt))
 
 
-def bench_inputs(device: str = "cuda"):
-    """Sizes for ``kernelgraft bench``: 2^16 to 2^28 bf16 elements (the largest fill the H200)."""
-    for n in (1 << 16, 1 << 20, 1 << 24, 1 << 28):
-        yield (
-            torch.randn(n, device=device, dtype=torch.bfloat16),
-            torch.randn(n, device=device, dtype=torch.bfloat16),
-        )
+# Shapes for ``kernelgraft bench`` (kernelgraft.bench._suite): flat bf16 element counts.
+BENCH_SHAPES = {
+    "short": {"elementwise": [(1 << 16,), (1 << 20,), (1 << 24,), (1 << 28,)]},
+    "llm": {"elementwise": [(4096,), (64 * 4096,), (4096 * 4096,), (32768 * 8192,)]},
+}
+
+
+def bench_inputs(device: str = "cuda", suite: str = "short"):
+    """Sizes for ``kernelgraft bench``: 2^12 to 2^28 bf16 elements (the largest fill the H200)."""
+    return cases(BENCH_SHAPES, suite, lambda n: (torch.randn(n, device=device, dtype=torch.bfloat16),
+                                                torch.randn(n, device=device, dtype=torch.bfloat16)))
 
 
 @kg.op(

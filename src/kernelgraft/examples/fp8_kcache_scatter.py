@@ -48,6 +48,7 @@ import triton
 import triton.language as tl
 
 import kernelgraft as kg
+from kernelgraft.bench import cases
 from kernelgraft.backends._triton import interpreting
 
 FP8_MAX = 448.0
@@ -363,19 +364,33 @@ def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.bfloat16):
     yield (k, cache, slots, 128, "")
 
 
-def bench_inputs(device: str = "cuda"):
-    """Prefill-sized scatters of DeepSeek-V3.2 indexer keys (head_dim 128, page of 64 tokens).
+# Shapes for ``kernelgraft bench`` (kernelgraft.bench._suite): tokens scattered per call.
+BENCH_SHAPES = {
+    "short": {"prefill": [(256,), (4096,), (32768,), (131072,), (524288,)]},
+    "llm": {"decode": [(1,), (16,), (64,)], "prefill": [(4096,), (32768,), (131072,)]},
+}
 
-    Slots as a prefill produces them: each sequence's tokens fill its pages in order, the pages
-    come from anywhere in a cache twice the needed size (a random block table)."""
-    for n_tokens in (256, 4096, 32768, 131072, 524288):
-        num_blocks = 2 * n_tokens // 64
-        cache = torch.zeros(num_blocks, 64, 132, dtype=torch.uint8, device=device)
+
+def _bench_case(n_tokens, device="cuda"):
+    """DeepSeek-V3.2 indexer keys (head_dim 128, pages of 64 tokens) in a cache of at least 1024
+    pages. A prefill fills each sequence's pages in order, the pages from anywhere in the cache (a
+    random block table); a decode batch writes one token to each of several sequences' pages."""
+    num_blocks = max(2 * n_tokens // 64, 1024)
+    cache = torch.zeros(num_blocks, 64, 132, dtype=torch.uint8, device=device)
+    if n_tokens >= 256:  # a prefill's tokens
         pages = torch.randperm(num_blocks, device=device)[: n_tokens // 64]
         t = torch.arange(n_tokens, device=device)
         slots = pages[t // 64] * 64 + t % 64
-        k = torch.randn(n_tokens, 128, device=device, dtype=torch.bfloat16)
-        yield (k, cache, slots, 128, "ue8m0")
+    else:  # a decode batch: one token for each of n_tokens sequences
+        pages = torch.randperm(num_blocks, device=device)[:n_tokens]
+        slots = pages * 64 + torch.randint(0, 64, (n_tokens,), device=device)
+    k = torch.randn(n_tokens, 128, device=device, dtype=torch.bfloat16)
+    return (k, cache, slots, 128, "ue8m0")
+
+
+def bench_inputs(device: str = "cuda", suite: str = "short"):
+    """Decode- and prefill-sized scatters of DeepSeek-V3.2 indexer keys, by regime."""
+    return cases(BENCH_SHAPES, suite, lambda n: _bench_case(n, device))
 
 
 def cost(k, kv_cache, slot_mapping, quant_block_size, scale_fmt):

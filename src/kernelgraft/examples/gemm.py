@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 import kernelgraft as kg
+from kernelgraft.bench import cases
 
 
 @triton.jit
@@ -276,12 +277,25 @@ def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.bfloat16):
         yield (torch.randn(m, k, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype))
 
 
-def bench_inputs(device: str = "cuda"):
-    """Sizes for ``kernelgraft bench``: decode, LLM projections and square, bf16 (M, N, K)."""
-    for m, n, k in [(16, 4096, 4096), (128, 4096, 11008), (2048, 11008, 4096), (4096, 4096, 4096),
-                    (8192, 8192, 8192)]:
-        yield (torch.randn(m, k, device=device, dtype=torch.bfloat16),
-               torch.randn(k, n, device=device, dtype=torch.bfloat16))
+# Shapes for ``kernelgraft bench`` (kernelgraft.bench._suite): (M, N, K) bf16. Llama-3 8B's
+# layers: qkv (6144, 4096), o (4096, 4096), gate+up (28672, 4096), down (4096, 14336); 70B's qkv
+# (10240, 8192) and down (8192, 28672).
+_LLAMA_NK = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
+_LLAMA70_NK = [(10240, 8192), (8192, 28672)]
+BENCH_SHAPES = {
+    "short": {"skinny": [(16, 4096, 4096)], "gemm": [(128, 4096, 11008), (2048, 11008, 4096), (4096, 4096, 4096),
+                                                    (8192, 8192, 8192)]},
+    "llm": {
+        "skinny": [(m, n, k) for m in (1, 16) for n, k in _LLAMA_NK] + [(16, n, k) for n, k in _LLAMA70_NK],
+        "gemm": [(4096, n, k) for n, k in _LLAMA_NK + _LLAMA70_NK],
+    },
+}
+
+
+def bench_inputs(device: str = "cuda", suite: str = "short"):
+    """Sizes for ``kernelgraft bench``: skinny decode GEMMs and Llama projections, bf16 (M, N, K)."""
+    return cases(BENCH_SHAPES, suite, lambda m, n, k: (torch.randn(m, k, device=device, dtype=torch.bfloat16),
+                                                      torch.randn(k, n, device=device, dtype=torch.bfloat16)))
 
 
 def cost(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 import kernelgraft as kg
+from kernelgraft.bench import cases
 
 
 @triton.jit
@@ -51,6 +52,57 @@ TRITON = kg.triton(
         {"num_warps": 16, "min_block": 1024},
     ],
     supports=_fits,
+)
+
+@triton.jit
+def _rmsnorm_rows_kernel(x_ptr, w_ptr, out_ptr, n_rows, n_cols, eps, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    # ROWS rows per program: a row of 64-256 elements is too little work for a program of its
+    # own (per-head QK norm launches tens of thousands of them), as Liger-Kernel's block kernel does.
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK)
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    offs = rows[:, None] * n_cols + cols[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)
+    y = x * rstd[:, None] * w[None, :]
+    tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def launch_rmsnorm_rows(x, weight, eps, out, *, rows_per_program, num_warps):
+    n_cols = x.shape[-1]
+    n_rows = x.numel() // n_cols if n_cols else 0
+    block = triton.next_power_of_2(max(n_cols, 1))
+    _rmsnorm_rows_kernel[(triton.cdiv(n_rows, rows_per_program),)](
+        x, weight, out, n_rows, n_cols, eps, ROWS=rows_per_program, BLOCK=block, num_warps=num_warps
+    )
+
+
+ROWS_TILE = 8192  # elements per program (rows x padded width): 64 fp32 registers a thread at 4 warps
+
+
+def _fits_rows(x, weight, eps, *, rows_per_program=1, **config):
+    """Narrow rows only: a block of rows must fit one program's tile, and a row wider than 1024
+    elements already gives one program enough work (the one-row kernels serve it)."""
+    if weight.shape != x.shape[-1:]:
+        return f"weight shape {tuple(weight.shape)} does not match x's last dim {x.shape[-1]}"
+    width = triton.next_power_of_2(max(x.shape[-1], 1))
+    if x.shape[-1] > 1024 or rows_per_program * width > ROWS_TILE:
+        return (f"{rows_per_program} rows of {x.shape[-1]} elements exceed this config's tile of {ROWS_TILE} "
+                "(the block-of-rows kernel serves rows of at most 1024 elements)")
+    return True
+
+
+TRITON_ROWS = kg.triton(
+    launch_rmsnorm_rows,
+    configs=[
+        {"rows_per_program": 4, "num_warps": 4},
+        {"rows_per_program": 16, "num_warps": 4},
+        {"rows_per_program": 32, "num_warps": 8},
+        {"rows_per_program": 64, "num_warps": 8},
+    ],
+    supports=_fits_rows,
+    name="rmsnorm_rows",
 )
 
 _CUDA_SOURCE = r"""
@@ -110,7 +162,7 @@ CUDA = kg.cuda(
     supports=_fits_cuda,
 )
 
-IMPLS = [TRITON, CUDA]
+IMPLS = [TRITON, CUDA, TRITON_ROWS]
 
 # cuTile and CuTe DSL versions join when those packages are installed (examples/_cute_kernels.py).
 from ._cute_kernels import CUTEDSL_IMPLS, CUTILE_IMPLS  # noqa: E402
@@ -119,7 +171,8 @@ IMPLS += [impls['rmsnorm'] for impls in (CUTILE_IMPLS, CUTEDSL_IMPLS) if 'rmsnor
 
 
 def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
-    for rows, cols in [(1, 1), (1, 7), (5, 64), (3, 1000), (17, 4096), (2, 131)]:
+    # (70, 64) and (33, 128): narrow rows over several blocks of rows, the last one partial
+    for rows, cols in [(1, 1), (1, 7), (5, 64), (3, 1000), (17, 4096), (2, 131), (70, 64), (33, 128)]:
         yield (
             torch.randn(rows, cols, device=device, dtype=dtype),
             torch.randn(cols, device=device, dtype=dtype),
@@ -130,14 +183,30 @@ def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
         yield (torch.randn(9, 768, device=device, dtype=dt), torch.randn(768, device=device, dtype=dt), 1e-6)
 
 
-def bench_inputs(device: str = "cuda"):
-    """LLM-like (tokens, hidden) bf16 activations for ``kernelgraft bench``."""
-    for rows, cols in ((512, 4096), (4096, 4096), (16384, 4096), (32768, 8192)):
-        yield (
-            torch.randn(rows, cols, device=device, dtype=torch.bfloat16),
-            torch.randn(cols, device=device, dtype=torch.bfloat16),
-            1e-6,
-        )
+# Shapes for ``kernelgraft bench`` (kernelgraft.bench._suite): (rows, hidden) bf16 activations.
+BENCH_SHAPES = {
+    "short": {"prefill": [(512, 4096), (4096, 4096), (16384, 4096), (32768, 8192)]},
+    "llm": {
+        "decode": [(1, 4096), (16, 4096), (64, 8192)],
+        "prefill": [(4096, 4096), (16384, 4096), (32768, 4096)],
+        # per-head QK norm: tokens x heads rows of head_dim
+        "narrow": [(32768, 64), (65536, 128), (262144, 128), (65536, 256)],
+        "wide": [(64, 16384), (4096, 16384), (16384, 8192), (32768, 8192)],
+    },
+}
+
+
+def _bench_case(rows, cols, device="cuda"):
+    return (
+        torch.randn(rows, cols, device=device, dtype=torch.bfloat16),
+        torch.randn(cols, device=device, dtype=torch.bfloat16),
+        1e-6,
+    )
+
+
+def bench_inputs(device: str = "cuda", suite: str = "short"):
+    """LLM-like (tokens, hidden) bf16 activations for ``kernelgraft bench``, by regime."""
+    return cases(BENCH_SHAPES, suite, lambda rows, cols: _bench_case(rows, cols, device))
 
 
 @kg.op(

@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 import kernelgraft as kg
+from kernelgraft.bench import cases
 
 
 @triton.jit
@@ -176,15 +177,29 @@ def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
         )
 
 
-def bench_inputs(device: str = "cuda"):
-    """Benchmark shapes: tokens x hidden 4096 in bf16, from a decode batch to 2^27 elements."""
-    for rows in (64, 512, 2048, 8192, 32768):
-        yield (
-            torch.randn(rows, 4096, device=device, dtype=torch.bfloat16),
-            torch.randn(rows, 4096, device=device, dtype=torch.bfloat16),
-            torch.randn(4096, device=device, dtype=torch.bfloat16),
-            1e-6,
-        )
+# Shapes for ``kernelgraft bench`` (kernelgraft.bench._suite): (tokens, hidden) bf16 x and residual.
+BENCH_SHAPES = {
+    "short": {"prefill": [(64, 4096), (512, 4096), (2048, 4096), (8192, 4096), (32768, 4096)]},
+    "llm": {
+        "decode": [(1, 4096), (16, 4096), (64, 8192)],
+        "prefill": [(4096, 4096), (16384, 4096), (32768, 4096)],
+        "wide": [(64, 16384), (4096, 16384), (16384, 8192), (32768, 8192)],
+    },
+}
+
+
+def _bench_case(rows, cols, device="cuda"):
+    return (
+        torch.randn(rows, cols, device=device, dtype=torch.bfloat16),
+        torch.randn(rows, cols, device=device, dtype=torch.bfloat16),
+        torch.randn(cols, device=device, dtype=torch.bfloat16),
+        1e-6,
+    )
+
+
+def bench_inputs(device: str = "cuda", suite: str = "short"):
+    """Benchmark shapes: tokens x hidden in bf16, by regime (decode batch to 2^28 elements)."""
+    return cases(BENCH_SHAPES, suite, lambda rows, cols: _bench_case(rows, cols, device))
 
 
 def add_rmsnorm_pattern(x, residual, weight, eps):

@@ -1,7 +1,9 @@
 """Softmax over the last dimension, accumulated in float32, returned in the input's dtype.
 
-Two Triton kernels: a one-pass kernel that holds whole rows in registers (several rows per program
-for narrow rows), and an online-softmax kernel that streams rows of any length in chunks. Three
+Three Triton kernels: a one-pass kernel that holds whole rows in registers (several rows per program
+for narrow rows), an online-softmax kernel that streams rows of any length in chunks, and a
+split-row kernel pair that spreads each of a few very wide rows (one token's logits over a 152K
+vocabulary) across many programs. Three
 CUDA C++ kernels live in ``_softmax_cuda``: one block per row, a Hopper thread-block cluster per
 row, and persistent blocks streaming rows through shared memory (for vocab-wide rows).
 
@@ -19,6 +21,7 @@ import triton
 import triton.language as tl
 
 import kernelgraft as kg
+from kernelgraft.bench import cases
 
 from ._softmax_cuda import CUDA, CUDA_CLUSTER, CUDA_ROW_REGS, CUDA_ROW_TMA, CUDA_STREAM, _fits_nonempty, _nonempty, _rows_cols
 
@@ -65,6 +68,80 @@ def _softmax_online_kernel(x_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
         tl.store(out_ptr + base + start + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _softmax_split_stats_kernel(x_ptr, stats_ptr, n_cols, CHUNK, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+    # Pass 1 of the split-row softmax: program (row, split) reduces columns
+    # [split * CHUNK, (split + 1) * CHUNK) to its max m and sum(exp(x - m)), both float32.
+    row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    base = row * n_cols
+    cols = tl.arange(0, BLOCK)
+    m = tl.max(tl.full([BLOCK], -float("inf"), tl.float32), axis=0)
+    d = tl.zeros([BLOCK], tl.float32)
+    for start in range(split * CHUNK, tl.minimum((split + 1) * CHUNK, n_cols), BLOCK):
+        mask = start + cols < n_cols
+        x = tl.load(x_ptr + base + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        alive = m_new != -float("inf")  # while all seen are -inf the sum stays 0 (not nan)
+        d = d * tl.where(alive, tl.exp(m - m_new), 0.0) + tl.where(alive, tl.exp(x - m_new), 0.0)
+        m = m_new
+    # stats[row, split] = (m, sum): a split past the row's end stores (-inf, 0)
+    tl.store(stats_ptr + (row * SPLITS + split) * 2, m)
+    tl.store(stats_ptr + (row * SPLITS + split) * 2 + 1, tl.sum(d, axis=0))
+
+
+@triton.jit
+def _softmax_split_write_kernel(x_ptr, stats_ptr, out_ptr, n_cols, CHUNK, SPLITS: tl.constexpr,
+                                BLOCK: tl.constexpr):
+    # Pass 2: every program combines its row's SPLITS partial results in the same order (so the
+    # result does not depend on which program ran first: deterministic, no atomics) and writes its
+    # own chunk.
+    row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    parts = tl.arange(0, SPLITS)
+    pm = tl.load(stats_ptr + (row * SPLITS + parts) * 2)
+    ps = tl.load(stats_ptr + (row * SPLITS + parts) * 2 + 1)
+    m = tl.max(pm, axis=0)
+    # an all -inf row gives m = -inf and 0 / 0 = nan below, as the reference does
+    inv = 1.0 / tl.sum(tl.where(ps > 0, ps * tl.exp(pm - m), 0.0), axis=0)
+    base = row * n_cols
+    cols = tl.arange(0, BLOCK)
+    for start in range(split * CHUNK, tl.minimum((split + 1) * CHUNK, n_cols), BLOCK):
+        mask = start + cols < n_cols
+        x = tl.load(x_ptr + base + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        y = tl.exp(x - m) * inv
+        tl.store(out_ptr + base + start + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def launch_softmax_split(x, out, *, splits, BLOCK, num_warps):
+    n_rows, n_cols = _rows_cols(x)
+    # chunks of whole BLOCKs, so only a row's last block is masked
+    chunk = triton.cdiv(triton.cdiv(n_cols, splits), BLOCK) * BLOCK
+    # Two launches and a small float32 workspace (rows x splits x 2): stream-ordered, so safe to
+    # capture in a CUDA graph; the plan stays in Python (kernelgraft._native replays one launch).
+    stats = torch.empty(n_rows * splits * 2, device=x.device, dtype=torch.float32)
+    grid = (n_rows, splits)
+    _softmax_split_stats_kernel[grid](x, stats, n_cols, chunk, SPLITS=splits, BLOCK=BLOCK, num_warps=num_warps)
+    _softmax_split_write_kernel[grid](x, stats, out, n_cols, chunk, SPLITS=splits, BLOCK=BLOCK, num_warps=num_warps)
+
+
+SPLIT_MAX_ROWS = 64
+
+
+def _fits_split(x, *, splits=1, BLOCK=1024, **config):
+    """Few, wide rows: rows x splits programs only pay off while the rows alone cannot fill the
+    GPU (at most SPLIT_MAX_ROWS rows) and each split gets at least one full BLOCK."""
+    why = _nonempty(x)
+    if why:
+        return why
+    n_rows, n_cols = _rows_cols(x)
+    if n_rows > SPLIT_MAX_ROWS:
+        return f"{n_rows} rows: the split-row kernel serves at most {SPLIT_MAX_ROWS} rows (more fill the GPU one per program)"
+    if n_cols < splits * BLOCK:
+        return f"rows of {n_cols} elements are shorter than {splits} splits of {BLOCK}"
+    return True
+
+
 def launch_softmax_rows(x, out, *, rows_per_program, num_warps):
     n_rows, n_cols = _rows_cols(x)
     block = triton.next_power_of_2(max(n_cols, 1))
@@ -109,11 +186,24 @@ TRITON_ONLINE = kg.triton(
     name="softmax_online",
 )
 
+TRITON_SPLIT = kg.triton(
+    launch_softmax_split,
+    # 4-8 splits for tens of rows (decode attention scores of 4K-32K keys, a batch's logits), up to
+    # 256 for a single row: the H200's 132 SMs want ~100+ programs
+    configs=[{"splits": 4, "BLOCK": 1024, "num_warps": 4}, {"splits": 8, "BLOCK": 1024, "num_warps": 4},
+             {"splits": 4, "BLOCK": 4096, "num_warps": 8}, {"splits": 8, "BLOCK": 2048, "num_warps": 8},
+             {"splits": 16, "BLOCK": 2048, "num_warps": 8}, {"splits": 32, "BLOCK": 1024, "num_warps": 4},
+             {"splits": 64, "BLOCK": 1024, "num_warps": 4}, {"splits": 128, "BLOCK": 512, "num_warps": 4},
+             {"splits": 256, "BLOCK": 512, "num_warps": 4}],
+    supports=_fits_split,
+    name="softmax_split",
+)
+
 # Within the tuner's 1% tie margin the impl listed first wins: the bulk-copy kernel before the
 # register one. It is 5-7% faster per launch from a cold L2 on the H200, yet the tuner, which
 # replays launches back to back, once chose the register kernel (benchmarks/results/
 # 2026-11-30-h200-s4/SUMMARY.md).
-IMPLS = [TRITON_ROWS, TRITON_ONLINE, CUDA, CUDA_CLUSTER, CUDA_STREAM, CUDA_ROW_TMA, CUDA_ROW_REGS]
+IMPLS = [TRITON_ROWS, TRITON_ONLINE, CUDA, CUDA_CLUSTER, CUDA_STREAM, CUDA_ROW_TMA, CUDA_ROW_REGS, TRITON_SPLIT]
 
 
 def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
@@ -131,16 +221,32 @@ def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
     wide = torch.randn(3, 32768, device=device, dtype=torch.bfloat16)
     wide[1, 5000:] = float("-inf")
     yield (wide,)
+    # one very wide row split across programs, more splits than the row fills (empty chunks)
+    yield (torch.randn(1, 40000, device=device, dtype=dtype) * 5,)
     yield (torch.randn(4, 6144, device=device, dtype=torch.float16) * 10,)
     # more rows than an H200 has SMs: the streaming kernel's blocks each walk several rows
     yield (torch.randn(140, 8200, device=device, dtype=torch.float32),)
 
 
-def bench_inputs(device: str = "cuda"):
-    """Attention-score-like rows: (rows, 4096) bf16 from 2^18 to 2^27 elements, plus a 32k vocab."""
-    for rows in (64, 512, 4096, 32768):
-        yield (torch.randn(rows, 4096, device=device, dtype=torch.bfloat16),)
-    yield (torch.randn(2048, 32768, device=device, dtype=torch.bfloat16),)
+# Shapes for ``kernelgraft bench`` (kernelgraft.bench._suite): (rows, cols) bf16.
+BENCH_SHAPES = {
+    "short": {"attention": [(64, 4096), (512, 4096), (4096, 4096), (32768, 4096)], "vocab": [(2048, 32768)]},
+    "llm": {
+        # one decode token: heads x KV length; a prefill: heads x queries rows
+        "attention": [(32, 4096), (64, 32768), (4096, 4096), (32768, 1024), (32768, 4096)],
+        # MoE routers and short score rows
+        "narrow": [(4096, 128), (32768, 128), (16384, 256)],
+        # sampling over a vocabulary: Llama-2 32000, Llama-3 128256, Qwen 151936, Gemma 256000
+        "vocab": [(1, 32000), (1, 128256), (1, 151936), (1, 256000), (16, 151936), (64, 128256),
+                  (2048, 32768), (1024, 128256)],
+    },
+}
+
+
+def bench_inputs(device: str = "cuda", suite: str = "short"):
+    """Attention-score, router and vocabulary rows in bf16 for ``kernelgraft bench``, by regime."""
+    return cases(BENCH_SHAPES, suite,
+                 lambda rows, cols: (torch.randn(rows, cols, device=device, dtype=torch.bfloat16),))
 
 
 @kg.op(

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 import kernelgraft as kg
+from kernelgraft.bench import cases
 
 from ._elementwise import launch_binary_cuda
 
@@ -106,13 +107,28 @@ def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
         yield (torch.randn(33, 97, device=device, dtype=dt) * 3, torch.randn(33, 97, device=device, dtype=dt))
 
 
-def bench_inputs(device: str = "cuda"):
+# Shapes for ``kernelgraft bench`` (kernelgraft.bench._suite): (tokens, intermediate) bf16 gate
+# and up; intermediate sizes of Llama-2 7B (11008), Llama-3 8B (14336), 70B (28672), 405B (53248).
+BENCH_SHAPES = {
+    "short": {"prefill": [(16, 4096), (1024, 11008), (8192, 11008), (32768, 14336)]},
+    "llm": {
+        "decode": [(1, 14336), (16, 14336), (64, 28672)],
+        "prefill": [(4096, 14336), (16384, 14336), (32768, 14336)],
+        "wide": [(4096, 28672), (16384, 53248)],
+    },
+}
+
+
+def _bench_case(tokens, inter, device="cuda"):
+    return (
+        torch.randn(tokens, inter, device=device, dtype=torch.bfloat16) * 3,
+        torch.randn(tokens, inter, device=device, dtype=torch.bfloat16),
+    )
+
+
+def bench_inputs(device: str = "cuda", suite: str = "short"):
     """Sizes for ``kernelgraft bench``: (tokens, intermediate) bf16, decode to long prefill."""
-    for tokens, inter in [(16, 4096), (1024, 11008), (8192, 11008), (32768, 14336)]:
-        yield (
-            torch.randn(tokens, inter, device=device, dtype=torch.bfloat16) * 3,
-            torch.randn(tokens, inter, device=device, dtype=torch.bfloat16),
-        )
+    return cases(BENCH_SHAPES, suite, lambda tokens, inter: _bench_case(tokens, inter, device))
 
 
 @kg.op(

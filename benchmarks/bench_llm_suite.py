@@ -1,0 +1,284 @@
+"""Every example op on the LLM shape suite: tuned op vs torch eager, torch.compile and Liger-Kernel.
+
+For every op and every shape of its ``BENCH_SHAPES["llm"]`` (kernelgraft.bench._suite: decode,
+prefill, narrow, wide and vocab rows, skinny and prefill GEMMs, FP8 cache scatters) this times, by
+CUDA-graph replay through ``kernelgraft.bench`` (the timer ``kernelgraft bench --timing graph``
+uses), the tuned op, its eager reference, ``torch.compile`` of the reference (one dynamic-shape
+compile per op unless ``--compile static``) and Liger-Kernel where it has the op
+(``benchmarks/peers.py``). It reports op / min(eager, compile) and op / Liger per shape, the worst
+five of each, and the achieved bandwidth of memory-bound ops at their largest shape against the
+copy bandwidth measured at the start.
+
+    python benchmarks/bench_llm_suite.py --out $OUT            # the whole suite (~5 min on an H200)
+    python benchmarks/bench_llm_suite.py --quick               # a shape per regime + the known gaps
+    python benchmarks/bench_llm_suite.py --dry-run [--quick]   # list the shapes; no GPU needed
+
+Writes ``llm_suite.json`` (every row in kernelgraft's bench schema plus the summary) and
+``llm_suite.md`` (the tables) under ``--out`` (else $OUT, else benchmarks/results/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import math
+import os
+import sys
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from kernelgraft.bench import Row, shape_plan  # noqa: E402
+from kernelgraft.bench._run import COMPILE, EAGER, PEER, TUNED  # noqa: E402
+
+MODULES = ("rmsnorm", "rmsnorm_residual", "softmax", "swiglu", "fp8_kcache_scatter", "add_relu", "gemm")
+COMPUTE_BOUND = {"kgexamples::gemm"}
+# shapes --quick adds to the first of each regime: the gaps measured before the suite existed
+QUICK_EXTRA = {
+    "rmsnorm": [(65536, 128), (16384, 8192)],
+    "softmax": [(1, 151936), (64, 128256)],
+}
+LIMITS = {"vs_torch": 1.02, "vs_liger": 1.05, "bandwidth": 0.90}  # issue 18's bar
+
+
+def plan(quick: bool, only: Sequence[str] = ()) -> list[tuple[str, str, tuple]]:
+    """``[(module, regime, dims)]`` of the run: the whole llm suite, or for ``quick`` the first
+    shape of each regime plus QUICK_EXTRA."""
+    out = []
+    for name in MODULES:
+        if only and not any(s in name for s in only):
+            continue
+        module = importlib.import_module(f"kernelgraft.examples.{name}")
+        shapes = shape_plan(module.BENCH_SHAPES, "llm")
+        if quick:
+            firsts = {}
+            for regime, dims in shapes:
+                firsts.setdefault(regime, dims)
+            keep = set(firsts.values()) | set(QUICK_EXTRA.get(name, ()))
+            shapes = [(r, d) for r, d in shapes if d in keep]
+        out += [(name, regime, dims) for regime, dims in shapes]
+    return out
+
+
+def input_megabytes(name: str, dims: tuple) -> float:
+    """Megabytes of the shape's tensors, built on the meta device (nothing allocated)."""
+    module = importlib.import_module(f"kernelgraft.examples.{name}")
+    for case in module.bench_inputs("meta", suite="llm"):
+        if case.dims == dims:
+            return sum(t.numel() * t.element_size() for t in case if isinstance(t, torch.Tensor)) / 1e6
+    raise KeyError(f"{name}: no llm shape {dims}")
+
+
+def dry_run(shapes: list[tuple[str, str, tuple]]) -> str:
+    lines = ["| op | regime | dims | inputs MB |", "| --- | --- | --- | ---: |"]
+    lines += [f"| {n} | {r} | {'x'.join(map(str, d))} | {input_megabytes(n, d):.1f} |" for n, r, d in shapes]
+    lines.append(f"\n{len(shapes)} shapes")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------ summary
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def summarize(rows: Iterable[Row], copy_gbps: float | None) -> dict:
+    """Per shape: tuned, eager, compile and peer times with op/min(eager, compile) and op/peer;
+    the worst five of each ratio; bandwidth of memory-bound ops at their largest shape."""
+    shapes: dict[tuple[str, int], dict] = {}
+    for r in rows:
+        entry = shapes.setdefault((r.op, r.size), {"op": r.op, "shape": r.shape, "regime": r.regime,
+                                                    "bytes": r.bytes, "peers": {}})
+        if r.kind == TUNED:
+            entry.update(tuned_us=r.time_us, choice=r.detail, tuned_error=r.error, bw_frac=r.bw_frac,
+                         gbps=r.gbps, h2h_vs_compile=r.vs_compile)
+        elif r.kind == EAGER:
+            entry["eager_us"] = r.time_us
+        elif r.kind == COMPILE:
+            entry["compile_us"] = r.time_us
+        elif r.kind == PEER:
+            entry["peers"][r.variant.removeprefix("peer: ")] = r.time_us
+            if r.detail:
+                entry["peer_note"] = r.detail
+    table = []
+    for entry in shapes.values():
+        torch_best = min((t for t in (entry.get("eager_us"), entry.get("compile_us")) if t), default=None)
+        entry["vs_torch"] = _ratio(entry.get("tuned_us"), torch_best)
+        liger = entry["peers"].get("liger")
+        entry["vs_liger"] = _ratio(entry.get("tuned_us"), liger)
+        table.append(entry)
+
+    def worst(key: str) -> list[dict]:
+        have = [e for e in table if e.get(key) is not None]
+        return sorted(have, key=lambda e: -e[key])[:5]
+
+    bandwidth = []
+    for op in dict.fromkeys(e["op"] for e in table):
+        if op in COMPUTE_BOUND:
+            continue
+        timed = [e for e in table if e["op"] == op and e.get("tuned_us") and e["bytes"] == e["bytes"]]
+        if timed:
+            big = max(timed, key=lambda e: e["bytes"])
+            bandwidth.append({"op": op, "shape": big["shape"], "gbps": big.get("gbps"),
+                              "fraction": big.get("bw_frac"), "copy_gbps": copy_gbps})
+    failures = [e for e in table if e.get("tuned_us") is None]
+    return {
+        "limits": LIMITS,
+        "shapes": table,
+        "worst_vs_torch": worst("vs_torch"),
+        "worst_vs_liger": worst("vs_liger"),
+        "bandwidth": bandwidth,
+        "over_limit": {
+            "vs_torch": sum(1 for e in table if (e.get("vs_torch") or 0) > LIMITS["vs_torch"]),
+            "vs_liger": sum(1 for e in table if (e.get("vs_liger") or 0) > LIMITS["vs_liger"]),
+            "bandwidth": sum(1 for b in bandwidth if (b["fraction"] or 0) < LIMITS["bandwidth"]),
+            "failed": len(failures),
+        },
+    }
+
+
+def _us(v: float | None) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.2f}"
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}x"
+
+
+def _others(peers: dict) -> str:
+    return ", ".join(f"{name} {_us(t)}" for name, t in peers.items() if name != "liger") or "-"
+
+
+def _gbps(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}"
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1%}"
+
+
+def markdown(summary: dict) -> str:
+    """The tables: every shape, the worst five of each ratio, bandwidth at the largest shapes."""
+    head = ("| op | regime | inputs | tuned us | choice | eager us | compile us | liger us | other peers us | "
+            "op/min(torch) | op/liger |")
+    lines = ["## Every shape (GPU time by CUDA-graph replay)", "", head, "|" + " --- |" * 11]
+    for e in summary["shapes"]:
+        lines.append(
+            f"| {e['op'].split('::')[-1]} | {e['regime']} | {e['shape']} | {_us(e.get('tuned_us'))} | "
+            f"{e.get('choice') or e.get('tuned_error') or '-'} | {_us(e.get('eager_us'))} | "
+            f"{_us(e.get('compile_us'))} | {_us(e['peers'].get('liger'))} | {_others(e['peers'])} | "
+            f"{_x(e.get('vs_torch'))} | "
+            f"{_x(e.get('vs_liger'))} |")
+    for key, title in (("worst_vs_torch", f"op / min(eager, compile), limit {LIMITS['vs_torch']}x"),
+                       ("worst_vs_liger", f"op / Liger-Kernel, limit {LIMITS['vs_liger']}x")):
+        lines += ["", f"## Worst five: {title}", "", "| op | inputs | ratio |", "| --- | --- | ---: |"]
+        lines += [f"| {e['op'].split('::')[-1]} | {e['shape']} | {_x(e[key.removeprefix('worst_')])} |"
+                  for e in summary[key]]
+    lines += ["", f"## Bandwidth at the largest shape (limit {LIMITS['bandwidth']:.0%} of measured copy)", "",
+              "| op | inputs | GB/s | of copy |", "| --- | --- | ---: | ---: |"]
+    lines += [f"| {b['op'].split('::')[-1]} | {b['shape']} | {_gbps(b['gbps'])} | {_pct(b['fraction'])} |"
+              for b in summary["bandwidth"]]
+    over = summary["over_limit"]
+    lines += ["", f"Over the limits: {over['vs_torch']} shapes vs torch, {over['vs_liger']} vs Liger, "
+                  f"{over['bandwidth']} ops under the bandwidth bar; {over['failed']} shapes without a tuned time."]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------ GPU run
+def _until(deadline: float, cases: Iterator, skipped: list, name: str) -> Iterator:
+    """Yield ``cases`` until ``deadline`` (time.monotonic), then record the rest as skipped."""
+    for case in cases:
+        if time.monotonic() > deadline:
+            skipped.append(f"{name} {case.regime} {case.dims}")
+            continue
+        yield case
+
+
+def run(args) -> int:
+    from _common import environment
+
+    from kernelgraft.bench import bench_op, measure, measure_ceilings, write_json
+    from kernelgraft.bench._report import document
+    from kernelgraft.bench._peers import peers_for
+
+    import peers as peer_module
+
+    os.environ.setdefault("KERNELGRAFT_PRUNE", "1")  # the GEMM's 30 configs pruned to a few per shape
+    why = peer_module.available()
+    liger = not (why or args.no_liger)
+    peers = {op: [p for p in fns if liger or getattr(p, "peer_name", "") != "liger"]
+             for op, fns in peer_module.PEERS.items()}
+    if why and not args.no_liger:
+        print(f"no Liger-Kernel peers: {why}")
+    shapes = plan(args.quick, args.op or ())
+    wanted: dict[str, set] = {}
+    for name, _, dims in shapes:
+        wanted.setdefault(name, set()).add(dims)
+    print("measuring ceilings ...", flush=True)
+    ceilings = measure_ceilings("cuda")
+    print(f"  copy {ceilings.copy_gbps:.0f} GB/s, bf16 GEMM {ceilings.bf16_tflops:.0f} TFLOP/s", flush=True)
+    deadline = time.monotonic() + args.time_limit
+    timer = lambda fn: measure(fn, graph=True, warmup_ms=30.0, rep_ms=40.0)  # noqa: E731
+    rows, skipped = [], []
+    out = Path(args.out or os.environ.get("OUT") or HERE / "results")
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    for name, dims_set in wanted.items():
+        module = importlib.import_module(f"kernelgraft.examples.{name}")
+        op = getattr(module, name)
+        cases = (c for c in module.bench_inputs("cuda", suite="llm") if c.dims in dims_set)
+        t0 = time.monotonic()
+        try:
+            rows += bench_op(op, _until(deadline, cases, skipped, name), ceilings=ceilings, timer=timer,
+                             compile=args.compile != "off", dynamic=args.compile == "dynamic",
+                             peers=peers_for(op.name, peers), timing="graph", candidates=False, untuned=False,
+                             compare=args.head_to_head)
+        except Exception as exc:  # one op failing must not lose the others
+            print(f"{name}: failed: {type(exc).__name__}: {exc}")
+        print(f"{name}: {len(dims_set)} shapes in {time.monotonic() - t0:.1f} s", flush=True)
+        torch.cuda.empty_cache()
+    summary = summarize(rows, ceilings.copy_gbps)
+    summary.update(skipped=skipped, seconds=time.monotonic() - started, compile=args.compile, quick=args.quick)
+    text = markdown(summary)
+    print(text)
+    if skipped:
+        print(f"\nskipped after --time-limit {args.time_limit:.0f} s: {len(skipped)} shapes")
+    doc = document(rows, ceilings, environment())
+    doc["summary"] = summary
+    write_json(doc, out / "llm_suite.json")
+    (out / "llm_suite.md").write_text(text + "\n")
+    print(f"wrote {out / 'llm_suite.json'} and {out / 'llm_suite.md'}")
+    return 0 if rows else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a shape per regime plus the known gaps")
+    parser.add_argument("--dry-run", action="store_true", help="list the shapes and their sizes, time nothing")
+    parser.add_argument("--op", action="append", help="only example modules whose name contains this")
+    parser.add_argument("--out", help="directory for llm_suite.json and llm_suite.md (default $OUT)")
+    parser.add_argument("--compile", choices=("dynamic", "static", "off"), default="dynamic",
+                        help="torch.compile of the reference: once per op with dynamic shapes (default), "
+                             "once per shape, or not at all")
+    parser.add_argument("--no-liger", action="store_true", help="no Liger-Kernel peers")
+    parser.add_argument("--head-to-head", action="store_true",
+                        help="also time the tuned op against torch.compile in alternating rounds (h2h_vs_compile "
+                             "in the JSON; about a second more per shape)")
+    parser.add_argument("--time-limit", type=float, default=420.0,
+                        help="seconds after which remaining shapes are skipped (and listed)")
+    args = parser.parse_args(argv)
+    if args.dry_run:
+        print(dry_run(plan(args.quick, args.op or ())))
+        return 0
+    if not torch.cuda.is_available():
+        print("bench_llm_suite: needs a CUDA GPU (use --dry-run to list the shapes here)")
+        return 2
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""benchmarks/bench_llm_suite.py on the CPU: the shape plan (--quick keeps a shape per regime and
+the known gaps), --dry-run, and the summary (ratios, worst five, bandwidth) from made-up rows."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernelgraft.bench import Row
+from kernelgraft.bench._run import COMPILE, EAGER, PEER, TUNED
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def suite():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_llm_suite", BENCHMARKS / "bench_llm_suite.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+def test_plan_covers_every_example_and_quick_keeps_each_regime(suite):
+    full, quick = suite.plan(False), suite.plan(True)
+    assert {n for n, _, _ in full} == set(suite.MODULES) == {n for n, _, _ in quick}
+    assert set(quick) < set(full) and len(quick) < len(full) / 2
+    regimes = lambda p: {(n, r) for n, r, _ in p}  # noqa: E731
+    assert regimes(quick) == regimes(full)
+    assert ("softmax", "vocab", (1, 151936)) in quick and ("rmsnorm", "narrow", (65536, 128)) in quick
+    assert {n for n, _, _ in suite.plan(True, ["softmax"])} == {"softmax"}
+
+
+def test_dry_run_lists_shapes_without_a_gpu(suite, capsys):
+    assert suite.main(["--dry-run", "--quick", "--op", "rmsnorm"]) == 0
+    out = capsys.readouterr().out
+    assert "| rmsnorm | narrow | 65536x128 | 16.8 |" in out  # 65536 x 128 bf16 + weight
+    assert "| rmsnorm_residual | decode | 1x4096 |" in out and "shapes" in out.splitlines()[-1]
+
+
+def _row(op, size, kind, variant, t, nbytes=1e8, bw=None, detail="", vs_compile=None):
+    return Row(op=f"kgexamples::{op}", shape=f"s{size}", size=size, bytes=nbytes, flops=0.0, kind=kind,
+               variant=variant, time_us=t, gbps=nbytes / t / 1e3 if t else None, bw_frac=bw, detail=detail,
+               regime="decode", vs_compile=vs_compile)
+
+
+def test_summary_ratios_worst_five_and_bandwidth(suite):
+    rows = []
+    # rmsnorm: 8 shapes, the op slower than compile by 1..8%; Liger 4% faster than the op on shape 7,
+    # twice as slow elsewhere
+    for i in range(8):
+        n = 1e8 * (i + 1)
+        rows += [_row("rmsnorm", i, EAGER, "torch eager", 20.0, n), _row("rmsnorm", i, COMPILE, "torch.compile", 10.0, n),
+                 _row("rmsnorm", i, PEER, "peer: liger", 20.0 if i != 7 else 10.8 / 1.04, n),
+                 _row("rmsnorm", i, TUNED, "tuned (kg.tune)", 10.0 * (1 + (i + 1) / 100), n, bw=0.5 + i / 20,
+                      detail="triton:rmsnorm_rows[...]")]
+    # gemm is compute bound: no bandwidth line; a failed tuned row counts as a failure
+    rows += [_row("gemm", 0, EAGER, "torch eager", 100.0), _row("gemm", 0, PEER, "peer: cublas", 40.0),
+             Row(op="kgexamples::gemm", shape="s0", size=0, bytes=1e8, flops=1e9, kind=TUNED,
+                 variant="tuned (kg.tune)", error="RuntimeError: boom")]
+    summary = suite.summarize(rows, copy_gbps=4000.0)
+    by = {(e["op"], e["shape"]): e for e in summary["shapes"]}
+    assert by[("kgexamples::rmsnorm", "s0")]["vs_torch"] == pytest.approx(1.01)
+    assert by[("kgexamples::rmsnorm", "s7")]["vs_liger"] == pytest.approx(1.04)
+    assert [e["shape"] for e in summary["worst_vs_torch"]] == ["s7", "s6", "s5", "s4", "s3"]
+    assert summary["worst_vs_liger"][0]["shape"] == "s7"
+    assert summary["bandwidth"] == [{"op": "kgexamples::rmsnorm", "shape": "s7", "gbps": pytest.approx(1e8 * 8 / 10.8 / 1e3),
+                                     "fraction": pytest.approx(0.85), "copy_gbps": 4000.0}]
+    # over 1.02x: shapes 2..7 (1.03 .. 1.08); none over 1.05x vs Liger
+    assert summary["over_limit"] == {"vs_torch": 6, "vs_liger": 0, "bandwidth": 1, "failed": 1}
+    assert by[("kgexamples::gemm", "s0")]["peers"] == {"cublas": 40.0}
+    text = suite.markdown(summary)
+    assert "| rmsnorm | decode | s7 | 10.80 | triton:rmsnorm_rows[...] | 20.00 | 10.00 | 10.38 | - | 1.080x | 1.040x |" in text
+    assert "| gemm | decode | s0 | - | RuntimeError: boom | 100.00 | - | - | cublas 40.00 | - | - |" in text
+    assert "| rmsnorm | s7 | 74074 | 85.0% |" in text
+    assert "Over the limits: 6 shapes vs torch, 0 vs Liger, 1 ops under the bandwidth bar; 1 shapes without a tuned time." in text
+
+
+def test_without_a_gpu_the_run_refuses_clearly(suite, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert suite.main(["--quick"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().out
