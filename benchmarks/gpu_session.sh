@@ -2,7 +2,7 @@
 # One batched run on the GPU machine: installs carried wheels, runs the selected sections with
 # time limits, and packs every result into $OUT/results.tar.gz (plus the log).
 #   bash benchmarks/gpu_session.sh SECTION...     sections: tests core cute hostcost rmsnorm
-#                                                 examples tune tunequick ranks graft graftdecode aot explore explore5 explore6 explore7 diagsoftmax native devices verify verify2 firstsec test_FILE
+#                                                 examples tune tunequick ranks graft graftdecode aot explore explore5 explore6 explore7 diagsoftmax native devices verify verify2 firstsec llmquick llm suitetests test_FILE
 # A "0:tests,aot|1:tune,rmsnorm" argument runs lanes side by side, each on its own GPU
 # (CUDA_VISIBLE_DEVICES) with its own kernelgraft cache; the next argument starts when all end.
 set -uo pipefail
@@ -12,7 +12,7 @@ cd "$ROOT"
 R="${OUT:-/tmp/out}/r"
 mkdir -p "$R"
 LOG="${OUT:-/tmp/out}/session.log"
-wheels=$(ls .carry/cutedsl/*.whl .carry/cutile/wheels/*.whl 2>/dev/null || true)
+wheels=$(ls .carry/cutedsl/*.whl .carry/cutile/wheels/*.whl .carry/liger/*.whl 2>/dev/null || true)
 if [ -n "$wheels" ]; then
     python3 -m pip install -q --no-deps --no-compile --target /tmp/site $wheels >>"$LOG" 2>&1
 fi
@@ -67,6 +67,9 @@ run_section() {
     aot) step test_gpu_aot 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_aot.py --tb=short
          step aot_startup 150 python3 benchmarks/bench_aot_startup.py --repeats 3 --out "$R" ;;
     verify) step test_verify 480 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_verify.py -rs --tb=short --durations=10 ;;  # checks every example (the GEMM's 30 configs take minutes)
+    llmquick) step llm_suite_quick 280 python3 benchmarks/bench_llm_suite.py --quick --out "$R" --time-limit 240 ;;  # issue 18
+    llm) step llm_suite 560 python3 benchmarks/bench_llm_suite.py --out "$R" --time-limit 500 ;;
+    suitetests) step test_bench_suite 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_bench_suite.py tests/test_example_kernels.py -rs --tb=short ;;
     firstsec) step first_seconds 420 python3 benchmarks/bench_first_seconds.py --out "$R" ;;  # issue 19; 2 GPUs: decisions side by side
     verify2) step test_verify_2gpu 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_verify.py -k not_the_current_one -rs --tb=short ;;  # needs 2 GPUs
     devices) step gpu_devices 300 python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/test_gpu_devices.py -rs --tb=short ;;  # needs 2 GPUs
