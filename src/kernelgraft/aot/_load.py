@@ -160,10 +160,13 @@ def load_bundle(
             raise TypeError("'ops' is not a list")
         prepared = [(entry, _runners(root, entry, arch)) for entry in manifest["ops"]]
         bundle.kernels = sum(len(r.kernels) for _, runners in prepared for r, _ in runners.values())
-        for entry, runners in prepared:
+        found = [(entry, runners, _existing(entry, allowed)) for entry, runners in prepared]
+        for entry, _, op in found:  # refuse a name clash before anything is attached
+            if op is not None and not _bundle_only(op):
+                _refuse_other_op(op, _bundled_schema(entry), entry, root)
+        for entry, runners, op in found:
             name = entry["name"]
-            op = _existing(entry, allowed)
-            if op is None or op.impls and all(i.backend == "bundle" for i in op.impls):
+            if op is None or _bundle_only(op):
                 if op is None:
                     op = _stand_in(entry, runners, bundle_id, bundle)
                     bundle.rebuilt.append(name)
@@ -171,7 +174,6 @@ def load_bundle(
                     _refresh(op, runners)
                 bundle.attached[name] = [c["label"] for _, c in runners.values()]
             else:
-                _refuse_other_op(op, _bundled_schema(entry), entry, root)
                 bundle.attached[name] = _attach(op, runners)
             bundle.ops[name] = op
     except (BundleError, RegistrationError):
@@ -185,6 +187,10 @@ def load_bundle(
     log.info("loaded bundle %s for %s: %s", root, arch, {k: len(v) for k, v in bundle.attached.items()})
     _LOADED.append(bundle)
     return bundle
+
+
+def _bundle_only(op) -> bool:
+    return bool(op.impls) and all(i.backend == "bundle" for i in op.impls)
 
 
 def _allowed_modules(import_modules: bool | Collection[str]) -> bool | frozenset[str]:
