@@ -331,3 +331,44 @@ def test_a_new_users_layernorm_through_check_aot_load_graft_compile_export(tmp_p
         if model_too:
             assert report["grafted"] == 1 and report["compiled_calls_op"] and report["compiled_err"] < 1e-4
             assert report["export_grafted"] == 1 and report["export_calls_op"]
+
+
+_GPU_CHILD = r"""
+import json, sys
+import torch, torch.nn.functional as F
+import kernelgraft as kg
+
+bundle = kg.load_bundle(sys.argv[1])  # this GPU's arch
+from layernorm import layernorm, samples
+
+out = {"attached": len(bundle.attached["newuser::layernorm"]), "errors": [], "ran": 0}
+for x, w, b, eps in samples("cuda"):
+    want = F.layer_norm(x.float(), (x.shape[-1],), w.float(), b.float(), eps)
+    for c in layernorm.candidates(x, w, b, eps):
+        if c.reason is None:
+            got = layernorm.run(x, w, b, eps, impl=c.index, config=c.config.as_dict())
+            out["ran"] += 1
+            err = (got.float() - want).abs().max().item()
+            if not err < 2e-2:
+                out["errors"].append(f"{c.impl.backend} {c.config.as_dict()} {x.dtype} {tuple(x.shape)}: {err}")
+    err = (layernorm(x, w, b, eps).float() - want).abs().max().item()  # tuned, then planned
+    if not err < 2e-2:
+        out["errors"].append(f"tuned {x.dtype} {tuple(x.shape)}: {err}")
+torch.cuda.synchronize()
+out["jit_runners"] = len(layernorm.dispatcher.runners)  # every candidate came from the bundle
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.gpu
+def test_the_users_bundle_serves_the_imported_layernorm_on_the_gpu(tmp_path):
+    """The README's order on a GPU: load the bundle, import the module; the module's op runs the
+    bundled Triton and CUDA C++ kernels (no JIT compile) and matches F.layer_norm."""
+    _write(tmp_path, "layernorm", LAYERNORM)
+    _cli(tmp_path, "aot", "layernorm.py", "-o", "bundle", "--arch", "sm_90")
+    proc = subprocess.run([sys.executable, "-c", _GPU_CHILD, str(tmp_path / "bundle")], cwd=tmp_path,
+                          capture_output=True, text=True, env=_env(tmp_path, interpret=False), timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["attached"] == 4 and report["ran"] >= 12 and report["errors"] == [], report
+    assert report["jit_runners"] == 0, report

@@ -140,3 +140,39 @@ def test_replace_and_unregister_reject_wrong_types():
         kg.op("kgnotebook::bad", replace="yes")
     with pytest.raises(kg.SpecError, match="kg.unregister"):
         kg.unregister(3)
+
+
+TRITON_CELL = '''
+import torch, triton, triton.language as tl, kernelgraft as kg
+
+@triton.jit
+def _scale(x, out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out + offs, tl.load(x + offs, mask=mask) * {factor}, mask=mask)
+
+def launch_scale(x, out, *, BLOCK):
+    n = x.numel()
+    _scale[(triton.cdiv(n, BLOCK),)](x, out, n, BLOCK=BLOCK)
+
+@kg.op("kgnotebook::cell", impls=[kg.triton(launch_scale, configs=[{{"BLOCK": 256}}])], replace=True)
+def cell(x: torch.Tensor) -> torch.Tensor:
+    return x * {factor}
+'''
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_an_edited_triton_kernel_serves_after_the_cell_runs_again(nb, device):
+    """On CUDA the third call of a signature runs through the native replay: replacing the op must
+    leave no replay, plan or compiled runner of the old kernel serving the name."""
+    x = torch.arange(1000, dtype=torch.float32, device=device)
+    first = nb.run(TRITON_CELL.format(factor=2))["cell"]
+    for _ in range(4):
+        assert torch.equal(first(x), x * 2)
+    assert torch.equal(first.run(x, impl="triton"), x * 2)
+    second = nb.run(TRITON_CELL.format(factor=3))["cell"]
+    for _ in range(4):
+        assert torch.equal(second(x), x * 3) and torch.equal(first(x), x * 3)
+    assert torch.equal(second.run(x, impl="triton"), x * 3)  # the edited kernel, not the reference
+    compiled = torch.compile(lambda t: first(t) + 1, fullgraph=True)
+    assert torch.equal(compiled(x), x * 3 + 1)

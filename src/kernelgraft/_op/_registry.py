@@ -121,6 +121,7 @@ def retire(op: "KernelOp", how: str) -> None:
     the error when none does)."""
     op._retire(how)
 
+
 _SHORT = 80  # values longer than this (sources, long lists) are summarised, not printed
 
 
