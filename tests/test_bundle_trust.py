@@ -379,11 +379,26 @@ def test_other_or_bad_arch_is_refused_with_a_plain_name(signed, arch, match):
 
 # --- op names ---
 
-def test_a_bundle_cannot_take_attached_binaries_from_an_op_whose_code_differs(signed, tmp_path):
+def test_a_bundle_op_of_another_schema_under_an_imported_name_is_refused(signed, tmp_path):
     b = _copy(signed, tmp_path)
     m = _manifest.read(b)
     m["ops"] = [e for e in m["ops"] if e["name"] == "kgexamples::rmsnorm"]
     m["ops"][0]["name"] = "kgexamples::add_relu"  # rmsnorm's binaries claiming add_relu's name
+    _resum(b, m)
+    with pytest.raises(kg.RegistrationError, match="names two different ops") as info:
+        kg.load_bundle(b, arch="sm_90")
+    message = str(info.value)
+    assert str(b) in message and "kernelgraft.examples.add_relu.add_relu" in message
+    assert "(Tensor x, Tensor y) -> Tensor" in message  # the imported op's schema beside the bundle's
+    assert not add_relu.add_relu.dispatcher.bundled_keys()  # nothing attached before the refusal
+
+
+def test_a_bundle_cannot_give_binaries_to_an_op_whose_impl_code_differs(signed, tmp_path):
+    b = _copy(signed, tmp_path)
+    m = _manifest.read(b)
+    m["ops"] = [e for e in m["ops"] if e["name"] == "kgexamples::add_relu"]
+    for cand in m["ops"][0]["candidates"]:  # the same op, as if its kernels were edited since
+        cand["impl_fingerprint"] = "0" * 64
     _resum(b, m)
     with pytest.warns(kg.KernelgraftWarning, match="impl fingerprint differs"):
         loaded = kg.load_bundle(b, arch="sm_90")
@@ -402,17 +417,24 @@ with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     loaded = kg.load_bundle(path, arch="sm_90")
     out["rebuilt"] = sorted(loaded.rebuilt)
-    if renamed == "1":
-        import kernelgraft.examples.softmax as module
-        real = module.softmax
+    stand_in = next(iter(loaded.ops.values()))
+    try:
+        if renamed == "1":
+            import kernelgraft.examples.softmax as module
+            real = module.softmax
+        else:
+            import kernelgraft.examples.add_relu as module
+            real = module.add_relu
+    except kg.RegistrationError as exc:
+        out["error"] = str(exc)
+        out["stand_in_serves"] = _registry.lookup(stand_in.name) is stand_in
     else:
-        import kernelgraft.examples.add_relu as module
-        real = module.add_relu
-    out["registered_is_module_op"] = _registry.lookup(real.name) is real
-    out["bundle_op_is_module_op"] = loaded.ops[real.name] is real
-    out["rebuilt_after"] = sorted(loaded.rebuilt)
-    out["attached"] = loaded.attached[real.name]
-    out["bundled_keys"] = len(real.dispatcher.bundled_keys())
+        out["registered_is_module_op"] = _registry.lookup(real.name) is real
+        out["bundle_op_is_module_op"] = loaded.ops[real.name] is real
+        out["stand_in_forwards"] = stand_in.overload is real.overload
+        out["rebuilt_after"] = sorted(loaded.rebuilt)
+        out["attached"] = loaded.attached[real.name]
+        out["bundled_keys"] = len(real.dispatcher.bundled_keys())
 out["warnings"] = [str(w.message) for w in caught if issubclass(w.category, kg.KernelgraftWarning)]
 print(json.dumps(out))
 """
@@ -431,12 +453,31 @@ def test_the_defining_module_takes_its_name_back_from_a_bundle(signed, tmp_path)
     report = _child(signed, renamed=False)
     assert report["rebuilt"] == ["kgexamples::add_relu", "kgexamples::rmsnorm"]
     assert report["registered_is_module_op"] and report["bundle_op_is_module_op"]
+    assert report["stand_in_forwards"]  # references to the bundle's op reach the module's op
     assert report["rebuilt_after"] == ["kgexamples::rmsnorm"]
     assert len(report["attached"]) == 5 and report["bundled_keys"] == 5
     assert report["warnings"] == []
 
 
-def test_a_renamed_bundle_op_does_not_break_the_real_module(signed, tmp_path):
+def test_an_edited_op_takes_its_name_from_an_older_bundle(signed, tmp_path):
+    """The same op (same schema) whose code changed since the bundle was built: the module's op
+    takes over with a warning, and no binary of changed code is attached."""
+    b = _copy(signed, tmp_path)
+    m = _manifest.read(b)
+    m["ops"] = [e for e in m["ops"] if e["name"] == "kgexamples::add_relu"]
+    m["ops"][0]["fingerprint"] = "0" * 64
+    for cand in m["ops"][0]["candidates"]:
+        cand["impl_fingerprint"] = "0" * 64
+    _resum(b, m)
+    report = _child(b, renamed=False)
+    assert report["registered_is_module_op"] and report["bundle_op_is_module_op"], report
+    assert report["stand_in_forwards"]
+    assert report["attached"] == [] and report["bundled_keys"] == 0
+    assert any("replaces the op of this name" in w for w in report["warnings"]), report["warnings"]
+
+
+def test_another_op_under_a_bundle_op_name_is_a_registration_error_naming_both(signed, tmp_path):
+    """add_relu's binaries under softmax's name: importing softmax is a clash, not an edit."""
     b = _copy(signed, tmp_path)
     m = _manifest.read(b)
     m["ops"] = [e for e in m["ops"] if e["name"] == "kgexamples::add_relu"]
@@ -444,6 +485,9 @@ def test_a_renamed_bundle_op_does_not_break_the_real_module(signed, tmp_path):
     _resum(b, m)
     report = _child(b, renamed=True)
     assert report["rebuilt"] == ["kgexamples::softmax"]
-    assert report["registered_is_module_op"] and report["bundle_op_is_module_op"]
-    assert report["attached"] == [] and report["bundled_keys"] == 0
-    assert any("replaces the op of this name" in w for w in report["warnings"]), report["warnings"]
+    error = report.get("error", "")
+    assert "names two different ops" in error and str(b) in error, report
+    assert "kernelgraft.examples.softmax.softmax" in error and "replace=True" in error
+    assert report["stand_in_serves"]  # the refused import changed nothing
+
+

@@ -23,7 +23,7 @@ from ._errors import (
     UnsupportedError,
     VerificationError,
 )
-from ._op._operator import KernelOp, op
+from ._op._operator import KernelOp, op, unregister
 from .aot import Bundle, load_bundle
 from ._spec import Config, ImplSpec, triton
 from .graft import GraftReport, graft, lower_as, ungraft
@@ -46,6 +46,7 @@ __all__ = [
     "CudaImpl",
     "driver",
     "KernelOp",
+    "unregister",
     "load_bundle",
     "Bundle",
     "ImplSpec",

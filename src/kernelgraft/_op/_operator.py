@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from .._errors import InputError, SpecError, UnsupportedError, describe
+from .._errors import InputError, RegistrationError, SpecError, UnsupportedError, describe
 from .._spec import ImplSpec
 from .._verify import check_tolerances
 from ..tune._key import normalize_buckets
@@ -33,7 +33,7 @@ from ._candidates import Candidate, evaluate
 from ._dispatcher import ANY_TENSOR, Dispatcher
 from ._schema import Signature, parse_signature
 
-__all__ = ["KernelOp", "op"]
+__all__ = ["KernelOp", "op", "unregister"]
 
 
 log = logging.getLogger(__name__)
@@ -218,6 +218,21 @@ class KernelOp:
         self._overload = overload
         self._lib = lib
 
+    def _retire(self, how: str) -> None:
+        """This object no longer holds its name (``how``: 'replaced' or 'unregistered'): drop what
+        serves it (plans, replays, runners, bundled runners, tuning decisions in memory) and turn
+        it into a forwarder to whichever op holds the name now. The class is swapped rather than a
+        flag tested in ``__call__``, so live ops pay nothing on the hot path."""
+        from ..tune._tuner import TUNER
+
+        d = self._d
+        d.runners.clear()
+        d.bundled.clear()
+        d.reset()
+        TUNER.forget(self.fingerprint)
+        self._retired = how
+        self.__class__ = _RetiredOp
+
     # ---------------------------------------------------------------- calling
     @property
     def dispatcher(self) -> Dispatcher:
@@ -374,6 +389,84 @@ class KernelOp:
         return f"<kernelgraft op {self.name}{self.signature.schema} impls={list(self.impls)}>"
 
 
+class _RetiredOp(KernelOp):
+    """A ``KernelOp`` whose name was re-declared (``kg.op(..., replace=True)``) or unregistered.
+
+    Calls forward to the op that holds the name now. References to the old object outlive the
+    cell that re-declared it (a model that stored the op, a grafted module, ``f = my_op``), and
+    the user who re-ran the cell meant "use my new definition", which is also what
+    ``torch.ops.<ns>.<name>`` resolves to; raising would force rebuilding every such object after
+    each edit. When no op holds the name (unregistered, not declared again), calls raise.
+    """
+
+    _retired = "replaced"
+
+    def _current(self) -> KernelOp:
+        current = _registry.lookup(self.name)
+        if current is None:
+            raise RegistrationError(
+                f"{self.name}: this op was {self._retired} and no op holds the name now; declare "
+                "it again with kg.op, then call the new op")
+        return current
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._current()(*args, **kwargs)
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        return self._current().run(*args, **kwargs)
+
+    def candidates(self, *args: Any, **kwargs: Any) -> list[Candidate]:
+        return self._current().candidates(*args, **kwargs)
+
+    @property
+    def overload(self) -> Any:
+        return self._current().overload
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        return self._current().dispatcher
+
+    def register_meta(self, fn: Any = None, /, *, shape_only: bool = False) -> Any:
+        raise self._stale("register_meta")
+
+    def register_autograd(self, backward: Any, *, setup_context: Any = None) -> None:
+        raise self._stale("register_autograd")
+
+    def _stale(self, what: str) -> RegistrationError:
+        return RegistrationError(
+            f"{self.name}: {what} on an op object that was {self._retired}; call it on the op "
+            "that kg.op returned for the new declaration")
+
+    def __repr__(self) -> str:
+        return f"<kernelgraft op {self.name} ({self._retired}; calls go to the op of that name)>"
+
+
+def unregister(name: str | KernelOp) -> bool:
+    """Remove an op from kernelgraft and ``torch.ops`` (a notebook that drops or renames an op).
+
+    Returns whether an op was registered under the name. The removed op object stops serving:
+    calling it raises ``kg.RegistrationError`` until an op of that name is declared again, and then
+    forwards to that op. Compiled graphs that call ``torch.ops.<ns>.<name>`` need the name
+    declared again too (or ``torch._dynamo.reset()``).
+
+    >>> import torch, kernelgraft as kg
+    >>> @kg.op("doctest::gone")
+    ... def gone(x: torch.Tensor) -> torch.Tensor:
+    ...     return x + 1
+    >>> kg.unregister("doctest::gone"), hasattr(torch.ops.doctest, "gone")
+    (True, False)
+    """
+    if isinstance(name, KernelOp):
+        name = name.name
+    if not isinstance(name, str):
+        raise SpecError(f"kg.unregister: give an op name like 'ns::name' or the op, got {describe(name)}")
+    removed = _registry.unregister(name)
+    if removed is None:
+        return False
+    _registry.retire(removed, "unregistered")
+    return True
+
+
 def op(
     name_or_fn: str | Callable[..., Any] | None = None,
     /,
@@ -390,6 +483,7 @@ def op(
     prune: Callable[..., Any] | None = None,
     buckets: Any = None,
     allow_overlap: bool = False,
+    replace: bool = False,
     **unknown: Any,
 ) -> Any:
     """Turn a PyTorch reference function into an operator backed by kernels.
@@ -407,6 +501,13 @@ def op(
     argument shares memory with the mutated one; ``allow_overlap=True`` declares that its kernels
     handle that (they read each element before writing it, or the overlap is intended).
 
+    Declaring the same op again (the same fingerprint: reference, impls, options) returns the op
+    already registered, so re-importing a module or re-running a notebook cell is harmless. A
+    *different* op under a taken name is a ``kg.RegistrationError`` unless ``replace=True``: then
+    the new declaration takes the name (a notebook cell edited and run again), the old op's plans,
+    tuning decisions and ``torch.library`` registration go, and calls through the old op object
+    forward to the new one.
+
     >>> import torch, kernelgraft as kg
     >>> @kg.op("doctest::scale2")
     ... def scale2(x: torch.Tensor) -> torch.Tensor:
@@ -418,6 +519,8 @@ def op(
     """
     if unknown:
         _unknown_options(unknown)
+    if not isinstance(replace, bool):
+        raise SpecError(f"kg.op: replace must be True or False, got {describe(replace)}")
     options = dict(
         impls=impls, mutates_args=mutates_args, sample_inputs=sample_inputs, dtypes=dtypes,
         ndim=ndim, fallback=fallback, tolerances=tolerances, cost=cost, prune=prune,
@@ -425,7 +528,8 @@ def op(
     )
 
     def wrap(fn: Callable[..., Any], qualname: str | None) -> KernelOp:
-        return _registry.register(KernelOp(fn, name=qualname, **options))  # type: ignore[arg-type]
+        new = KernelOp(fn, name=qualname, **options)  # type: ignore[arg-type]
+        return _registry.register(new, replace=replace)
 
     if callable(name_or_fn):
         return wrap(name_or_fn, name)

@@ -1,15 +1,21 @@
 """Process-global op registry: deterministic names, one registration per name, thread safe.
 
 Registering the same op twice (the same fingerprint: reference, schema, impls and every option that
-changes behaviour) is a no-op that returns the first op, so re-imports and pytest-xdist workers are
-safe; a different op under a taken name is an error that names what differs, except that an op
-rebuilt from an AOT bundle (a stand-in) yields the name to the module that defines it
-(``aot/_load.py`` says how). Double-checked locking keeps the common path lock-free.
+changes behaviour) is a no-op that returns the first op, so re-imports, re-run notebook cells and
+pytest-xdist workers are safe; a different op under a taken name is an error that names what
+differs, unless the new declaration says ``replace=True`` (notebooks: the old op is retired, see
+``KernelOp._retire``) or the holder is an op rebuilt from an AOT bundle (a stand-in), which yields
+the name to the module that defines it (``aot/_load.py`` says how). Double-checked locking keeps
+the common path lock-free.
+
+Each op has its own ``torch.library`` fragment, so removing one (``unregister``, ``replace``)
+destroys exactly its registrations and leaves every other op's overload object valid.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 from typing import TYPE_CHECKING
@@ -21,11 +27,14 @@ from .._errors import RegistrationError
 if TYPE_CHECKING:
     from ._operator import KernelOp
 
-__all__ = ["default_name", "split_name", "register", "unregister", "lookup", "all_ops", "differences"]
+__all__ = ["default_name", "split_name", "register", "unregister", "retire", "lookup", "all_ops",
+           "differences"]
+
+log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _OPS: dict[str, "KernelOp"] = {}
-_LIBS: dict[str, torch.library.Library] = {}
+_LIBS: dict[str, torch.library.Library] = {}  # op name -> the fragment that defines it
 _LOCK = threading.RLock()
 
 
@@ -56,7 +65,10 @@ def all_ops() -> list["KernelOp"]:
     return list(_OPS.values())
 
 
-def register(op: "KernelOp") -> "KernelOp":
+def register(op: "KernelOp", *, replace: bool = False) -> "KernelOp":
+    """Register ``op`` under its name and return the op that serves the name: ``op``, or the op
+    already registered with the same fingerprint. ``replace=True`` retires a different op of the
+    same name (its plans and torch.library registration go; references to it forward)."""
     existing = _OPS.get(op.name)
     if existing is None:
         with _LOCK:
@@ -65,18 +77,49 @@ def register(op: "KernelOp") -> "KernelOp":
                 _define(op)
                 _OPS[op.name] = op
                 return op
-    if existing.fingerprint != op.fingerprint:
-        take_over = getattr(existing, "_bundle_stand_in", None)
-        if take_over is not None:  # rebuilt from an AOT bundle: the op's own module wins the name
-            return take_over(op)
-        changes = differences(getattr(existing, "identity", None), getattr(op, "identity", None))
-        raise RegistrationError(
-            f"op name {op.name!r} is already registered by {existing.reference.__module__}."
-            f"{existing.reference.__qualname__}, and this declaration differs: "
-            f"{'; '.join(changes) or 'code or impls'}. Give the changed op another name, or leave "
-            "the name out to get a unique one"
-        )
-    return existing
+    if existing.fingerprint == op.fingerprint:
+        return existing
+    take_over = getattr(existing, "_bundle_stand_in", None)
+    if take_over is not None:  # rebuilt from an AOT bundle: the op's own module wins the name
+        return take_over(op, replace)
+    if replace:
+        return _replace(existing, op)
+    changes = differences(getattr(existing, "identity", None), getattr(op, "identity", None))
+    raise RegistrationError(
+        f"op name {op.name!r} is already registered by {_source(existing)}, and this declaration "
+        f"({_source(op)}) differs: {'; '.join(changes) or 'code or impls'}. Give the changed op "
+        "another name, leave the name out to get a unique one, or, to re-declare it (a notebook "
+        "cell run again after an edit), pass replace=True to kg.op"
+    )
+
+
+def _source(op: "KernelOp") -> str:
+    ref = op.reference
+    return f"{getattr(ref, '__module__', '?')}.{getattr(ref, '__qualname__', ref)}"
+
+
+def _replace(old: "KernelOp", new: "KernelOp") -> "KernelOp":
+    with _LOCK:
+        if _OPS.get(old.name) is not old:  # another thread replaced it first: try again
+            return register(new, replace=True)
+        unregister(old.name)
+        try:
+            _define(new)
+        except BaseException:
+            _define(old)  # leave the name served by the op that had it
+            _OPS[old.name] = old
+            raise
+        _OPS[new.name] = new
+        retire(old, "replaced")
+    log.info("op %s: %s replaced %s", new.name, _source(new), _source(old))
+    return new
+
+
+def retire(op: "KernelOp", how: str) -> None:
+    """Make a removed op unusable as itself: its plans, runners and in-memory tuning decisions go,
+    and the object forwards every call to whichever op holds its name now (``how`` says why, for
+    the error when none does)."""
+    op._retire(how)
 
 
 _SHORT = 80  # values longer than this (sources, long lists) are summarised, not printed
@@ -133,16 +176,19 @@ def _define(op: "KernelOp") -> None:
         raise RegistrationError(
             f"op name {op.name!r} is already defined in torch.ops by code outside kernelgraft"
         )
-    lib = _LIBS.get(ns)
-    if lib is None:
-        lib = _LIBS[ns] = torch.library.Library(ns, "FRAGMENT")
-    lib.define(f"{name}{op.signature.schema}")
-    for key in ("CPU", "CUDA"):
-        lib.impl(name, op._dispatcher_kernel, key)
-    torch.library.register_fake(op.name, op._fake, lib=lib)
-    autograd = getattr(op, "_autograd", None)
-    if autograd is not None:  # an unregister rebuilt the namespace: keep the op's backward
-        torch.library.register_autograd(op.name, autograd[0], setup_context=autograd[1], lib=lib)
+    lib = torch.library.Library(ns, "FRAGMENT")  # the op's own: destroying it touches no other op
+    try:
+        lib.define(f"{name}{op.signature.schema}")
+        for key in ("CPU", "CUDA"):
+            lib.impl(name, op._dispatcher_kernel, key)
+        torch.library.register_fake(op.name, op._fake, lib=lib)
+        autograd = getattr(op, "_autograd", None)
+        if autograd is not None:  # registered again after an unregister: keep the op's backward
+            torch.library.register_autograd(op.name, autograd[0], setup_context=autograd[1], lib=lib)
+    except BaseException:
+        lib._destroy()
+        raise
+    _LIBS[op.name] = lib
     op._bind_overload(getattr(getattr(torch.ops, ns), name).default, lib)
 
 
@@ -175,22 +221,16 @@ def _has_schema(qualname: str) -> bool:
         return False
 
 
-def unregister(qualname: str) -> None:
-    """Forget an op and remove it from torch.ops (tests use this to keep the registry clean)."""
+def unregister(qualname: str) -> "KernelOp | None":
+    """Forget an op and remove it from torch.ops; returns it (None if the name was free). The op
+    object still runs eagerly and can be registered again; ``retire`` makes it forward instead."""
     with _LOCK:
         op = _OPS.pop(qualname, None)
         if op is None:
-            return
+            return None
         # The op's torch.ops overload is about to dangle: calling it would crash the process.
         op._bind_overload(_Unregistered(qualname), None)
-        ns, name = split_name(qualname)
-        # torch.library offers no per-op removal; rebuild the namespace fragment without it.
-        lib = _LIBS.pop(ns, None)
+        lib = _LIBS.pop(qualname, None)
         if lib is not None:
             lib._destroy()
-        remaining = [o for o in _OPS.values() if split_name(o.name)[0] == ns]
-        for other in remaining:
-            del _OPS[other.name]
-        for other in remaining:
-            _define(other)
-            _OPS[other.name] = other
+        return op

@@ -127,7 +127,10 @@ def _samples(op, inputs) -> list[tuple]:
     if given is None:
         if op.sample_inputs is None:
             raise BundleError(f"{op.name}: no sample_inputs and no inputs given; declare signatures")
-        given = op.sample_inputs
+        # as ``kernelgraft check`` calls it: with the device ("cpu") when the function takes one
+        from ..check._inputs import samples
+
+        return samples(op, "cpu")
     if callable(given):
         given = given()
     return [tuple(s) for s in given]

@@ -11,8 +11,14 @@ rebuilt from the manifest (schema, output shapes, bundled candidates only) as a 
 
 Op names: a bundle never overrides an op defined by Python code. A stand-in registers only under a
 name no kernelgraft op holds; when the module that defines the name is imported later, its op takes
-the name over (instead of failing to register), and the bundle's binaries are attached to it only
-where the impl fingerprints agree (a mismatch is a warning and the binaries are not used).
+the name over (instead of failing to register) and serves: its reference, its JIT candidates, and
+the bundle's binaries as its bundled runners wherever the impl fingerprints agree, so shapes the
+bundle covers never compile. The module's op, not the stand-in, serves because it is the complete
+op (reference for CPU and fallback, every candidate) and ``op is module.op`` is what its users
+test; references to the stand-in forward to it. An op edited since the bundle was built (same
+schema, other fingerprint) takes over with a warning and keeps only the binaries whose impls are
+unchanged; a different op (another schema) under the name is a ``RegistrationError`` naming both,
+in either order (bundle then import, or import then bundle), unless ``kg.op(replace=True)``.
 """
 
 from __future__ import annotations
@@ -154,10 +160,13 @@ def load_bundle(
             raise TypeError("'ops' is not a list")
         prepared = [(entry, _runners(root, entry, arch)) for entry in manifest["ops"]]
         bundle.kernels = sum(len(r.kernels) for _, runners in prepared for r, _ in runners.values())
-        for entry, runners in prepared:
+        found = [(entry, runners, _existing(entry, allowed)) for entry, runners in prepared]
+        for entry, _, op in found:  # refuse a name clash before anything is attached
+            if op is not None and not _bundle_only(op):
+                _refuse_other_op(op, _bundled_schema(entry), entry, root)
+        for entry, runners, op in found:
             name = entry["name"]
-            op = _existing(entry, allowed)
-            if op is None or op.impls and all(i.backend == "bundle" for i in op.impls):
+            if op is None or _bundle_only(op):
                 if op is None:
                     op = _stand_in(entry, runners, bundle_id, bundle)
                     bundle.rebuilt.append(name)
@@ -167,7 +176,7 @@ def load_bundle(
             else:
                 bundle.attached[name] = _attach(op, runners)
             bundle.ops[name] = op
-    except BundleError:
+    except (BundleError, RegistrationError):
         raise
     except KernelgraftError as exc:  # e.g. a name torch already defines: still the bundle's fault
         raise BundleError(f"bundle {root}: {exc}") from None
@@ -178,6 +187,10 @@ def load_bundle(
     log.info("loaded bundle %s for %s: %s", root, arch, {k: len(v) for k, v in bundle.attached.items()})
     _LOADED.append(bundle)
     return bundle
+
+
+def _bundle_only(op) -> bool:
+    return bool(op.impls) and all(i.backend == "bundle" for i in op.impls)
 
 
 def _allowed_modules(import_modules: bool | Collection[str]) -> bool | frozenset[str]:
@@ -225,11 +238,15 @@ def _stand_in(entry: dict, runners: dict, bundle_id: str, bundle: Bundle):
     except RegistrationError as exc:
         raise BundleError(f"bundle op {entry['name']!r} cannot be registered: {exc}") from None
 
-    def take_over(real):
+    def take_over(real, replace: bool = False):
         """Called by the registry when Python code registers ``real`` under this stand-in's name."""
+        same = entry.get("fingerprint") == real.fingerprint
+        if not same and not replace:
+            _refuse_other_op(real, op.signature.schema, entry, bundle.path)
         _registry.unregister(op.name)
         registered = _registry.register(real)
-        if entry.get("fingerprint") != real.fingerprint:
+        _registry.retire(op, "replaced")  # references to the stand-in now reach the module's op
+        if not same:
             warnings.warn(
                 f"{real.name}: defined by {real.reference.__module__}, which replaces the op of this name "
                 f"that bundle {bundle.path} rebuilt; the bundle's op was built from different code "
@@ -245,6 +262,26 @@ def _stand_in(entry: dict, runners: dict, bundle_id: str, bundle: Bundle):
 
     op._bundle_stand_in = take_over  # read by _registry.register
     return op
+
+
+def _refuse_other_op(real, bundled_schema: str, entry: dict, path: Path) -> None:
+    """A different op (another schema) under a bundle op's name is a name clash, not an edit."""
+    if real.signature.schema == bundled_schema:
+        return  # the same op, edited since the bundle was built: it takes over, with a warning
+    raise RegistrationError(
+        f"op name {real.name!r} names two different ops: {entry.get('module')}.{entry['name'].split('::')[1]} "
+        f"in bundle {path}, schema {bundled_schema}, and {real.reference.__module__}."
+        f"{real.reference.__qualname__}, schema {real.signature.schema}. Give one of them another "
+        "name, or pass replace=True to kg.op to let the module's op take the name (the bundle's "
+        "kernels are then not used)")
+
+
+def _bundled_schema(entry: dict) -> str:
+    from .._op._schema import parse_signature
+    from ._bundled_op import _reference
+
+    mutates = tuple(entry.get("mutates_args", ()))
+    return parse_signature(_reference(entry), mutates, f"bundle op {entry['name']!r}").schema
 
 
 def _attach(op, runners: dict) -> list[str]:

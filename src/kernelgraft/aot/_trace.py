@@ -114,8 +114,13 @@ def trace(op, impl, config, args: Sequence[Any], record: Callable[[Context, tupl
         kwargs = config.as_dict()
         if impl.supports is not None:
             verdict = impl.supports(*fakes, **kwargs)
-            if verdict is not True:
-                return verdict if isinstance(verdict, str) and verdict else "supports() refused"
+            if isinstance(verdict, str):
+                return verdict or "supports() refused"
+            # Judged as eager dispatch judges it (truthiness): on symbolic sizes ``n <= BLOCK``
+            # is a SymBool, and bool() of it records a guard, so the bundled kernel is valid
+            # exactly where supports() holds.
+            if not bool(verdict):
+                return "supports() refused"
         result = record(ctx, (*fakes, *outs), kwargs)
         out_shapes = [[ctx.text(s) for s in o.shape] for o in outs]
         out_dtypes = [str(o.dtype).removeprefix("torch.") for o in outs]

@@ -143,6 +143,13 @@ class Tuner:
         self._locks_guard = threading.Lock()
         self._held = _Held()  # the device tuning locks the calling thread holds, innermost last
 
+    def forget(self, fingerprint: str) -> None:
+        """Drop the in-memory decisions of one op (it was replaced or unregistered); the disk
+        cache keeps them, keyed by that fingerprint, for when the same op comes back."""
+        for digest, decision in list(self.memory.items()):
+            if decision.key.get("fingerprint") == fingerprint:
+                self.memory.pop(digest, None)
+
     def _device_lock(self, op: Any, args: tuple) -> threading.RLock:
         first = next(iter(op.signature.tensors(args)), None)
         device = str(first[1].device) if first is not None else "cpu"
