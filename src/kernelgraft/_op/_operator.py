@@ -28,7 +28,7 @@ from .._spec import ImplSpec
 from .._verify import check_tolerances
 from ..tune._key import normalize_buckets
 from ..tune._modes import scope as _scope
-from . import _registry, _select
+from . import _compete, _registry, _select
 from ._candidates import Candidate, evaluate
 from ._dispatcher import ANY_TENSOR, Dispatcher
 from ._schema import Signature, parse_signature
@@ -66,6 +66,7 @@ class KernelOp:
         prune: Callable[..., Any] | None = None,
         buckets: Any = None,
         allow_overlap: bool = False,
+        compete: Any = True,
     ) -> None:
         where = f"kg.op({name or getattr(fn, '__qualname__', fn)!r})"
         if not callable(fn):
@@ -88,6 +89,8 @@ class KernelOp:
             raise SpecError(f"{where}: allow_overlap must be True or False, got {describe(allow_overlap)}")
         # Whether inputs may share memory with an argument the op mutates (see Dispatcher.overlap_guard).
         self.allow_overlap = allow_overlap
+        # Which of the reference's PyTorch runs ("eager", "compile") compete in tuning (_compete).
+        self.compete = _compete.normalize_compete(compete, where)
         self.reference = fn
         self.impls = impls
         self.signature: Signature = parse_signature(fn, mutates_args, where)
@@ -212,6 +215,8 @@ class KernelOp:
         # keeps the default stay what they were.
         if self.allow_overlap:
             identity["allow_overlap"] = True
+        if self.compete != _compete.NAMES:
+            identity["compete"] = list(self.compete)
         return identity
 
     def _bind_overload(self, overload: Any, lib: Any) -> None:
@@ -322,10 +327,14 @@ class KernelOp:
         torch.library.register_autograd(self.name, backward, setup_context=setup_context, lib=self._lib)
 
     def candidates(self, *args: Any, **kwargs: Any) -> list[Candidate]:
-        """Every (impl, config) with whether it supports these inputs and, if not, why."""
+        """Every (impl, config) with whether it supports these inputs and, if not, why; then
+        ``torch:eager`` and ``torch:compile``, the reference run by PyTorch, with why each does
+        not compete here (off for the op or the thread, not CUDA, or the compile error)."""
+        from ..tune._modes import settings
+
         args = self.signature.bind(self.name, args, dict(kwargs))
         tensors = self._d.check(args)
-        return evaluate(self.impls, tensors, args)
+        return evaluate(self.impls, tensors, args) + _compete.torch_candidates(self, tensors, settings())
 
     def run(
         self,
@@ -390,6 +399,7 @@ def op(
     prune: Callable[..., Any] | None = None,
     buckets: Any = None,
     allow_overlap: bool = False,
+    compete: Any = True,
     **unknown: Any,
 ) -> Any:
     """Turn a PyTorch reference function into an operator backed by kernels.
@@ -406,6 +416,10 @@ def op(
     An op that mutates an argument refuses, with an ``InputError``, a call where another tensor
     argument shares memory with the mutated one; ``allow_overlap=True`` declares that its kernels
     handle that (they read each element before writing it, or the overlap is intended).
+    ``compete`` (default True): the reference itself, eager (``torch:eager``) and under
+    ``torch.compile`` (``torch:compile``), competes with the kernels in tuning on CUDA, so a shape
+    where PyTorch is faster runs PyTorch; False turns that off, ``("eager",)`` or ``("compile",)``
+    keeps one (``kg.tune(compete=False)`` / ``KERNELGRAFT_COMPETE=0`` turn it off for all ops).
 
     >>> import torch, kernelgraft as kg
     >>> @kg.op("doctest::scale2")
@@ -421,7 +435,7 @@ def op(
     options = dict(
         impls=impls, mutates_args=mutates_args, sample_inputs=sample_inputs, dtypes=dtypes,
         ndim=ndim, fallback=fallback, tolerances=tolerances, cost=cost, prune=prune,
-        buckets=buckets, allow_overlap=allow_overlap,
+        buckets=buckets, allow_overlap=allow_overlap, compete=compete,
     )
 
     def wrap(fn: Callable[..., Any], qualname: str | None) -> KernelOp:

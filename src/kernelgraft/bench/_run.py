@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from .._op._compete import is_torch
 from .._timing import on_device
 from ._ceilings import Ceilings
 from ._cost import call_cost, describe_inputs
@@ -176,7 +177,7 @@ def bench_op(
             base = dict(op=op.name, shape=shape, size=size, bytes=nbytes, flops=flops)
             cand_rows, cand_fns = [], {}
             for cand in op.candidates(*args):
-                if not cand.supported:
+                if not cand.supported or is_torch(cand):  # PyTorch has its own rows below
                     continue
                 row = Row(**base, kind=CANDIDATE, variant=cand.label, backend=cand.impl.backend)
                 try:

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from .. import _verify
+from .._op import _compete
 from .._timing import on_device
 from ._gate import classify_error, expected, judge
 from ._timing import Trial, cuda_timer
@@ -181,6 +182,8 @@ def _gate(op, cand, own, outs, restore, reference, device) -> Result | Trial:
         return Result(cand, kind=classify_error(exc.__cause__ or exc), reason=f"{type(exc).__name__}: {exc}")
     if restore is not None:
         restore(0)
+    if _compete.is_torch(cand):
+        return _gate_torch(op, cand, runner, own, restore, reference, device)
     gate_outs = [_verify.poisoned(o.shape, o.dtype, o.device) for o in outs]
     try:
         runner(*own, *gate_outs)
@@ -194,6 +197,29 @@ def _gate(op, cand, own, outs, restore, reference, device) -> Result | Trial:
 
     def run(_: int) -> None:
         runner(*own, *outs)
+
+    return Trial(cand, run, restore=restore, device=device)
+
+
+def _gate_torch(op, cand, call, own, restore, reference, device) -> Result | Trial:
+    """The gate for a PyTorch candidate: it allocates its own outputs (as the op's plan will when
+    it wins), so those are judged, and the trial times the call as the plan makes it. For
+    ``torch:compile`` this first call is the compile (or the recompile for a new shape), done
+    here, before any CUDA-graph capture of the timing."""
+    fresh, args = op._fresh_outputs, tuple(own)
+    try:
+        got = fresh(call(*own), empty=False, args=args)
+        _verify.sync(device)
+    except Exception as exc:
+        kind = "compile" if cand.impl.name == "compile" else classify_error(exc)
+        return Result(cand, kind=kind, reason=f"{kind} error: {type(exc).__name__}: {str(exc)[:500]}")
+    why = judge(op, reference, _compete.outputs_of(op, got), own)
+    del got
+    if why is not None:
+        return Result(cand, kind="wrong", reason=why)
+
+    def run(_: int) -> None:
+        fresh(call(*own), empty=False, args=args)
 
     return Trial(cand, run, restore=restore, device=device)
 
