@@ -137,7 +137,7 @@ class CompileState:
             raise
 
 
-def _off_reason(op: "KernelOp", name: str, device: torch.device, settings: Any) -> str | None:
+def _off_reason(op: "KernelOp", name: str, device: torch.device, settings: Any, listing: bool) -> str | None:
     if getattr(op.reference, "kernelgraft_stub", False):
         return "the op's reference is a bundle stand-in and cannot run"
     if name not in op.compete:
@@ -147,19 +147,24 @@ def _off_reason(op: "KernelOp", name: str, device: torch.device, settings: Any) 
         return "off: kg.tune(compete=False) or KERNELGRAFT_COMPETE=0"
     if forced is None and device.type != "cuda":
         return f"off: the tensors are on {device}; PyTorch competes on CUDA (kg.tune(compete=True) forces it)"
-    if name == "compile":
+    if name == "compile" and listing:
         error = op.dispatcher.compile_state.error
         if error is not None:
             return error
     return None
 
 
-def torch_candidates(op: "KernelOp", tensors: Sequence[tuple[str, torch.Tensor]], settings: Any) -> list[Candidate]:
-    """``torch:eager`` and ``torch:compile`` with why each cannot compete here (None: it can)."""
+def torch_candidates(op: "KernelOp", tensors: Sequence[tuple[str, torch.Tensor]], settings: Any, *,
+                     listing: bool = True) -> list[Candidate]:
+    """``torch:eager`` and ``torch:compile`` with why each cannot compete here (None: it can).
+
+    ``listing=False`` (what the tuner is offered) leaves out the compile error: a compile that
+    failed stays in the tuning key (so the decisions made before the failure still serve their
+    shapes) and the gate excludes it at once with the recorded error, without compiling again."""
     device = tensors[0][1].device if tensors else torch.device("cpu")
     out = []
     for name in NAMES:
-        reason = _off_reason(op, name, device, settings)
+        reason = _off_reason(op, name, device, settings, listing)
         out.append(Candidate(TORCH_INDEX[name], _IMPLS[name], _IMPLS[name].configs[0], reason,
                              "compete" if reason else None))
     return out
@@ -173,7 +178,7 @@ def offered(op: "KernelOp", kernels: Sequence[Candidate], tensors: Sequence[tupl
     supported = [c for c in kernels if c.supported]
     if not supported:
         return []
-    return supported + [c for c in torch_candidates(op, tensors, settings) if c.supported]
+    return supported + [c for c in torch_candidates(op, tensors, settings, listing=False) if c.supported]
 
 
 def bind(op: "KernelOp", candidate: Candidate) -> Callable[..., Any]:

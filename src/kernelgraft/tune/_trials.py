@@ -207,6 +207,9 @@ def _gate_torch(op, cand, call, own, restore, reference, device) -> Result | Tri
     ``torch:compile`` this first call is the compile (or the recompile for a new shape), done
     here, before any CUDA-graph capture of the timing."""
     fresh, args = op._fresh_outputs, tuple(own)
+    failed = op.dispatcher.compile_state.error if cand.impl.name == "compile" else None
+    if failed is not None:  # Dynamo refused this reference before: found once, not retried per shape
+        return Result(cand, kind="compile", reason=failed)
     try:
         got = fresh(call(*own), empty=False, args=args)
         _verify.sync(device)
