@@ -189,6 +189,35 @@ def bind(op: "KernelOp", candidate: Candidate) -> Callable[..., Any]:
     return op.reference
 
 
+def kernel_runner(op: "KernelOp", candidate: Candidate) -> Callable[..., Any]:
+    """A torch candidate behind the kernels' runner protocol, ``runner(*args, *outs)``: the
+    reference's outputs copied into ``outs`` (code that runs every candidate of ``op.candidates()``
+    through ``op.dispatcher.runner`` keeps working). The tuner and the op's plans call ``bind``'s
+    function instead, without the copy."""
+    call, n = bind(op, candidate), len(op.signature.params)
+
+    def runner(*args: Any) -> None:
+        got = outputs_of(op, call(*args[:n]))
+        for out, value in zip(args[n:], got):
+            out.copy_(value)
+
+    return runner
+
+
+def find(impl: Any) -> str | None:
+    """The torch candidate ``op.run(impl=...)`` names ('torch:eager', 'torch:compile', or its
+    index in decisions), else None."""
+    if isinstance(impl, str) and impl.startswith("torch:") and impl[6:] in NAMES:
+        return impl[6:]
+    if isinstance(impl, int) and not isinstance(impl, bool):
+        return next((name for name, index in TORCH_INDEX.items() if index == impl), None)
+    return None
+
+
+def candidate(name: str) -> Candidate:
+    return Candidate(TORCH_INDEX[name], _IMPLS[name], _IMPLS[name].configs[0])
+
+
 def outputs_of(op: "KernelOp", result: Any) -> list[torch.Tensor]:
     """The reference's return value as the list of output tensors the oracle compares."""
     kind = op.signature.returns

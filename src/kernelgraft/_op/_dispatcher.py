@@ -255,7 +255,7 @@ class Dispatcher:
                 return reference_plan(op)
             log.debug("%s: chose %s", op.name, chosen.label)
             if _compete.is_torch(chosen):  # PyTorch won this shape: the Python path, no replay
-                return guarded(torch_plan(op, chosen, self.runner(chosen)), self.overlap_guard(args))
+                return guarded(torch_plan(op, chosen, _compete.bind(op, chosen)), self.overlap_guard(args))
             runner = self.runner(chosen)
             plan = kernel_plan(op, chosen, runner, out_specs, args)
             guard = self.overlap_guard(args)
@@ -403,7 +403,7 @@ class Dispatcher:
         """The bound runner of a candidate: its bundle's if a bundle serves it, else its backend's.
         A torch candidate's is ``call(*args) -> outputs`` (it allocates its outputs itself)."""
         if _compete.is_torch(candidate):
-            return _compete.bind(self.op, candidate)
+            return _compete.kernel_runner(self.op, candidate)
         key = (candidate.index, candidate.config)
         runner = self.bundled.get(key) or self.runners.get(key)
         if runner is None:

@@ -346,12 +346,21 @@ class KernelOp:
         """Run one chosen candidate (or ``impl="reference"``), bypassing selection.
 
         ``impl``: index into ``impls``, a backend or impl name, or the spec; ``config``: a dict or an
-        index into that impl's configs (default: its first).
+        index into that impl's configs (default: its first). ``impl="torch:eager"`` or
+        ``"torch:compile"`` (or such a candidate's ``index``) runs the reference through PyTorch as
+        the tuner's candidate of that name does.
         """
         args = self.signature.bind(self.name, args, dict(kwargs))
         if impl == "reference":
             self._d.check(args)
             return self._fresh_outputs(self.reference(*args), empty=False, args=args)
+        torch_name = _compete.find(impl)
+        if torch_name is not None:  # 'torch:eager' / 'torch:compile', or their index in candidates()
+            if config not in (None, 0, {}):
+                raise SpecError(f"{self.name}: torch:{torch_name} takes no config, got {config!r}")
+            self._d.check(args)
+            call = _compete.bind(self, _compete.candidate(torch_name))
+            return self._fresh_outputs(call(*args), empty=False, args=args)
         index = self._impl_index(impl)
         return self._d.run_forced(args, index, self.impls[index].config(0 if config is None else config))
 
@@ -372,7 +381,8 @@ class KernelOp:
                 if impl in (spec.backend, spec.display_name):
                     return i
         names = [f"{i}: {s.backend}:{s.display_name}" for i, s in enumerate(self.impls)]
-        raise SpecError(f"{self.name}: impl {impl!r} not found; the op has {names} and 'reference'")
+        raise SpecError(f"{self.name}: impl {impl!r} not found; the op has {names}, 'reference', "
+                        "'torch:eager' and 'torch:compile'")
 
     @property
     def overload(self) -> Any:

@@ -176,14 +176,16 @@ def _refine(trials: list[Trial], times: dict[int, float], timer: Any, settings: 
 def _gate(op, cand, own, outs, restore, reference, device) -> Result | Trial:
     """Compile and run ``cand`` once on poisoned outputs and judge them with the oracle: a Trial
     ready to time, or the Result that excludes it."""
+    if _compete.is_torch(cand):  # it allocates its outputs itself: called without them
+        if restore is not None:
+            restore(0)
+        return _gate_torch(op, cand, _compete.bind(op, cand), own, restore, reference, device)
     try:
         runner = op.dispatcher.runner(cand)
     except Exception as exc:
         return Result(cand, kind=classify_error(exc.__cause__ or exc), reason=f"{type(exc).__name__}: {exc}")
     if restore is not None:
         restore(0)
-    if _compete.is_torch(cand):
-        return _gate_torch(op, cand, runner, own, restore, reference, device)
     gate_outs = [_verify.poisoned(o.shape, o.dtype, o.device) for o in outs]
     try:
         runner(*own, *gate_outs)
