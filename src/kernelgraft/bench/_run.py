@@ -216,7 +216,10 @@ def bench_op(
                     with _mode("on", cold_l2=True):
                         _timed(tuned, lambda: op(*args), timer, ceilings)
                         plan = op.dispatcher.plan_for(args)
-                        tuned.detail = getattr(getattr(plan, "candidate", None), "label", "") or ""
+                        chosen = getattr(plan, "candidate", None)
+                        tuned.detail = getattr(chosen, "label", "") or ""
+                        if chosen is not None and is_torch(chosen):  # the reference was fastest
+                            tuned.detail += " (PyTorch won the tuning)"
                         if tuned.time_us is not None:
                             _compare(tuned, lambda: op(*args), timed, cand_fns, compile_fn, quick)
                     emit(tuned)
