@@ -325,3 +325,31 @@ def test_gpu_pytorch_competes_by_default_and_serves_its_shape():
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(captured, out)
+
+
+# ---------------------------------------------------------------- running one candidate
+def test_torch_candidates_run_like_any_candidate():
+    op = make_scale("tcp::run")
+    x = torch.randn(300)
+    with kg.tune(compete=True):
+        eager, compiled = op.candidates(x)[-2:]
+    torch.testing.assert_close(op.run(x, impl="torch:compile"), x * 2)
+    torch.testing.assert_close(op.run(x, impl=eager.index), x * 2)
+    out = torch.full_like(x, float("nan"))
+    op.dispatcher.runner(compiled)(x, out)  # the kernels' protocol: outputs written in place
+    torch.testing.assert_close(out, x * 2)
+    with pytest.raises(kg.SpecError, match="torch:eager takes no config"):
+        op.run(x, impl="torch:eager", config={"BLOCK": 64})
+    with pytest.raises(kg.SpecError, match="'torch:eager' and 'torch:compile'"):
+        op.run(x, impl="torch:jit")
+
+
+def test_cache_listing_names_the_torch_winner():
+    from kernelgraft.cli._cache import _row
+
+    op = make_scale("tcp::listing")
+    x = torch.randn(1000)
+    with kg.tune("on", timer=timer_with({"eager": 0.5, "compile": 0.7}), compete=True):
+        served(op, x)
+    (entry,) = [e for e in DiskCache().entries().values() if e["key"]["op"] == "tcp::listing"]
+    assert _row(entry, entry["created"])[3] == EAGER
