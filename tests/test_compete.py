@@ -353,3 +353,20 @@ def test_cache_listing_names_the_torch_winner():
         served(op, x)
     (entry,) = [e for e in DiskCache().entries().values() if e["key"]["op"] == "tcp::listing"]
     assert _row(entry, entry["created"])[3] == EAGER
+
+
+def test_compiled_reference_is_not_recompiled_across_call_paths(monkeypatch):
+    """The op's fast path and torch.ops (below autograd, inputs requiring grad) call the compiled
+    reference in one state: Dynamo compiles it once per shape, not once per path."""
+    from torch._dynamo.testing import CompileCounter
+
+    counter = CompileCounter()
+    monkeypatch.setattr(_compete, "compile_reference", lambda fn: torch.compile(fn, backend=counter))
+    op = make_scale("tcp::paths")
+    x = torch.randn(1000)
+    with kg.tune("on", timer=timer_with({"eager": 2.0, "compile": 0.3}), compete=True):
+        assert served(op, x) == COMPILE
+        frames = counter.frame_count
+        op(x)
+        torch.testing.assert_close(torch.ops.tcp.paths(x.clone().requires_grad_()).detach(), x * 2)
+    assert counter.frame_count == frames == 1

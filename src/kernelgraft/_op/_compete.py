@@ -125,8 +125,14 @@ class CompileState:
                 if self._compiled is None:
                     self._compiled = compile_reference(self.reference)
                 compiled = self._compiled
+        # One calling state whichever path calls (the op's eager fast path, or torch.ops below
+        # autograd with inputs that may require grad): Dynamo guards on each tensor's
+        # requires_grad and dispatch keys, so a call from the other path would recompile, maybe
+        # inside the user's CUDA-graph capture. Detached aliases share storage: mutations land.
+        args = tuple(_detached(a) for a in args)
         try:
-            return compiled(*args)
+            with torch._C._AutoDispatchBelowAutograd():
+                return compiled(*args)
         except (torch.cuda.OutOfMemoryError, MemoryError):
             raise  # says nothing about whether the reference compiles
         except Exception as exc:
@@ -135,6 +141,14 @@ class CompileState:
                 log.warning("%s: torch:compile no longer competes: %s",
                             getattr(self.reference, "__qualname__", "op"), self.error)
             raise
+
+
+def _detached(a: Any) -> Any:
+    if isinstance(a, torch.Tensor):
+        return a.detach()
+    if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
+        return [t.detach() for t in a]
+    return a
 
 
 def _off_reason(op: "KernelOp", name: str, device: torch.device, settings: Any, listing: bool) -> str | None:
