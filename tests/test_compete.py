@@ -220,6 +220,8 @@ def test_global_switch_off_in_a_block_and_by_env(monkeypatch):
         assert served(op, x) == EAGER
     monkeypatch.setenv("KERNELGRAFT_COMPETE", "0")
     assert kg.tune.settings().compete is False
+    with pytest.raises(kg.SpecError, match="kg.tune: compete must be True, False or None"):
+        kg.tune(compete="eager")
     with pytest.warns(kg.TuneWarning, match="KERNELGRAFT_COMPETE='maybe' is not 0 or 1"):
         monkeypatch.setenv("KERNELGRAFT_COMPETE", "maybe")
         assert kg.tune.settings().compete is None

@@ -170,6 +170,9 @@ class tune(contextlib.ContextDecorator):
         unknown = sorted(set(options) - names)
         if unknown:
             raise SpecError(f"kg.tune: unknown option {unknown[0]!r}; options are {sorted(names - {'mode'})}")
+        if options.get("compete", None) not in (True, False, None):
+            raise SpecError(f"kg.tune: compete must be True, False or None (on CUDA only), got "
+                            f"{options['compete']!r}; to keep one PyTorch candidate use kg.op(..., compete=('eager',))")
         self._mode = mode
         self._options = options
 
