@@ -130,17 +130,20 @@ class CompileState:
         # requires_grad and dispatch keys, so a call from the other path would recompile, maybe
         # inside the user's CUDA-graph capture. Detached aliases share storage: mutations land.
         args = tuple(_detached(a) for a in args)
-        try:
-            with torch._C._AutoDispatchBelowAutograd():
-                return compiled(*args)
-        except (torch.cuda.OutOfMemoryError, MemoryError):
-            raise  # says nothing about whether the reference compiles
-        except Exception as exc:
-            if self.error is None:  # the reference itself ran on these inputs (the gate's oracle)
-                self.error = f"torch.compile failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
-                log.warning("%s: torch:compile no longer competes: %s",
-                            getattr(self.reference, "__qualname__", "op"), self.error)
-            raise
+        with torch._C._AutoDispatchBelowAutograd():
+            return compiled(*args)
+
+    def refused(self, exc: BaseException) -> None:
+        """Record that Dynamo/Inductor failed on the reference in the tuner's gate, where the
+        reference itself just ran on the same inputs (the oracle): the reference does not compile,
+        and ``torch:compile`` stops competing for this op (found once, not retried per shape).
+        Out-of-memory says nothing about compiling and is not recorded."""
+        if isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)) or self.error is not None:
+            return
+        text = str(exc).splitlines()[0][:300] if str(exc) else ""
+        self.error = f"torch.compile failed: {type(exc).__name__}: {text}"
+        log.warning("%s: torch:compile no longer competes: %s",
+                    getattr(self.reference, "__qualname__", "op"), self.error)
 
 
 def _detached(a: Any) -> Any:

@@ -216,6 +216,8 @@ def _gate_torch(op, cand, call, own, restore, reference, device) -> Result | Tri
         got = fresh(call(*own), empty=False, args=args)
         _verify.sync(device)
     except Exception as exc:
+        if cand.impl.name == "compile":
+            op.dispatcher.compile_state.refused(exc)
         kind = "compile" if cand.impl.name == "compile" else classify_error(exc)
         return Result(cand, kind=kind, reason=f"{kind} error: {type(exc).__name__}: {str(exc)[:500]}")
     why = judge(op, reference, _compete.outputs_of(op, got), own)
