@@ -372,3 +372,39 @@ def test_compiled_reference_is_not_recompiled_across_call_paths(monkeypatch):
         op(x)
         torch.testing.assert_close(torch.ops.tcp.paths(x.clone().requires_grad_()).detach(), x * 2)
     assert counter.frame_count == frames == 1
+
+
+def test_aot_cli_notes_where_pytorch_won(tmp_path, capsys, monkeypatch):
+    from kernelgraft.cli import main
+
+    target = tmp_path / "ops_aot_note.py"
+    target.write_text(
+        "import sys; sys.path.insert(0, %r)\n"
+        "from _tune_ops import make_scale\n"
+        "op = make_scale('tcp::aotcli')\n"
+        "op.sample_inputs = lambda: [(__import__('torch').randn(1000),)]\n" % str(Path(__file__).parent))
+    monkeypatch.setenv("KERNELGRAFT_COMPETE", "1")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import ops_aot_note  # the module the CLI loads: tune its op first, as a user would
+    finally:
+        sys.path.remove(str(tmp_path))
+    with kg.tune("on", timer=timer_with({"eager": 0.5, "compile": 0.7})):
+        served(ops_aot_note.op, torch.randn(1000))
+    # The CLI turns the Triton interpreter off (it cross-compiles); on this CPU-only machine the
+    # kernels then cannot run here, and an op with no runnable kernel has no decision to report.
+    # On a GPU build machine they run; here the interpreter is put back for the build's lookups.
+    import kernelgraft.aot as aot
+
+    real = aot.build_bundle
+
+    def build(*a, **k):
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        return real(*a, **k)
+
+    monkeypatch.setattr(aot, "build_bundle", build)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    main(["aot", str(target), "-o", str(tmp_path / "bundle"), "--allow-partial"])
+    out = capsys.readouterr().out
+    assert "note: on float32[1000] torch:eager won tuning (0.5 ms); bundles hold kernels only, so the " \
+           "bundle serves its best kernel triton:launch_scale[BLOCK=256] (1 ms) there" in out

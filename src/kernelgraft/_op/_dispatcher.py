@@ -401,7 +401,8 @@ class Dispatcher:
 
     def runner(self, candidate: Candidate) -> Callable[..., Any]:
         """The bound runner of a candidate: its bundle's if a bundle serves it, else its backend's.
-        A torch candidate's is ``call(*args) -> outputs`` (it allocates its outputs itself)."""
+        A torch candidate's runs the reference and copies its outputs into the ones passed (the
+        tuner and the op's plans call the reference directly instead, see ``_compete.bind``)."""
         if _compete.is_torch(candidate):
             return _compete.kernel_runner(self.op, candidate)
         key = (candidate.index, candidate.config)
