@@ -16,7 +16,12 @@ import sys
 import time
 from pathlib import Path
 
+import os  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# These measure the kernels' tuner (configs against each other) and the kernels' dispatch: PyTorch
+# competing (issue 18, on by default on CUDA) would add torch:eager/torch:compile winners with no
+# config; benchmarks/bench_compete.py measures that. KERNELGRAFT_COMPETE=1 overrides.
+os.environ.setdefault("KERNELGRAFT_COMPETE", "0")
 
 import torch
 import triton

@@ -81,7 +81,9 @@ def test_runner_rows_per_shape(softmax_rows):
         kinds = [r.kind for r in mine]
         cands = [r for r in mine if r.kind == CANDIDATE]
         # every supported candidate is timed (9 here: all fit these widths)
-        assert len(cands) == len([c for c in op.candidates(torch.randn(n, cols)) if c.supported]) == 9
+        # (torch:eager/torch:compile have the EAGER/COMPILE rows; off on the CPU anyway)
+        assert len(cands) == len([c for c in op.candidates(torch.randn(n, cols))
+                                  if c.supported and c.impl.backend != "torch"]) == 9
         assert {EAGER, DEFAULT, TUNED, BACKEND} <= set(kinds) and COMPILE not in kinds
         best = min(cands, key=lambda r: r.time_us)
         tuned = next(r for r in mine if r.kind == TUNED)

@@ -61,7 +61,7 @@ def test_capability_gate(monkeypatch):
     scale = make_op("kgtest::d_cap", impl_options={"min_capability": "sm_100"})
     x = torch.randn(10)
     monkeypatch.setattr(_candidates, "device_capability", lambda device: (9, 0))
-    (c, _) = scale.candidates(x, 1.0)
+    (c, _, *_) = scale.candidates(x, 1.0)  # two kernels, then torch:eager and torch:compile
     assert not c.supported and "sm_100" in c.reason and "sm_90" in c.reason
     with pytest.warns(kg.FallbackWarning, match="needs sm_100 or newer"):
         scale(x, 1.0)
@@ -81,20 +81,23 @@ def test_cpu_without_interpreter_runs_reference_silently(monkeypatch):
         warnings.simplefilter("error")
         out = scale(torch.ones(3), 4.0)
     assert out.tolist() == [4.0] * 3 and LAUNCHES == []
-    (c, _) = scale.candidates(torch.ones(3), 4.0)
+    (c, _, *_) = scale.candidates(torch.ones(3), 4.0)
     assert "TRITON_INTERPRET" in c.reason
 
 
 def test_candidates_and_run():
     scale = make_op("kgtest::d_run")
     x = torch.randn(300)
-    cands = scale.candidates(x, 1.5)
+    *cands, eager, compiled = scale.candidates(x, 1.5)
     assert [c.config.as_dict() for c in cands] == [{"BLOCK": 64}, {"BLOCK": 256}]
     assert all(c.supported for c in cands)
+    assert (eager.label, compiled.label) == ("torch:eager", "torch:compile")
     LAUNCHES.clear()
     torch.testing.assert_close(scale.run(x, 1.5, config=1), x * 1.5)
     torch.testing.assert_close(scale.run(x, 1.5, impl="triton", config={"BLOCK": 32}), x * 1.5)
     torch.testing.assert_close(scale.run(x, 1.5, impl="reference"), x * 1.5)
+    torch.testing.assert_close(scale.run(x, 1.5, impl="torch:eager"), x * 1.5)
+    torch.testing.assert_close(scale.run(x, 1.5, impl=eager.index), x * 1.5)
     assert LAUNCHES == ["scale[256]", "scale[32]"]
     with pytest.raises(kg.SpecError, match="not found"):
         scale.run(x, 1.5, impl="cuda")

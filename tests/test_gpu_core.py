@@ -20,10 +20,13 @@ def test_every_candidate_matches_reference_on_gpu(op):
 
 
 def test_kernel_runs_not_reference():
+    import kernelgraft as kg
+
     x, y = torch.randn(10_000, device="cuda"), torch.randn(10_000, device="cuda")
-    out = add_relu(x, y)
+    with kg.tune(compete=False):  # PyTorch competing could win this shape; the kernels alone here
+        out = add_relu(x, y)
+        plan = next(iter(add_relu.dispatcher.plans().values()))
     torch.testing.assert_close(out, torch.relu(x + y))
-    plan = next(iter(add_relu.dispatcher.plans().values()))
     assert plan.candidate is not None and plan.candidate.impl.backend in ("triton", "cuda", "cutile", "cutedsl")
 
 

@@ -225,7 +225,9 @@ def _backend_op(backend):
     why = get_backend(backend).available()
     if why:
         pytest.skip(why)
-    return kg.op(f"kgtest_native::add_relu_{backend}", impls=[spec], fallback="error")(ex.add_relu.reference)
+    # compete=False: the kernel must serve (PyTorch winning would leave nothing to replay natively)
+    return kg.op(f"kgtest_native::add_relu_{backend}", impls=[spec], fallback="error",
+                 compete=False)(ex.add_relu.reference)
 
 
 @pytest.mark.gpu

@@ -42,6 +42,8 @@ class Candidate:
 
     @property
     def label(self) -> str:
+        if self.impl.backend == "torch":  # PyTorch competing (see _compete): no config to show
+            return f"torch:{self.impl.display_name}"
         return f"{self.impl.backend}:{self.impl.display_name}[{self.config.label()}]"
 
     def __str__(self) -> str:

@@ -30,9 +30,10 @@ from .._errors import FallbackWarning, InputError, LaunchError, UnsupportedError
 from .._native._attach import attach
 from ..backends._triton import interpreting
 from ..tune._modes import scope as current_scope
-from . import _select
+from ..tune._modes import settings as current_settings
+from . import _compete, _select
 from ._candidates import LAYOUT, Candidate, evaluate, evaluate_one
-from ._plan import Plan, kernel_plan, reference_plan
+from ._plan import Plan, kernel_plan, reference_plan, torch_plan
 
 if TYPE_CHECKING:
     from ._operator import KernelOp
@@ -106,6 +107,8 @@ class Dispatcher:
         self.accepted: dict[tuple, None] = {}  # (device type, *tensor dtypes) the reference accepted
         self.warned: set[Any] = set()
         self._lock = threading.Lock()
+        # The reference under torch.compile (the torch:compile candidate), compiled once per op.
+        self.compile_state = _compete.CompileState(op.reference)
         # A supports() predicate or the tuner (which keys on it) may decide by pointer alignment,
         # so then plans are keyed on it too; a single unconditional candidate cannot care.
         impls = op.impls
@@ -243,7 +246,7 @@ class Dispatcher:
         op = self.op
         tensors = self.check(args)
         candidates = evaluate(op.impls, tensors, args)
-        supported = [c for c in candidates if c.supported]
+        supported = _compete.offered(op, candidates, tensors, current_settings())
         out_specs = self.output_specs(args)
         if supported:
             self._accept_dtypes(args, tensors)
@@ -251,6 +254,8 @@ class Dispatcher:
             if chosen is None:  # the tuner found no candidate that computes the right result
                 return reference_plan(op)
             log.debug("%s: chose %s", op.name, chosen.label)
+            if _compete.is_torch(chosen):  # PyTorch won this shape: the Python path, no replay
+                return guarded(torch_plan(op, chosen, _compete.bind(op, chosen)), self.overlap_guard(args))
             runner = self.runner(chosen)
             plan = kernel_plan(op, chosen, runner, out_specs, args)
             guard = self.overlap_guard(args)
@@ -395,7 +400,11 @@ class Dispatcher:
             )
 
     def runner(self, candidate: Candidate) -> Callable[..., Any]:
-        """The bound runner of a candidate: its bundle's if a bundle serves it, else its backend's."""
+        """The bound runner of a candidate: its bundle's if a bundle serves it, else its backend's.
+        A torch candidate's runs the reference and copies its outputs into the ones passed (the
+        tuner and the op's plans call the reference directly instead, see ``_compete.bind``)."""
+        if _compete.is_torch(candidate):
+            return _compete.kernel_runner(self.op, candidate)
         key = (candidate.index, candidate.config)
         runner = self.bundled.get(key) or self.runners.get(key)
         if runner is None:

@@ -28,7 +28,7 @@ from .._spec import ImplSpec
 from .._verify import check_tolerances
 from ..tune._key import normalize_buckets
 from ..tune._modes import scope as _scope
-from . import _registry, _select
+from . import _compete, _registry, _select
 from ._candidates import Candidate, evaluate
 from ._dispatcher import ANY_TENSOR, Dispatcher
 from ._schema import Signature, parse_signature
@@ -66,6 +66,7 @@ class KernelOp:
         prune: Callable[..., Any] | None = None,
         buckets: Any = None,
         allow_overlap: bool = False,
+        compete: Any = True,
     ) -> None:
         where = f"kg.op({name or getattr(fn, '__qualname__', fn)!r})"
         if not callable(fn):
@@ -88,6 +89,8 @@ class KernelOp:
             raise SpecError(f"{where}: allow_overlap must be True or False, got {describe(allow_overlap)}")
         # Whether inputs may share memory with an argument the op mutates (see Dispatcher.overlap_guard).
         self.allow_overlap = allow_overlap
+        # Which of the reference's PyTorch runs ("eager", "compile") compete in tuning (_compete).
+        self.compete = _compete.normalize_compete(compete, where)
         self.reference = fn
         self.impls = impls
         self.signature: Signature = parse_signature(fn, mutates_args, where)
@@ -212,6 +215,8 @@ class KernelOp:
         # keeps the default stay what they were.
         if self.allow_overlap:
             identity["allow_overlap"] = True
+        if self.compete != _compete.NAMES:
+            identity["compete"] = list(self.compete)
         return identity
 
     def _bind_overload(self, overload: Any, lib: Any) -> None:
@@ -337,10 +342,14 @@ class KernelOp:
         torch.library.register_autograd(self.name, backward, setup_context=setup_context, lib=self._lib)
 
     def candidates(self, *args: Any, **kwargs: Any) -> list[Candidate]:
-        """Every (impl, config) with whether it supports these inputs and, if not, why."""
+        """Every (impl, config) with whether it supports these inputs and, if not, why; then
+        ``torch:eager`` and ``torch:compile``, the reference run by PyTorch, with why each does
+        not compete here (off for the op or the thread, not CUDA, or the compile error)."""
+        from ..tune._modes import settings
+
         args = self.signature.bind(self.name, args, dict(kwargs))
         tensors = self._d.check(args)
-        return evaluate(self.impls, tensors, args)
+        return evaluate(self.impls, tensors, args) + _compete.torch_candidates(self, tensors, settings())
 
     def run(
         self,
@@ -352,12 +361,21 @@ class KernelOp:
         """Run one chosen candidate (or ``impl="reference"``), bypassing selection.
 
         ``impl``: index into ``impls``, a backend or impl name, or the spec; ``config``: a dict or an
-        index into that impl's configs (default: its first).
+        index into that impl's configs (default: its first). ``impl="torch:eager"`` or
+        ``"torch:compile"`` (or such a candidate's ``index``) runs the reference through PyTorch as
+        the tuner's candidate of that name does.
         """
         args = self.signature.bind(self.name, args, dict(kwargs))
         if impl == "reference":
             self._d.check(args)
             return self._fresh_outputs(self.reference(*args), empty=False, args=args)
+        torch_name = _compete.find(impl)
+        if torch_name is not None:  # 'torch:eager' / 'torch:compile', or their index in candidates()
+            if config not in (None, 0, {}):
+                raise SpecError(f"{self.name}: torch:{torch_name} takes no config, got {config!r}")
+            self._d.check(args)
+            call = _compete.bind(self, _compete.candidate(torch_name))
+            return self._fresh_outputs(call(*args), empty=False, args=args)
         index = self._impl_index(impl)
         return self._d.run_forced(args, index, self.impls[index].config(0 if config is None else config))
 
@@ -378,7 +396,8 @@ class KernelOp:
                 if impl in (spec.backend, spec.display_name):
                     return i
         names = [f"{i}: {s.backend}:{s.display_name}" for i, s in enumerate(self.impls)]
-        raise SpecError(f"{self.name}: impl {impl!r} not found; the op has {names} and 'reference'")
+        raise SpecError(f"{self.name}: impl {impl!r} not found; the op has {names}, 'reference', "
+                        "'torch:eager' and 'torch:compile'")
 
     @property
     def overload(self) -> Any:
@@ -484,6 +503,7 @@ def op(
     buckets: Any = None,
     allow_overlap: bool = False,
     replace: bool = False,
+    compete: Any = True,
     **unknown: Any,
 ) -> Any:
     """Turn a PyTorch reference function into an operator backed by kernels.
@@ -500,6 +520,10 @@ def op(
     An op that mutates an argument refuses, with an ``InputError``, a call where another tensor
     argument shares memory with the mutated one; ``allow_overlap=True`` declares that its kernels
     handle that (they read each element before writing it, or the overlap is intended).
+    ``compete`` (default True): the reference itself, eager (``torch:eager``) and under
+    ``torch.compile`` (``torch:compile``), competes with the kernels in tuning on CUDA, so a shape
+    where PyTorch is faster runs PyTorch; False turns that off, ``("eager",)`` or ``("compile",)``
+    keeps one (``kg.tune(compete=False)`` / ``KERNELGRAFT_COMPETE=0`` turn it off for all ops).
 
     Declaring the same op again (the same fingerprint: reference, impls, options) returns the op
     already registered, so re-importing a module or re-running a notebook cell is harmless. A
@@ -524,7 +548,7 @@ def op(
     options = dict(
         impls=impls, mutates_args=mutates_args, sample_inputs=sample_inputs, dtypes=dtypes,
         ndim=ndim, fallback=fallback, tolerances=tolerances, cost=cost, prune=prune,
-        buckets=buckets, allow_overlap=allow_overlap,
+        buckets=buckets, allow_overlap=allow_overlap, compete=compete,
     )
 
     def wrap(fn: Callable[..., Any], qualname: str | None) -> KernelOp:

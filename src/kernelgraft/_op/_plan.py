@@ -17,7 +17,7 @@ from .._errors import KernelgraftError, LaunchError
 if TYPE_CHECKING:
     from ._operator import KernelOp
 
-__all__ = ["Plan", "kernel_plan", "reference_plan"]
+__all__ = ["Plan", "kernel_plan", "reference_plan", "torch_plan"]
 
 Plan = Callable[[tuple], Any]
 _empty = torch.empty
@@ -115,4 +115,17 @@ def reference_plan(op: "KernelOp") -> Plan:
         return fresh(reference(*args), empty=False, args=args)
 
     plan.candidate = None  # type: ignore[attr-defined]
+    return plan
+
+
+def torch_plan(op: "KernelOp", candidate: Candidate, call: Callable[..., Any]) -> Plan:
+    """The plan of a PyTorch candidate that won the tuning (``torch:eager``/``torch:compile``):
+    the reference's outputs made fresh as the op promises them. Never given a native replay (a
+    replay re-launches recorded kernels; a torch function is not one)."""
+    fresh = op._fresh_outputs
+
+    def plan(args: tuple) -> Any:
+        return fresh(call(*args), empty=False, args=args)
+
+    plan.candidate = candidate  # type: ignore[attr-defined]
     return plan

@@ -225,7 +225,38 @@ def _build_op(op, archs, out: Path, inputs, dynamic, progress) -> dict:
         "mutates_args": list(op.mutates_args), "fingerprint": op.fingerprint,
         "doc": (op.reference.__doc__ or "").strip()[:500],
         "candidates": candidates, "skipped": skipped, "dropped": dropped,
+        "torch_wins": _torch_wins(op, samples),
     }
+
+
+def _torch_wins(op, samples) -> list[dict]:
+    """Signatures whose tuning decision (in this process's tuning cache) was won by PyTorch
+    (``torch:eager``/``torch:compile``, see ``kernelgraft._op._compete``). A bundle holds kernels
+    only, so where PyTorch won, the bundle serves its best kernel, which is slower: recorded here
+    (and printed by ``kernelgraft aot``) so the user knows. Empty where no decision exists (a build
+    machine without a GPU has tuned nothing)."""
+    from ..tune._api import decision
+
+    wins = []
+    for sample in samples:
+        try:
+            found = decision(op, *sample)
+        except Exception as exc:  # a sample the op refuses has no decision to report
+            log.debug("%s: no tuning decision for %s: %s", op.name, signature_label(sample), exc)
+            continue
+        winner = found.winner if found is not None else None
+        if not winner or winner.get("backend") != "torch":
+            continue
+        kernel = next((e for e in found.ranking if e.get("backend") != "torch"), None)
+        wins.append({
+            "signature": signature_label(sample), "winner": f"torch:{winner.get('impl_name')}",
+            "ms": winner.get("ms"),
+            "best_kernel": (f"{kernel['backend']}:{kernel['impl_name']}"
+                            f"[{','.join(f'{k}={v}' for k, v in kernel['config'].items()) or '-'}]"
+                            if kernel else None),
+            "best_kernel_ms": kernel.get("ms") if kernel else None,
+        })
+    return wins
 
 
 def call_identity(call: dict) -> Any:

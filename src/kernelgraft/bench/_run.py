@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from .._op._compete import is_torch
 from .._timing import on_device
 from ._ceilings import Ceilings
 from ._cost import call_cost, describe_inputs
@@ -237,7 +238,7 @@ def bench_op(
             base = dict(op=op.name, shape=shape, size=size, bytes=nbytes, flops=flops, regime=regime)
             cand_rows, cand_fns = [], {}
             for cand in (op.candidates(*args) if candidates else ()):
-                if not cand.supported:
+                if not cand.supported or is_torch(cand):  # PyTorch has its own rows below
                     continue
                 row = Row(**base, kind=CANDIDATE, variant=cand.label, backend=cand.impl.backend)
                 try:
@@ -279,7 +280,10 @@ def bench_op(
                     with _mode("on", cold_l2=timing == "cold"):
                         _timed(tuned, lambda: op(*args), timer, ceilings)
                         plan = op.dispatcher.plan_for(args)
-                        tuned.detail = getattr(getattr(plan, "candidate", None), "label", "") or ""
+                        chosen = getattr(plan, "candidate", None)
+                        tuned.detail = getattr(chosen, "label", "") or ""
+                        if chosen is not None and is_torch(chosen):  # the reference was fastest
+                            tuned.detail += " (PyTorch won the tuning)"
                         if compare and tuned.time_us is not None:
                             _compare(tuned, lambda: op(*args), timed, cand_fns, compile_fn, quick)
                     emit(tuned)

@@ -61,6 +61,12 @@ def run(args) -> int:
             dropped += 1
             where = f" for {d['arch']}" if d["arch"] else ""
             print(f"  DROPPED {d['candidate']} on {d['signature']}{where}: {_indent(d['reason'])}")
+        for w in entry.get("torch_wins", ()):
+            kernel = (f"its best kernel {w['best_kernel']} ({w['best_kernel_ms']:.4g} ms)"
+                      if w.get("best_kernel") and w.get("best_kernel_ms") is not None else "a kernel")
+            took = f" ({w['ms']:.4g} ms)" if isinstance(w.get("ms"), (int, float)) else ""
+            print(f"  note: on {w['signature']} {w['winner']} won tuning{took}; bundles hold "
+                  f"kernels only, so the bundle serves {kernel} there")
     print(f"wrote {args.out}/manifest.json ({total} kernels for {', '.join(manifest['archs'])}, "
           f"{manifest['build_seconds']} s{', signed' if args.sign else ''})")
     print(f"kernelgraft aot: built {total} kernels, dropped {dropped} (candidate, signature) pairs"

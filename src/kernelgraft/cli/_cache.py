@@ -46,7 +46,15 @@ def _row(entry: dict, now: float) -> list[str]:
     env = key.get("env") if isinstance(key.get("env"), dict) else {}
     excluded = entry.get("excluded") if isinstance(entry.get("excluded"), list) else []
     return [str(key.get("op")), args_desc, str(env.get("device")),
-            json.dumps(w["config"]) if w else "default", ms, str(len(excluded)), age]
+            _winner(w), ms, str(len(excluded)), age]
+
+
+def _winner(w: dict | None) -> str:
+    if not w:
+        return "default"
+    if w.get("backend") == "torch":  # PyTorch competing won (kernelgraft._op._compete)
+        return f"torch:{w.get('impl_name')}"
+    return json.dumps(w["config"])
 
 
 def run(args) -> int:

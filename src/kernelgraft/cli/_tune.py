@@ -89,7 +89,8 @@ def run(args) -> int:
                     table.add_row(escape(op.name), escape(desc), "-", "-", "0", "-", "no supported candidate")
                     continue
                 w = d.winner
-                label = f"{w['impl_name']}[{','.join(f'{k}={v}' for k, v in w['config'].items())}]" if w else "default"
+                label = ("default" if not w else f"torch:{w['impl_name']} (PyTorch won)" if w.get("backend") == "torch"
+                         else f"{w['impl_name']}[{','.join(f'{k}={v}' for k, v in w['config'].items())}]")
                 table.add_row(escape(op.name), escape(desc), escape(label), f"{w['ms']:.4f}" if w else "-",
                               str(d.measured), str(len(d.excluded)), escape(str(d.source)))
     table_console(table).print(table)

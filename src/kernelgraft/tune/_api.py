@@ -6,6 +6,7 @@ from typing import Any
 
 from .._op import _select
 from .._op._candidates import evaluate
+from .._op._compete import key_backends, offered
 from ._key import build_key
 from ._modes import settings, tune
 from ._tuner import TUNER, Decision
@@ -16,8 +17,8 @@ __all__ = ["pretune", "decision", "clear", "stats"]
 def _prepare(op: Any, args: tuple, kwargs: dict):
     args = op.signature.bind(op.name, args, dict(kwargs))
     tensors = op.dispatcher.check(args)
-    supported = [c for c in evaluate(op.impls, tensors, args) if c.supported]
-    key = build_key(op, args, [c.impl.backend for c in supported])
+    supported = offered(op, evaluate(op.impls, tensors, args), tensors, settings())
+    key = build_key(op, args, key_backends(supported))
     return args, supported, key
 
 

@@ -39,6 +39,9 @@ _COMPILERS = {
     "cuda": ("cuda-core", "cuda-python", "nvidia-cuda-nvrtc-cu12", "nvidia-cuda-nvrtc"),
     "cutedsl": ("nvidia-cutlass-dsl",),
     "cutile": ("cuda-tile",),
+    # PyTorch competing (kernelgraft._op._compete): the reference as torch runs it
+    "torch:eager": ("torch",),
+    "torch:compile": ("torch",),
 }
 
 BucketFn = Callable[[int], int]

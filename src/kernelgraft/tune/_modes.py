@@ -14,6 +14,11 @@ Plans made outside any block follow the environment as it was when they were mad
 (``kg.tune.clear()`` makes ops choose again after changing it). While ``torch.compile``
 traces or a CUDA graph is being captured nothing is measured: the cache or the default is used and
 one warning says so.
+
+``compete`` (``kg.tune(compete=...)``, ``KERNELGRAFT_COMPETE``): whether the op's reference, eager
+and under ``torch.compile``, competes with the kernels (``kernelgraft._op._compete``). None (the
+default): on CUDA tensors; False (``KERNELGRAFT_COMPETE=0``): never; True (``=1``): also on other
+devices (with an injected timer: the CPU tests).
 """
 
 from __future__ import annotations
@@ -70,7 +75,21 @@ class Settings:
     isolate: bool = False
     distributed: bool = True
     progress: bool = True
+    compete: bool | None = None  # None: PyTorch competes on CUDA tensors; False: never; True: always
     timer: Callable[..., float] | None = None
+
+
+def _env_tristate(name: str) -> bool | None:
+    """True/False for 1/on/true/yes and 0/off/false/no; None when unset (or unreadable, warned)."""
+    text = os.environ.get(name, "").strip().lower()
+    if not text:
+        return None
+    if text in ("1", "on", "true", "yes"):
+        return True
+    if text in ("0", "off", "false", "no"):
+        return False
+    warnings.warn(f"{name}={text!r} is not 0 or 1; using the default", TuneWarning, stacklevel=4)
+    return None
 
 
 def _from_env() -> Settings:
@@ -85,6 +104,7 @@ def _from_env() -> Settings:
         budget_s=_env_float("KERNELGRAFT_TUNE_BUDGET", 60.0),
         cold_l2=_env_bool("KERNELGRAFT_TUNE_COLD_L2"),
         isolate=_env_bool("KERNELGRAFT_TUNE_ISOLATE"),
+        compete=_env_tristate("KERNELGRAFT_COMPETE"),
     )
 
 
@@ -150,6 +170,9 @@ class tune(contextlib.ContextDecorator):
         unknown = sorted(set(options) - names)
         if unknown:
             raise SpecError(f"kg.tune: unknown option {unknown[0]!r}; options are {sorted(names - {'mode'})}")
+        if options.get("compete", None) not in (True, False, None):
+            raise SpecError(f"kg.tune: compete must be True, False or None (on CUDA only), got "
+                            f"{options['compete']!r}; to keep one PyTorch candidate use kg.op(..., compete=('eager',))")
         self._mode = mode
         self._options = options
 

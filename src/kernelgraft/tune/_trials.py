@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from .. import _verify
+from .._op import _compete
 from .._timing import on_device
 from ._gate import classify_error, expected, judge
 from ._timing import Trial, cuda_timer
@@ -175,6 +176,10 @@ def _refine(trials: list[Trial], times: dict[int, float], timer: Any, settings: 
 def _gate(op, cand, own, outs, restore, reference, device) -> Result | Trial:
     """Compile and run ``cand`` once on poisoned outputs and judge them with the oracle: a Trial
     ready to time, or the Result that excludes it."""
+    if _compete.is_torch(cand):  # it allocates its outputs itself: called without them
+        if restore is not None:
+            restore(0)
+        return _gate_torch(op, cand, _compete.bind(op, cand), own, restore, reference, device)
     try:
         runner = op.dispatcher.runner(cand)
     except Exception as exc:
@@ -194,6 +199,34 @@ def _gate(op, cand, own, outs, restore, reference, device) -> Result | Trial:
 
     def run(_: int) -> None:
         runner(*own, *outs)
+
+    return Trial(cand, run, restore=restore, device=device)
+
+
+def _gate_torch(op, cand, call, own, restore, reference, device) -> Result | Trial:
+    """The gate for a PyTorch candidate: it allocates its own outputs (as the op's plan will when
+    it wins), so those are judged, and the trial times the call as the plan makes it. For
+    ``torch:compile`` this first call is the compile (or the recompile for a new shape), done
+    here, before any CUDA-graph capture of the timing."""
+    fresh, args = op._fresh_outputs, tuple(own)
+    failed = op.dispatcher.compile_state.error if cand.impl.name == "compile" else None
+    if failed is not None:  # Dynamo refused this reference before: found once, not retried per shape
+        return Result(cand, kind="compile", reason=failed)
+    try:
+        got = fresh(call(*own), empty=False, args=args)
+        _verify.sync(device)
+    except Exception as exc:
+        if cand.impl.name == "compile":
+            op.dispatcher.compile_state.refused(exc)
+        kind = "compile" if cand.impl.name == "compile" else classify_error(exc)
+        return Result(cand, kind=kind, reason=f"{kind} error: {type(exc).__name__}: {str(exc)[:500]}")
+    why = judge(op, reference, _compete.outputs_of(op, got), own)
+    del got
+    if why is not None:
+        return Result(cand, kind="wrong", reason=why)
+
+    def run(_: int) -> None:
+        fresh(call(*own), empty=False, args=args)
 
     return Trial(cand, run, restore=restore, device=device)
 

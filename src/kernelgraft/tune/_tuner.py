@@ -21,6 +21,7 @@ import torch
 
 from .. import _native
 from .._op import _select
+from .._op._compete import TORCH, TORCH_INDEX, is_torch, key_backends
 from .._errors import FallbackWarning, TuneWarning
 from .._spec import Config
 from . import _dist
@@ -68,6 +69,8 @@ class Decision:
             isinstance(e, dict) for e in ranking + excluded
         ):
             raise ValueError("'ranking' and 'excluded' must be lists of objects")
+        for e in ranking:
+            _check_entry(e)
         return cls(
             key=data.get("key", {}),
             ranking=list(ranking),
@@ -82,6 +85,21 @@ class Decision:
     @property
     def winner(self) -> dict[str, Any] | None:
         return self.ranking[0] if self.ranking else None
+
+
+def _check_entry(e: dict[str, Any]) -> None:
+    """A ranked entry this version can serve, else ValueError (the caller's clean miss): a PyTorch
+    candidate by a name and index this version knows, a kernel by a non-negative impl index."""
+    try:
+        index = int(e["impl"])
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"ranking entry without an impl index: {e!r}") from None
+    if e.get("backend") == TORCH:
+        name = e.get("impl_name")
+        if TORCH_INDEX.get(name) != index:  # type: ignore[arg-type]
+            raise ValueError(f"unknown PyTorch candidate {name!r} (index {index}) in a ranking entry")
+    elif index < 0:
+        raise ValueError(f"ranking entry with impl index {index} for backend {e.get('backend')!r}")
 
 
 def _entry(c: Any, **extra: Any) -> dict[str, Any]:
@@ -167,7 +185,7 @@ class Tuner:
         if s.mode == "off":
             return candidates[0]
         try:
-            key = build_key(op, args, [c.impl.backend for c in candidates])
+            key = build_key(op, args, key_backends(candidates))
         except Exception as exc:  # a key we cannot build: no tuning, but the op still runs
             log.warning("%s: cannot build a tuning key (%s); using the default candidate", op.name, exc)
             return candidates[0]
@@ -288,7 +306,11 @@ class Tuner:
             log.info("%s: waiting for the native replay's build before tuning", op.name)
             _native.load()
         started = time.perf_counter()
-        chosen = apply_prune(op, candidates, args, enabled=s.prune, max_candidates=s.max_candidates)
+        # Pruning picks among the kernels (a user's prune hook knows their configs); the PyTorch
+        # candidates are always measured: they are what "never slower than PyTorch" is judged by.
+        kernels = [c for c in candidates if not is_torch(c)]
+        chosen = apply_prune(op, kernels, args, enabled=s.prune, max_candidates=s.max_candidates)
+        chosen += [c for c in candidates if is_torch(c)]
         log.info("%s: tuning %d of %d candidates for %s", op.name, len(chosen), len(candidates), key.summary())
         progress = _Progress(op.name, key, len(chosen), s.progress)
         try:
