@@ -38,8 +38,27 @@ class TorchBackend:
         return run
 
 
+@dataclasses.dataclass(frozen=True, eq=False, repr=False)
+class TorchCudaImpl(ImplSpec):
+    backend = "kgtest_torch_cuda"
+
+
+class TorchCudaBackend(TorchBackend):
+    """The same on CUDA tensors (GPU tests of the tuner's timing)."""
+
+    name = "kgtest_torch_cuda"
+
+    def device_reason(self, device: torch.device) -> str | None:
+        return None if device.type == "cuda" else "these torch test kernels run on CUDA tensors"
+
+
 register(TorchBackend())
+register(TorchCudaBackend())
 
 
 def kg_torch(launch, configs=({},), **kw) -> TorchImpl:
     return TorchImpl(launch=launch, configs=configs, **kw)
+
+
+def kg_torch_cuda(launch, configs=({},), **kw) -> TorchCudaImpl:
+    return TorchCudaImpl(launch=launch, configs=configs, **kw)

@@ -120,3 +120,32 @@ def test_capture_does_not_tune_and_warns():
     assert kg.tune.stats().get("tuned", 0) == tuned_mid  # nothing measured during capture
     assert any("CUDA graph is being captured" in str(w.message) for w in caught)
     torch.testing.assert_close(out.float(), (a2.float() @ b.float()), atol=0.5, rtol=2e-2)
+
+
+def test_a_candidate_that_cannot_be_captured_leaves_random_numbers_working():
+    """A candidate that synchronises (``.item()``) cannot be captured into the tuner's timing
+    graph; the tuner times it eagerly instead, and the failed capture must not leave the
+    process's CUDA generators registered with a dead graph (every later ``torch.randn`` on the
+    GPU would raise "Offset increment outside graph capture")."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _torch_backend import kg_torch_cuda
+
+    def launch(x, out, *, SYNC):
+        torch.mul(x, 2, out=out)
+        if SYNC:
+            out.sum().item()  # a host synchronisation: not capturable
+
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    op = kg.op(double, name="ttunegpu::uncapturable", compete=False,
+               impls=[kg_torch_cuda(launch, configs=[{"SYNC": 1}, {"SYNC": 0}])])
+    x = torch.randn(1 << 16, device="cuda")
+    with kg.tune("on"):
+        assert torch.equal(op(x), x * 2)
+    assert kg.tune.decision(op, x) is not None
+    assert torch.randn(16, device="cuda").isfinite().all()
+    torch.nn.functional.dropout(torch.ones(64, device="cuda"), 0.5)

@@ -25,6 +25,7 @@ from collections.abc import Callable
 import torch
 
 from .._timing import on_device
+from .._timing._capture import capture
 from .._timing._gpu_busy import cover
 from .._timing._l2 import FLUSH_BYTES, flush_buffer as _flush
 
@@ -104,7 +105,7 @@ def _measure_graph(fn, device, warmup_ms, rep_ms, min_reps, max_reps) -> Timing 
         torch.cuda.current_stream(device).wait_stream(stream)
         # our own capture stream on ``device`` (torch's default one belongs to the first device
         # that captured); thread_local, so other threads' CUDA calls are not refused meanwhile
-        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+        with capture(graph, stream):
             for _ in range(inner):
                 fn()
     except Exception as exc:

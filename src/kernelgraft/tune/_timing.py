@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from .._timing import on_device
+from .._timing._capture import capture
 from .._timing._gpu_busy import cover
 from .._timing._l2 import flush
 
@@ -109,7 +110,7 @@ def _graphed(trial: Trial, reps: int, est_ms: float) -> list[float] | None:
         # cuda:1 work would switch to device 0 and record nothing (an empty graph times as ~0).
         # thread_local: a capture must not make other threads' CUDA calls (an allocation, a sync)
         # fail while this one times candidates.
-        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+        with capture(graph, stream):
             for j in range(inner):
                 trial.run(j % trial.n_sets)
     except Exception as exc:  # some launches cannot be captured; fall back to eager timing

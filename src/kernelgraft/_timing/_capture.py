@@ -1,0 +1,50 @@
+"""A CUDA-graph capture that may fail without breaking the process's random numbers.
+
+Timing captures calls into a graph and falls back to eager timing when a call cannot be captured
+(a host synchronisation, an allocation torch refuses). But a capture registers the default CUDA
+generator of every device with the graph, and when it fails midway torch never unregisters them:
+every later random op in the process (``torch.randn(..., device="cuda")``, dropout, sampling)
+then raises "Offset increment outside graph capture encountered unexpectedly" (seen on torch 2.11
+after the bench's capture of a call with ``.item()`` failed). A failed attempt inside kernelgraft
+must not break the user's process, so each default generator's state is cloned before the
+capture and put back (``graphsafe_set_state``) when the capture fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+
+import torch
+
+__all__ = ["capture"]
+
+log = logging.getLogger(__name__)
+
+
+def _generators() -> list:
+    """The default CUDA generators that are already initialised (a capture registers those)."""
+    return list(getattr(torch.cuda, "default_generators", ()))
+
+
+@contextlib.contextmanager
+def capture(graph: "torch.cuda.CUDAGraph", stream: "torch.cuda.Stream") -> Iterator[None]:
+    """``torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local")``, with the
+    default generators restored when the capture fails (the exception still propagates)."""
+    saved = []
+    for gen in _generators():
+        try:
+            saved.append((gen, gen.clone_state()))
+        except Exception:  # a torch without graph-safe generator states: nothing to restore
+            pass
+    try:
+        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+            yield
+    except BaseException:
+        for gen, state in saved:
+            try:
+                gen.graphsafe_set_state(state)
+            except Exception as exc:  # pragma: no cover - depends on the torch build
+                log.warning("could not restore a CUDA generator after a failed graph capture: %s", exc)
+        raise
