@@ -15,7 +15,11 @@ import sys
 import time
 import traceback
 
-import torch
+# The native replay's host cost is what this measures: PyTorch competing in tuning (issue 18) could
+# make the reference serve a tiny op, which runs on the Python path. KERNELGRAFT_COMPETE=1 overrides.
+os.environ.setdefault("KERNELGRAFT_COMPETE", "0")
+
+import torch  # noqa: E402
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from _common import environment, write_json  # noqa: E402

@@ -2,7 +2,7 @@
 # One batched run on the GPU machine: installs carried wheels, runs the selected sections with
 # time limits, and packs every result into $OUT/results.tar.gz (plus the log).
 #   bash benchmarks/gpu_session.sh SECTION...     sections: tests core cute hostcost rmsnorm
-#                                                 examples tune tunequick ranks graft graftdecode aot explore explore5 explore6 explore7 diagsoftmax native devices verify verify2 firstsec llmquick llm suitetests test_FILE
+#                                                 examples tune tunequick ranks graft graftdecode aot explore explore5 explore6 explore7 diagsoftmax native devices verify verify2 firstsec diagsmall compete llmquick llm suitetests test_FILE
 # A "0:tests,aot|1:tune,rmsnorm" argument runs lanes side by side, each on its own GPU
 # (CUDA_VISIBLE_DEVICES) with its own kernelgraft cache; the next argument starts when all end.
 set -uo pipefail
@@ -70,6 +70,8 @@ run_section() {
     llmquick) step llm_suite_quick 280 python3 benchmarks/bench_llm_suite.py --quick --out "$R" --time-limit 240 ;;  # issue 18
     llm) step llm_suite 560 python3 benchmarks/bench_llm_suite.py --out "$R" --time-limit 500 ;;
     suitetests) step test_bench_suite 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_bench_suite.py tests/test_example_kernels.py -rs --tb=short ;;
+    diagsmall) step diag_small_shapes 120 python3 research/diag_small_shapes.py ;;
+    compete) step bench_compete 240 python3 benchmarks/bench_compete.py --out "$R" --limit 2 ;;
     firstsec) step first_seconds 420 python3 benchmarks/bench_first_seconds.py --out "$R" ;;  # issue 19; 2 GPUs: decisions side by side
     verify2) step test_verify_2gpu 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_verify.py -k not_the_current_one -rs --tb=short ;;  # needs 2 GPUs
     devices) step gpu_devices 300 python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/test_gpu_devices.py -rs --tb=short ;;  # needs 2 GPUs
