@@ -13,7 +13,7 @@
 
 namespace {
 
-const c10::OperatorHandle& op(const char* name) {
+c10::OperatorHandle op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
 }
 

@@ -273,11 +273,14 @@ std::string current_arch() {
   std::string why = driver_unavailable();
   TORCH_CHECK(why.empty(), "load_bundle: no arch given and ", why,
               "; pass arch='sm_90' (or the bundle's arch) to load it anyway");
+  std::string arch, error;
   try {
-    return device_arch(0);
+    arch = device_arch(0);
   } catch (const std::runtime_error& e) {
-    TORCH_CHECK(false, "load_bundle: no arch given and the GPU's cannot be read (", e.what(), ")");
+    error = e.what();
   }
+  TORCH_CHECK(error.empty(), "load_bundle: no arch given and the GPU's cannot be read (", error, ")");
+  return arch;
 }
 
 std::string normalize_arch(const std::string& arch) {
