@@ -224,6 +224,21 @@ def test_decision_table_from_tune_entries():
     assert len(decision_table(op, cands, entries, ["sm_90", "sm_100"])) == 2
 
 
+def test_decisions_from_this_machines_cache(tmp_path, monkeypatch):
+    from kernelgraft.aot._program import read_decisions
+
+    entry = _tune_entry(add_relu.add_relu, [64], [])
+    monkeypatch.setenv("KERNELGRAFT_CACHE_DIR", str(tmp_path))
+    (tmp_path / "tune.json").write_text(json.dumps({"format": "kernelgraft-tune-cache", "schema": 2,
+                                                    "entries": {"k": entry}}))
+    assert read_decisions("cache") == [entry]
+    monkeypatch.setenv("KERNELGRAFT_CACHE_DIR", "off")
+    with pytest.raises(kg.BundleError, match="the kernelgraft cache is off"):
+        read_decisions("cache")
+    with pytest.raises(kg.BundleError, match="not a readable tuning cache"):
+        read_decisions(tmp_path / "missing.json")
+
+
 def test_cli_decisions_flag_fills_the_table(tmp_path):
     from _aot_helpers import EXAMPLES, env
     import subprocess

@@ -55,8 +55,14 @@ def meta_rules(candidates: Sequence[dict]) -> list[dict]:
 
 def read_decisions(path: str | Path) -> list[dict]:
     """The entries of a tuning cache file (``tune.json``, as ``kernelgraft cache export`` writes it
-    too); BundleError when it is not one."""
-    from ..tune._cache import BadFile, entry_problem, read_json
+    too; ``"cache"``: this machine's tuning cache); BundleError when it is not one."""
+    from ..tune._cache import BadFile, cache_path, entry_problem, read_json
+
+    if str(path) == "cache":
+        found = cache_path()
+        if found is None:
+            raise BundleError("--decisions cache: the kernelgraft cache is off (KERNELGRAFT_CACHE_DIR=off)")
+        path = found
 
     try:
         data = read_json(Path(path))

@@ -17,9 +17,10 @@ def add_arguments(parser) -> None:
                         help="sign the bundle with the key in KEYFILE (HMAC-SHA256, at least 16 bytes); "
                              "load it with kg.load_bundle(DIR, key=KEYFILE)")
     parser.add_argument("--decisions", metavar="TUNE_JSON",
-                        help="a tuning cache file (tune.json, e.g. from a GPU machine after tuning): its "
-                             "decisions for these ops become the bundle's decision table (which candidate "
-                             "serves which shapes; without it, the first candidate that fits)")
+                        help="a tuning cache file (tune.json, e.g. from a GPU machine after tuning), or "
+                             "'cache' for this machine's: its decisions for these ops become the bundle's "
+                             "decision table (which candidate serves which shapes; without it, the first "
+                             "candidate that fits)")
     parser.add_argument("--allow-partial", action="store_true",
                         help="exit 0 even when some (candidate, signature) pairs failed to compile "
                              "(they are still listed); those calls run JIT or the reference at run time")
