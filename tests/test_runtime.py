@@ -281,6 +281,17 @@ def test_fake_tensor_mode_uses_the_meta_kernel(served):
     assert list(out.shape) == [9, 768] and out.dtype == torch.float16
 
 
+def test_torch_export_traces_the_op_through_its_meta_kernel(served):
+    class Norm(torch.nn.Module):
+        def forward(self, x, w):
+            return torch.ops.kgrt_test.rmsnorm(x, w, 1e-6)
+
+    ep = torch.export.export(Norm(), (torch.randn(9, 768), torch.randn(768)))
+    (node,) = [n for n in ep.graph.nodes if n.op == "call_function"]
+    assert node.target is torch.ops.kgrt_test.rmsnorm.default
+    assert list(node.meta["val"].shape) == [9, 768]
+
+
 def test_cpu_tensors_are_refused_naming_the_argument(served):
     x = torch.randn(8)
     with pytest.raises(RuntimeError, match=r"kgrt_test::add_relu: argument x must be a CUDA tensor, got a tensor on cpu"):
