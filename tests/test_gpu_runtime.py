@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import zlib
 import subprocess
 import sys
 from pathlib import Path
@@ -63,7 +64,7 @@ def served(so, bundle, tmp_path_factory):
 
 
 def _inputs(short: str, shape, dtype):
-    g = torch.Generator(device="cuda").manual_seed(hash((short, shape)) % 2**31)
+    g = torch.Generator(device="cuda").manual_seed(zlib.crc32(f"{short}{shape}{dtype}".encode()))
     x = torch.randn(shape, generator=g, device="cuda").to(dtype)
     if short == "add_relu":
         return (x, torch.randn(shape, generator=g, device="cuda").to(dtype))
@@ -96,11 +97,13 @@ def test_runtime_ops_replay_in_a_cuda_graph(served):
 def test_runtime_ops_run_on_the_current_stream(served):
     x, y = _inputs("add_relu", (1 << 20,), torch.float32)
     stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        torch.cuda._sleep(10_000_000)  # a launch on another stream would finish first
+        torch.cuda._sleep(100_000_000)  # ~0.1 s: a launch on another stream would read x before the fill
+        x.fill_(1.5)
         out = served.add_relu(x, y)
     stream.synchronize()
-    torch.testing.assert_close(out, torch.relu(x + y), atol=0, rtol=0)
+    torch.testing.assert_close(out, torch.relu(1.5 + y), atol=0, rtol=0)
 
 
 CHILD = r"""
