@@ -434,3 +434,23 @@ def test_works_where_kernelgraft_and_triton_do_not_import(so, bundle, tmp_path):
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report == {"names": ["kgexamples::add_relu", "kgexamples::rmsnorm"], "shape": [9, 768],
                       "dtype": "torch.float16", "modules": []}
+
+
+ENV_CHILD = r"""
+import json, sys, torch
+torch.ops.load_library(sys.argv[1])
+x = torch.empty(33, 97, dtype=torch.float16, device="meta")
+print(json.dumps(list(torch.ops.kgexamples.add_relu(x, x).shape)))
+"""
+
+
+def test_bundles_named_in_the_environment_load_with_the_library(so, bundle, tmp_path):
+    script = tmp_path / "child.py"
+    script.write_text(ENV_CHILD)
+    missing = tmp_path / "missing"
+    child_env = {**env(), "KERNELGRAFT_BUNDLES": f"{missing}:{bundle}", "KERNELGRAFT_BUNDLE_ARCH": "sm_90"}
+    proc = subprocess.run([sys.executable, "-P", str(script), str(so)], capture_output=True, text=True,
+                          env=child_env, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [33, 97]
+    assert f"KERNELGRAFT_BUNDLES: bundle {missing} not loaded" in proc.stderr

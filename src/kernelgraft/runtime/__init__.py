@@ -10,7 +10,9 @@ the library; Python loads it with ``torch.ops.load_library`` and then::
     torch.ops.kernelgraft.load_bundle("bundle/", key=None, arch=None)   # -> the op names
 
 which verifies the bundle (checksums, the HMAC signature with ``key``: a key file), registers
-each op under its schema with a CUDA kernel and a Meta kernel, and returns the op names.
+each op under its schema with a CUDA kernel and a Meta kernel, and returns the op names. A process
+that sets ``KERNELGRAFT_BUNDLES=DIR[:DIR...]`` (with ``KERNELGRAFT_BUNDLE_KEY`` and
+``KERNELGRAFT_BUNDLE_ARCH`` if needed) gets those bundles loaded when the library loads.
 
 >>> from kernelgraft import runtime
 >>> so = runtime.library()  # doctest: +SKIP

@@ -13,6 +13,7 @@
 
 #include <cctype>
 #include <cstring>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -403,6 +404,32 @@ std::string plan_call(const std::string& name, const std::string& args) {
   return canonical_json(Json(o));
 }
 
+// KERNELGRAFT_BUNDLES=DIR[:DIR...] loads bundles when the library loads (KERNELGRAFT_BUNDLE_KEY: a
+// key file, KERNELGRAFT_BUNDLE_ARCH: the arch, default the GPU's), so a program that links the
+// runtime serves them without calling load_bundle. A bundle that does not load is reported on
+// stderr and skipped: throwing here would abort the process that loads the library.
+struct LoadFromEnvironment {
+  LoadFromEnvironment() {
+    auto dirs = c10::utils::get_env("KERNELGRAFT_BUNDLES");
+    if (!dirs.has_value() || dirs->empty()) return;
+    auto key = c10::utils::get_env("KERNELGRAFT_BUNDLE_KEY");
+    auto arch = c10::utils::get_env("KERNELGRAFT_BUNDLE_ARCH");
+    size_t start = 0;
+    while (start <= dirs->size()) {
+      size_t end = dirs->find(':', start);
+      std::string dir = dirs->substr(start, end == std::string::npos ? std::string::npos : end - start);
+      start = end == std::string::npos ? dirs->size() + 1 : end + 1;
+      if (dir.empty()) continue;
+      try {
+        load_bundle(dir, key, arch);
+      } catch (const std::exception& e) {
+        std::cerr << "kernelgraft runtime: KERNELGRAFT_BUNDLES: bundle " << dir << " not loaded: " << e.what()
+                  << std::endl;
+      }
+    }
+  }
+};
+
 }  // namespace
 }  // namespace kgrt
 
@@ -411,3 +438,6 @@ TORCH_LIBRARY_FRAGMENT(kernelgraft, m) {
   m.def("_runtime_eval(str program, str args) -> str", &kgrt::eval_program);
   m.def("_runtime_plan(str op, str args) -> str", &kgrt::plan_call);
 }
+
+// After the registrations above (one translation unit initializes in order of definition).
+static kgrt::LoadFromEnvironment kgrt_load_from_environment;
