@@ -19,7 +19,18 @@ c10::OperatorHandle op(const char* name) {
 
 }  // namespace
 
+int run(int argc, char** argv);
+
 int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const c10::Error& e) {  // a bundle that does not verify, no GPU, a shape it cannot serve
+    std::cerr << "run_bundle: " << e.what_without_backtrace() << "\n";
+    return 1;
+  }
+}
+
+int run(int argc, char** argv) {
   if (argc < 2) {
     std::cerr << "usage: " << argv[0] << " BUNDLE_DIR [KEY_FILE]\n";
     return 2;
