@@ -1,11 +1,13 @@
 """Building the native replay's extension, in a child process, and checking what a build left.
 
-Run as a script (``python _build.py DIRECTORY SOURCE``) by ``kernelgraft._native``: compiling
+Run as a script (``python _build.py DIRECTORY SOURCE [SOURCE ...] [--library NAME]``) by
+``kernelgraft._native`` (and ``kernelgraft.runtime``, whose ``--library`` build is a plain shared
+library loaded with ``torch.ops.load_library`` rather than a Python module): compiling
 takes 10-15 s of CPU and torch's C++ extension tooling, and neither belongs in the user's process,
 whose first seconds may be timed. The script uses nothing from kernelgraft, so the child imports
 only torch, filelock and this file.
 
-A finished build is two files in DIRECTORY: ``kernelgraft_native-<sha256 prefix>.so`` and
+A finished build is two files in DIRECTORY: ``<name>-<sha256 prefix>.so`` and
 ``record.json`` naming it with its full sha256, written last and atomically (a temporary file and
 ``os.replace``), so a reader sees either no record or one whose library is complete. The loader
 opens only the library the record names, and only when its bytes hash to the recorded value and
@@ -133,10 +135,12 @@ def _write_atomically(directory: Path, name: str, data: bytes) -> None:
         raise
 
 
-def build(directory: Path, source: Path) -> Path:
-    """Compile ``source`` into ``directory`` unless a verified build is already there; returns
-    the library. A build killed midway leaves only a ``build-*`` folder, removed by the next one
-    (``filelock`` holds an OS lock, released when its process dies, unlike torch's lock file)."""
+def build(directory: Path, source: Path | list[Path], name: str = NAME, python_module: bool = True) -> Path:
+    """Compile ``source`` (one file or several; headers beside the first are found) into
+    ``directory`` unless a verified build is already there; returns the library. A build killed
+    midway leaves only a ``build-*`` folder, removed by the next one (``filelock`` holds an OS
+    lock, released when its process dies, unlike torch's lock file)."""
+    sources = [Path(s) for s in (source if isinstance(source, (list, tuple)) else [source])]
     from filelock import FileLock
     from torch.utils import cpp_extension
 
@@ -153,29 +157,36 @@ def build(directory: Path, source: Path) -> Path:
             raise RuntimeError("ninja is not installed (pip install ninja)")
         work = Path(tempfile.mkdtemp(prefix="build-", dir=directory))
         try:
-            cpp_extension.load(NAME, [str(source)], build_directory=str(work), extra_cflags=["-O2"],
-                               verbose=False)
-            data = (work / f"{NAME}.so").read_bytes()
+            cpp_extension.load(name, [str(s) for s in sources], build_directory=str(work), extra_cflags=["-O2"],
+                               extra_include_paths=[str(sources[0].parent)], extra_ldflags=["-ldl"],
+                               is_python_module=python_module, verbose=False)
+            data = (work / f"{name}.so").read_bytes()
         finally:
             shutil.rmtree(work, ignore_errors=True)
         digest = hashlib.sha256(data).hexdigest()
-        library = f"{NAME}-{digest[:16]}.so"
+        library = f"{name}-{digest[:16]}.so"
         _write_atomically(directory, library, data)
         record = {"file": library, "sha256": digest,
-                  "source_sha256": hashlib.sha256(source.read_bytes()).hexdigest()}
+                  "source_sha256": hashlib.sha256(b"".join(s.read_bytes() for s in sources)).hexdigest()}
         _write_atomically(directory, RECORD, json.dumps(record, indent=1).encode())
-        for old in directory.glob(f"{NAME}*.so"):  # earlier builds no record names any more
+        for old in directory.glob(f"{name}*.so"):  # earlier builds no record names any more
             if old.name != library:
                 old.unlink(missing_ok=True)
         return directory / library
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 3:
-        print(f"usage: {argv[0]} DIRECTORY SOURCE", file=sys.stderr)
+    args = list(argv[1:])
+    name, python_module = NAME, True
+    if "--library" in args:
+        at = args.index("--library")
+        name, python_module = args[at + 1], False
+        del args[at:at + 2]
+    if len(args) < 2:
+        print(f"usage: {argv[0]} DIRECTORY SOURCE [SOURCE ...] [--library NAME]", file=sys.stderr)
         return 2
     try:
-        print(build(Path(argv[1]), Path(argv[2])))
+        print(build(Path(args[0]), [Path(s) for s in args[1:]], name, python_module))
     except Exception as exc:
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

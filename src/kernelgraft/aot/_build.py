@@ -24,6 +24,7 @@ import torch
 from .._errors import BundleError
 from . import _cuda_aot, _manifest, _triton_aot
 from ._expr import Unsupported
+from ._program import decision_table, kernel_program, meta_rules, read_decisions
 from ._sign import SIGNATURE, load_key, sign_bundle
 from ._trace import trace
 
@@ -84,15 +85,19 @@ def build_bundle(
     dynamic: bool = True,
     progress: Callable[[str], None] | None = None,
     sign: bytes | str | os.PathLike | None = None,
+    decisions: str | os.PathLike | None = None,
 ) -> dict:
     """Compile ``ops`` into a bundle directory ``out`` (manifest.json + bin/); returns the manifest.
 
     ``inputs`` maps an op name to sample input tuples (CPU tensors are fine) that declare the
     signatures to compile; without it the op's ``sample_inputs()`` are used. ``sign``: a key (bytes)
     or key file to sign the bundle with (``signature.json``; ``load_bundle(..., key=...)`` checks it).
+    ``decisions``: a tuning cache file (``tune.json``) whose decisions for these ops, made on a GPU
+    of one of ``archs``, become each op's decision table (which candidate serves which shapes).
     """
     if sign is not None:
         load_key(sign)  # a missing or short key fails before minutes of compiling
+    tuned = read_decisions(decisions) if decisions is not None else []
     archs = list(dict.fromkeys(_manifest.normalize_arch(a) for a in archs))
     out = Path(out)
     (out / "bin").mkdir(parents=True, exist_ok=True)
@@ -105,7 +110,9 @@ def build_bundle(
     manifest_ops = []
     started = time.perf_counter()
     for op in ops:
-        manifest_ops.append(_build_op(op, archs, out, inputs, dynamic, progress))
+        entry = _build_op(op, archs, out, inputs, dynamic, progress)
+        entry["decisions"] = decision_table(op, entry["candidates"], tuned, archs)
+        manifest_ops.append(entry)
     from .. import __version__
 
     manifest = {
@@ -153,6 +160,7 @@ def _build_op(op, archs, out: Path, inputs, dynamic, progress) -> dict:
     """The op's manifest entry. ``skipped``: candidates with no AOT path or no supported sample;
     ``dropped``: every (candidate, signature, arch) that failed to record or compile, with why."""
     samples = _samples(op, inputs)
+    names = [p.name for p in op.signature.params]
     candidates, skipped, dropped, compiled_cache = [], [], [], {}
     for index, impl in enumerate(op.impls):
         for config in impl.configs:
@@ -204,6 +212,11 @@ def _build_op(op, archs, out: Path, inputs, dynamic, progress) -> dict:
                         "outputs": {"shapes": out_shapes, "dtypes": out_dtypes},
                         **kernel,
                     }
+                    try:
+                        variant["program"] = kernel_program(variant, names)
+                    except BundleError as exc:  # an expression with no C++ form: this kernel is Python-only
+                        drop(sample, arch, exc)
+                        continue
                     variants.setdefault(json.dumps(variant, sort_keys=True), variant)
             if progress:
                 lost = sum(d["candidate"] == label for d in dropped)
@@ -224,7 +237,7 @@ def _build_op(op, archs, out: Path, inputs, dynamic, progress) -> dict:
         "returns": op.signature.returns, "n_returns": op.signature.n_returns,
         "mutates_args": list(op.mutates_args), "fingerprint": op.fingerprint,
         "doc": (op.reference.__doc__ or "").strip()[:500],
-        "candidates": candidates, "skipped": skipped, "dropped": dropped,
+        "candidates": candidates, "meta": meta_rules(candidates), "skipped": skipped, "dropped": dropped,
         "torch_wins": _torch_wins(op, samples),
     }
 

@@ -21,11 +21,13 @@ from typing import Any
 
 from .._errors import BundleError
 
-__all__ = ["FORMAT", "VERSION", "write", "read", "parse", "store_binary", "read_binary", "read_file",
+__all__ = ["FORMAT", "VERSION", "READS", "write", "read", "parse", "store_binary", "read_binary", "read_file",
            "canonical", "normalize_arch", "MAX_MANIFEST_BYTES", "MAX_BINARY_BYTES", "MAX_DEPTH"]
 
 FORMAT = "kernelgraft-bundle"
-VERSION = 1
+# 2: every expression also as an RPN program, op "meta" rules and "decisions" (the C++ runtime's data)
+VERSION = 2
+READS = (1, 2)
 _KINDS = {"cubin": ".cubin", "ptx": ".ptx"}
 _REQUIRED = ("format", "version", "archs", "toolchain", "ops", "checksum")
 # Far above what a real bundle needs (a manifest of two ops is ~250 KB, a cubin tens of KB; the
@@ -146,9 +148,9 @@ def read(root: str | Path, text: bytes | None = None) -> dict[str, Any]:
     missing = [k for k in _REQUIRED if k not in manifest]
     if missing:
         raise BundleError(f"bundle {root}: manifest.json lacks {missing}")
-    if type(manifest["version"]) is not int or manifest["version"] != VERSION:
+    if type(manifest["version"]) is not int or manifest["version"] not in READS:
         raise BundleError(f"bundle {root}: manifest version {manifest['version']!r}, this kernelgraft "
-                          f"reads version {VERSION}; rebuild the bundle with this kernelgraft")
+                          f"reads versions {', '.join(map(str, READS))}; rebuild the bundle with this kernelgraft")
     want = hashlib.sha256(canonical(manifest)).hexdigest()
     if manifest["checksum"] != want:
         raise BundleError(f"bundle {root}: manifest.json checksum mismatch (recorded "

@@ -1,4 +1,4 @@
-"""kernelgraft aot TARGET --arch sm_90 [--arch sm_100] -o DIR [--sign KEYFILE]: an AOT bundle of every
+"""kernelgraft aot TARGET --arch sm_90 [--arch sm_100] -o DIR [--sign KEYFILE] [--decisions TUNE_JSON]: an AOT bundle of every
 candidate, optionally signed (HMAC-SHA256) so that ``load_bundle(DIR, key=KEYFILE)`` refuses changes."""
 
 from __future__ import annotations
@@ -16,6 +16,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--sign", metavar="KEYFILE",
                         help="sign the bundle with the key in KEYFILE (HMAC-SHA256, at least 16 bytes); "
                              "load it with kg.load_bundle(DIR, key=KEYFILE)")
+    parser.add_argument("--decisions", metavar="TUNE_JSON",
+                        help="a tuning cache file (tune.json, e.g. from a GPU machine after tuning), or "
+                             "'cache' for this machine's: its decisions for these ops become the bundle's "
+                             "decision table (which candidate serves which shapes; without it, the first "
+                             "candidate that fits)")
     parser.add_argument("--allow-partial", action="store_true",
                         help="exit 0 even when some (candidate, signature) pairs failed to compile "
                              "(they are still listed); those calls run JIT or the reference at run time")
@@ -47,12 +52,15 @@ def run(args) -> int:
         print("kernelgraft aot: no ops found in", " ".join(args.target))
         return 1
     manifest = build_bundle(ops, args.out, archs=args.arch or ["sm_90"], dynamic=not args.static,
-                            progress=lambda line: print("  " + line, flush=True), sign=args.sign)
+                            progress=lambda line: print("  " + line, flush=True), sign=args.sign,
+                            decisions=args.decisions)
     total = dropped = 0
     for entry in manifest["ops"]:
         kernels = sum(len(c["kernels"]) for c in entry["candidates"])
         total += kernels
-        print(f"{entry['name']}: {len(entry['candidates'])} candidates, {kernels} kernels")
+        rows = len(entry.get("decisions", ()))
+        print(f"{entry['name']}: {len(entry['candidates'])} candidates, {kernels} kernels"
+              + (f", {rows} tuned decisions" if rows else ""))
         failed = {d["candidate"] for d in entry.get("dropped", ())}
         for s in entry["skipped"]:
             if s["candidate"] not in failed:  # its dropped signatures say why, one by one

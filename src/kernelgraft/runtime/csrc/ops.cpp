@@ -1,0 +1,443 @@
+// The runtime's face to PyTorch: torch.ops.kernelgraft.load_bundle(path, key=None, arch=None)
+// registers every op of a bundle with the dispatcher under its schema, with a CUDA kernel (choose
+// a kernel, allocate outputs, launch the cubin on the current stream) and a Meta kernel (output
+// shapes, so fake tensors and export work). Errors are c10::Errors naming the op, the argument,
+// what was expected and what came.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <c10/util/Half.h>
+#include <c10/util/env.h>
+#include <torch/library.h>
+
+#include <cctype>
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "bundle.h"
+#include "driver.h"
+#include "select.h"
+
+namespace kgrt {
+namespace {
+
+const std::map<std::string, at::ScalarType>& dtypes() {
+  static const std::map<std::string, at::ScalarType> table = {
+      {"float32", at::kFloat}, {"float16", at::kHalf}, {"bfloat16", at::kBFloat16}, {"float64", at::kDouble},
+      {"int8", at::kChar}, {"int16", at::kShort}, {"int32", at::kInt}, {"int64", at::kLong},
+      {"uint8", at::kByte}, {"bool", at::kBool}, {"float8_e4m3fn", at::kFloat8_e4m3fn},
+      {"float8_e5m2", at::kFloat8_e5m2}, {"complex64", at::kComplexFloat}};
+  return table;
+}
+
+at::ScalarType dtype_named(const std::string& name, const std::string& where) {
+  auto it = dtypes().find(name);
+  if (it == dtypes().end()) throw BundleError(where + ": dtype '" + name + "' is not one the runtime knows");
+  return it->second;
+}
+
+std::string dtype_name(at::ScalarType t) {
+  for (const auto& kv : dtypes())
+    if (kv.second == t) return kv.first;
+  return c10::toString(t);
+}
+
+// A registered op: the bundle it came from (which owns the kernels' cubins) and its launchers.
+struct LoadedOp {
+  std::shared_ptr<Bundle> bundle;
+  const OpEntry* op = nullptr;
+  std::map<const Kernel*, std::unique_ptr<LazyFunction>> functions;
+};
+
+struct State {
+  std::mutex mutex;
+  std::map<std::string, std::shared_ptr<LoadedOp>> ops;       // qualified name -> what serves it
+  std::vector<std::unique_ptr<torch::Library>> libraries;     // alive for the process: registrations stay
+};
+
+State& state() {
+  static State* s = new State();  // never destroyed: the dispatcher may call kernels during exit
+  return *s;
+}
+
+// The call's arguments as selection sees them; TORCH_CHECK naming the argument otherwise.
+std::vector<ArgView> views(const OpEntry& op, c10::ArrayRef<c10::IValue> args, bool meta, c10::Device* device) {
+  std::vector<ArgView> out(op.params.size());
+  bool have_device = false;
+  for (size_t i = 0; i < op.params.size(); ++i) {
+    const OpParam& p = op.params[i];
+    const c10::IValue& v = args[i];
+    ArgView& a = out[i];
+    if (p.kind == "tensor") {
+      if (v.isNone()) continue;
+      TORCH_CHECK(v.isTensor(), op.qualified, ": argument ", p.name, " must be a Tensor, got ", v.tagKind());
+      const at::Tensor& t = v.toTensor();
+      if (!meta) {
+        TORCH_CHECK(t.is_cuda(), op.qualified, ": argument ", p.name, " must be a CUDA tensor, got a tensor on ",
+                    t.device(), " (the bundle's kernels run on CUDA devices)");
+        TORCH_CHECK(!have_device || t.device() == *device, op.qualified, ": argument ", p.name,
+                    " is on ", t.device(), ", expected ", *device, " like the arguments before it");
+      }
+      if (!have_device) {
+        *device = t.device();
+        have_device = true;
+      }
+      a.is_tensor = true;
+      a.dtype = dtype_name(t.scalar_type());
+      a.sizes = t.sizes().vec();
+      a.contiguous = t.is_contiguous();
+      a.aligned16 = meta || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+    } else if (v.isBool()) {
+      a.value = Json(v.toBool());
+    } else if (v.isInt()) {
+      a.value = Json(static_cast<int64_t>(v.toInt()));
+    } else if (v.isDouble()) {
+      a.value = Json(v.toDouble());
+    } else if (v.isString()) {
+      a.value = Json(v.toStringRef());
+    }
+  }
+  TORCH_CHECK(have_device, op.qualified, ": no tensor argument to take the device from");
+  return out;
+}
+
+// Packs one scalar parameter of `kind` into `slot` (8 bytes), TORCH_CHECK when it does not fit.
+void pack(const std::string& where, size_t index, const std::string& kind, const Value& v, uint64_t* slot) {
+  auto fail = [&]() {
+    TORCH_CHECK(false, where, ": parameter ", index, " of kind ", kind, " cannot hold ", describe(v));
+  };
+  if (kind[0] == 'f') {
+    double d = v.kind == Value::Int ? static_cast<double>(v.i) : v.f;
+    if (kind == "f64") std::memcpy(slot, &d, 8);
+    else if (kind == "f32") { float f = static_cast<float>(d); std::memcpy(slot, &f, 4); }
+    else { c10::Half h(static_cast<float>(d)); std::memcpy(slot, &h, 2); }
+    return;
+  }
+  int64_t x;
+  if (!to_int64(v, &x)) fail();
+  if (kind == "i8") { if (x < INT8_MIN || x > INT8_MAX) fail(); int8_t y = static_cast<int8_t>(x); std::memcpy(slot, &y, 1); }
+  else if (kind == "i16") { if (x < INT16_MIN || x > INT16_MAX) fail(); int16_t y = static_cast<int16_t>(x); std::memcpy(slot, &y, 2); }
+  else if (kind == "i32") { if (x < INT32_MIN || x > INT32_MAX) fail(); int32_t y = static_cast<int32_t>(x); std::memcpy(slot, &y, 4); }
+  else if (kind == "i64") { std::memcpy(slot, &x, 8); }
+  else if (kind == "u8") { if (x < 0 || x > UINT8_MAX) fail(); uint8_t y = static_cast<uint8_t>(x); std::memcpy(slot, &y, 1); }
+  else if (kind == "u16") { if (x < 0 || x > UINT16_MAX) fail(); uint16_t y = static_cast<uint16_t>(x); std::memcpy(slot, &y, 2); }
+  else if (kind == "u32") { if (x < 0 || x > UINT32_MAX) fail(); uint32_t y = static_cast<uint32_t>(x); std::memcpy(slot, &y, 4); }
+  else { if (x < 0) fail(); uint64_t y = static_cast<uint64_t>(x); std::memcpy(slot, &y, 8); }
+}
+
+at::ScalarType out_dtype(const Kernel& k, size_t i) { return dtype_named(k.out_dtypes[i], k.where); }
+
+class CudaKernel : public c10::OperatorKernel {
+ public:
+  explicit CudaKernel(std::shared_ptr<LoadedOp> loaded) : loaded_(std::move(loaded)) {}
+
+  void operator()(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    const OpEntry& op = *loaded_->op;
+    size_t n = op.params.size();
+    auto args = torch::jit::last(*stack, n);
+    c10::Device device(c10::kCUDA);
+    std::vector<ArgView> views_ = views(op, args, false, &device);
+    std::vector<Input> inputs = inputs_of(views_);
+    Plan plan;
+    std::string why;
+    TORCH_CHECK(choose(op, views_, inputs, &plan, &why), why);
+    const Kernel& k = *plan.kernel;
+    c10::DeviceGuard guard(device);
+    std::vector<at::Tensor> outs;
+    for (size_t i = 0; i < plan.out_shapes.size(); ++i)
+      outs.push_back(at::empty(plan.out_shapes[i], at::TensorOptions().dtype(out_dtype(k, i)).device(device)));
+    std::vector<uint64_t> storage(k.params.size());
+    std::vector<void*> pointers(k.params.size());
+    for (size_t i = 0; i < k.params.size(); ++i) {
+      const KernelParam& p = k.params[i];
+      if (p.kind == "ptr") {
+        void* ptr = nullptr;
+        if (p.input >= 0) {
+          const c10::IValue& v = args[p.input];
+          TORCH_CHECK(v.isTensor(), op.qualified, ": argument ", op.params[p.input].name,
+                      " must be a Tensor (the kernel reads it), got None");
+          ptr = v.toTensor().data_ptr();
+        } else if (p.output >= 0) {
+          ptr = outs[p.output].data_ptr();
+        }
+        std::memcpy(&storage[i], &ptr, sizeof ptr);
+      } else {
+        pack(k.where, i, p.kind, plan.scalars[i], &storage[i]);
+      }
+      pointers[i] = &storage[i];
+    }
+    // torch's current stream of the device (whatever backs it: graph capture records the launch)
+    c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+    void* stream = impl.getStream(device).native_handle();
+    try {
+      // functions is filled before the op is registered and never changes: no lock
+      loaded_->functions.at(&k)->launch(device.index(), plan.grid.data(), k.block.data(), plan.shared_mem, stream, pointers.data());
+    } catch (const std::runtime_error& e) {
+      TORCH_CHECK(false, op.qualified, " (", op.candidates[plan.candidate].label, "): ", e.what());
+    }
+    torch::jit::drop(*stack, n);
+    for (auto& t : outs) stack->emplace_back(std::move(t));
+  }
+
+ private:
+  std::shared_ptr<LoadedOp> loaded_;
+};
+
+class MetaKernel : public c10::OperatorKernel {
+ public:
+  explicit MetaKernel(std::shared_ptr<LoadedOp> loaded) : loaded_(std::move(loaded)) {}
+
+  void operator()(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    const OpEntry& op = *loaded_->op;
+    size_t n = op.params.size();
+    auto args = torch::jit::last(*stack, n);
+    c10::Device device(c10::kMeta);
+    std::vector<ArgView> views_ = views(op, args, true, &device);
+    std::vector<Input> inputs = inputs_of(views_);
+    std::vector<std::vector<int64_t>> shapes;
+    std::vector<std::string> names;
+    std::string why;
+    TORCH_CHECK(meta_shapes(op, views_, inputs, &shapes, &names, &why), why);
+    std::vector<at::Tensor> outs;
+    for (size_t i = 0; i < shapes.size(); ++i)
+      outs.push_back(at::empty(shapes[i], at::TensorOptions().dtype(dtype_named(names[i], op.qualified)).device(device)));
+    torch::jit::drop(*stack, n);
+    for (auto& t : outs) stack->emplace_back(std::move(t));
+  }
+
+ private:
+  std::shared_ptr<LoadedOp> loaded_;
+};
+
+// CPU tensors: the error says what the op expects instead of the dispatcher's list of backends.
+class CpuKernel : public c10::OperatorKernel {
+ public:
+  explicit CpuKernel(std::shared_ptr<LoadedOp> loaded) : loaded_(std::move(loaded)) {}
+
+  void operator()(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    const OpEntry& op = *loaded_->op;
+    c10::Device device(c10::kCUDA);
+    views(op, torch::jit::last(*stack, op.params.size()), false, &device);  // names the CPU argument
+    TORCH_CHECK(false, op.qualified, ": the bundle's kernels run on CUDA devices, got no CUDA tensor");
+  }
+
+ private:
+  std::shared_ptr<LoadedOp> loaded_;
+};
+
+// Registers `op` unless an op of its name is there: the same op from an earlier load (same
+// fingerprint) is skipped, an op of the same schema registered by someone else (kernelgraft's
+// Python op) is left to serve and skipped, anything else is an error. Returns whether it registered.
+bool register_op(const std::shared_ptr<Bundle>& bundle, const OpEntry& op) {
+  State& s = state();
+  auto found = s.ops.find(op.qualified);
+  if (found != s.ops.end()) {
+    TORCH_CHECK(found->second->op->fingerprint == op.fingerprint, "bundle ", bundle->path, ": op ", op.qualified,
+                " is already registered from bundle ", found->second->bundle->path,
+                " built from different code (fingerprints differ); load one of them");
+    return false;
+  }
+  std::string def = op.name + op.schema;
+  auto existing = c10::Dispatcher::singleton().findOp(c10::OperatorName(op.qualified, ""));
+  if (existing.has_value()) {
+    std::string have = c10::toString(existing->schema());
+    std::string want = c10::toString(torch::schema((op.qualified + op.schema).c_str()));
+    TORCH_CHECK(have == want, "bundle ", bundle->path, ": op ", op.qualified, " is already registered with schema ",
+                have, ", the bundle's is ", want, "; it cannot be registered twice");
+    TORCH_WARN("bundle ", bundle->path, ": op ", op.qualified,
+               " is already registered in this process (by kernelgraft's Python op?); that registration serves it");
+    return false;
+  }
+  auto loaded = std::make_shared<LoadedOp>();
+  loaded->bundle = bundle;
+  loaded->op = &op;
+  for (const auto& cand : op.candidates)
+    for (const auto& k : cand.kernels) loaded->functions[&k] = std::make_unique<LazyFunction>(&k.cubin, k.name);
+  auto lib = std::make_unique<torch::Library>(torch::Library::FRAGMENT, op.ns, std::nullopt, __FILE__, __LINE__);
+  lib->def(def.c_str());
+  lib->impl(op.name.c_str(), c10::DispatchKey::CUDA,
+            torch::CppFunction::makeFromBoxedFunctor(std::make_unique<CudaKernel>(loaded)));
+  lib->impl(op.name.c_str(), c10::DispatchKey::CPU,
+            torch::CppFunction::makeFromBoxedFunctor(std::make_unique<CpuKernel>(loaded)));
+  lib->impl(op.name.c_str(), c10::DispatchKey::Meta,
+            torch::CppFunction::makeFromBoxedFunctor(std::make_unique<MetaKernel>(loaded)));
+  s.libraries.push_back(std::move(lib));
+  s.ops[op.qualified] = loaded;
+  return true;
+}
+
+std::string current_arch() {
+  std::string why = driver_unavailable();
+  TORCH_CHECK(why.empty(), "load_bundle: no arch given and ", why,
+              "; pass arch='sm_90' (or the bundle's arch) to load it anyway");
+  std::string arch, error;
+  try {
+    arch = device_arch(0);
+  } catch (const std::runtime_error& e) {
+    error = e.what();
+  }
+  TORCH_CHECK(error.empty(), "load_bundle: no arch given and the GPU's cannot be read (", error, ")");
+  return arch;
+}
+
+std::string normalize_arch(const std::string& arch) {
+  std::string t;
+  for (char c : arch) if (c != '.' && c != ' ') t += static_cast<char>(std::tolower(c));
+  if (t.rfind("sm", 0) == 0) t = t.substr(2);
+  if (!t.empty() && t[0] == '_') t = t.substr(1);
+  std::string digits = !t.empty() && t.back() == 'a' ? t.substr(0, t.size() - 1) : t;
+  TORCH_CHECK(digits.size() >= 2 && digits.size() <= 3 && digits.find_first_not_of("0123456789") == std::string::npos,
+              "load_bundle: arch '", arch, "' is not a CUDA arch; write sm_90, sm_100, sm_90a, ...");
+  return "sm_" + t;
+}
+
+// Every dtype the op names is one torch has (before anything is registered).
+void validate(const OpEntry& op, const std::string& path) {
+  for (const auto& cand : op.candidates)
+    for (const auto& k : cand.kernels) {
+      for (const auto& d : k.dtypes) dtype_named(d.second, k.where);
+      for (size_t i = 0; i < k.out_dtypes.size(); ++i) out_dtype(k, i);
+    }
+  for (const auto& rule : op.meta) {
+    for (const auto& d : rule.dtypes) dtype_named(d.second, "bundle " + path + ": op " + op.qualified + " meta");
+    for (const auto& d : rule.out_dtypes) dtype_named(d, "bundle " + path + ": op " + op.qualified + " meta");
+  }
+}
+
+// Registers the bundle's ops; returns their names (those already served included).
+std::vector<std::string> load_bundle(const std::string& path, const std::optional<std::string>& key,
+                                     const std::optional<std::string>& arch) {
+  std::string chosen = arch.has_value() ? normalize_arch(*arch) : current_arch();
+  std::shared_ptr<Bundle> bundle;
+  try {
+    bundle = read_bundle(path, chosen, key.has_value() ? read_key_file(*key) : std::string());
+  } catch (const BundleError& e) {
+    TORCH_CHECK(false, e.what());
+  }
+  try {
+    for (const auto& op : bundle->ops) validate(op, path);
+  } catch (const BundleError& e) {
+    TORCH_CHECK(false, e.what());
+  }
+  std::vector<std::string> names;
+  std::lock_guard<std::mutex> lock(state().mutex);
+  for (const auto& op : bundle->ops) {
+    register_op(bundle, op);
+    names.push_back(op.qualified);
+  }
+  return names;
+}
+
+// Test hooks: evaluate a program, and plan a call described without tensors, in C++.
+Json arg_json(const std::string& text) { return parse_json(text, "the test arguments"); }
+
+std::vector<ArgView> views_of(const Json& list) {
+  std::vector<ArgView> out;
+  for (const auto& item : as_array(list, "the test arguments")) {
+    ArgView a;
+    if (item.is<picojson::object>()) {
+      a.is_tensor = true;
+      a.dtype = item.contains("dtype") ? item.get("dtype").to_str() : "float32";
+      for (const auto& d : as_array(field(item, "shape", "a test tensor"), "a test shape"))
+        a.sizes.push_back(as_int(d, "a test size"));
+      if (item.contains("contiguous")) a.contiguous = item.get("contiguous").evaluate_as_boolean();
+      if (item.contains("aligned")) a.aligned16 = item.get("aligned").evaluate_as_boolean();
+    } else {
+      a.value = item;
+    }
+    out.push_back(std::move(a));
+  }
+  return out;
+}
+
+std::string eval_program(const std::string& program, const std::string& args) {
+  try {
+    std::vector<ArgView> views_ = views_of(arg_json(args));
+    std::vector<Input> inputs = inputs_of(views_);
+    Program p(parse_json(program, "the test program"), inputs.size(), "the test program");
+    return describe(p.run(inputs));
+  } catch (const BundleError& e) {
+    TORCH_CHECK(false, e.what());
+  }
+}
+
+std::string plan_call(const std::string& name, const std::string& args) {
+  std::shared_ptr<LoadedOp> loaded;
+  {
+    std::lock_guard<std::mutex> lock(state().mutex);
+    auto it = state().ops.find(name);
+    TORCH_CHECK(it != state().ops.end(), "_plan: no op ", name, " was registered from a bundle");
+    loaded = it->second;
+  }
+  const OpEntry& op = *loaded->op;
+  std::vector<ArgView> views_;
+  try {
+    views_ = views_of(arg_json(args));
+  } catch (const BundleError& e) {
+    TORCH_CHECK(false, e.what());
+  }
+  TORCH_CHECK(views_.size() == op.params.size(), name, ": ", op.params.size(), " arguments expected");
+  std::vector<Input> inputs = inputs_of(views_);
+  Plan plan;
+  std::string why;
+  TORCH_CHECK(choose(op, views_, inputs, &plan, &why), why);
+  picojson::object o;
+  o["candidate"] = Json(op.candidates[plan.candidate].label);
+  o["kernel"] = Json(plan.kernel->name);
+  picojson::array grid, params, outs;
+  for (int64_t g : plan.grid) grid.emplace_back(g);
+  for (size_t i = 0; i < plan.kernel->params.size(); ++i)
+    params.emplace_back(plan.kernel->params[i].kind == "ptr" ? Json() : Json(describe(plan.scalars[i])));
+  for (const auto& s : plan.out_shapes) {
+    picojson::array dims;
+    for (int64_t d : s) dims.emplace_back(d);
+    outs.emplace_back(dims);
+  }
+  o["grid"] = Json(grid);
+  o["shared_mem"] = Json(plan.shared_mem);
+  o["params"] = Json(params);
+  o["outputs"] = Json(outs);
+  return canonical_json(Json(o));
+}
+
+// KERNELGRAFT_BUNDLES=DIR[:DIR...] loads bundles when the library loads (KERNELGRAFT_BUNDLE_KEY: a
+// key file, KERNELGRAFT_BUNDLE_ARCH: the arch, default the GPU's), so a program that links the
+// runtime serves them without calling load_bundle. A bundle that does not load is reported on
+// stderr and skipped: throwing here would abort the process that loads the library.
+struct LoadFromEnvironment {
+  LoadFromEnvironment() {
+    auto dirs = c10::utils::get_env("KERNELGRAFT_BUNDLES");
+    if (!dirs.has_value() || dirs->empty()) return;
+    auto key = c10::utils::get_env("KERNELGRAFT_BUNDLE_KEY");
+    auto arch = c10::utils::get_env("KERNELGRAFT_BUNDLE_ARCH");
+    size_t start = 0;
+    while (start <= dirs->size()) {
+      size_t end = dirs->find(':', start);
+      std::string dir = dirs->substr(start, end == std::string::npos ? std::string::npos : end - start);
+      start = end == std::string::npos ? dirs->size() + 1 : end + 1;
+      if (dir.empty()) continue;
+      try {
+        load_bundle(dir, key, arch);
+      } catch (const std::exception& e) {
+        std::cerr << "kernelgraft runtime: KERNELGRAFT_BUNDLES: bundle " << dir << " not loaded: " << e.what()
+                  << std::endl;
+      }
+    }
+  }
+};
+
+}  // namespace
+}  // namespace kgrt
+
+TORCH_LIBRARY_FRAGMENT(kernelgraft, m) {
+  m.def("load_bundle(str path, str? key=None, str? arch=None) -> str[]", &kgrt::load_bundle);
+  m.def("_runtime_eval(str program, str args) -> str", &kgrt::eval_program);
+  m.def("_runtime_plan(str op, str args) -> str", &kgrt::plan_call);
+}
+
+// After the registrations above (one translation unit initializes in order of definition).
+static kgrt::LoadFromEnvironment kgrt_load_from_environment;

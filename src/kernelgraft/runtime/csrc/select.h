@@ -1,0 +1,48 @@
+// Which bundled kernel serves a call, and its launch plan: decision rows first (the tuner's
+// ranking for the shapes a row covers), then every candidate in manifest order; a kernel serves
+// when its dtypes, ranks, contiguity, alignment and guard hold. Torch-free: ops.cpp describes each
+// argument as an ArgView, and so do the test hooks, which plan calls without tensors.
+#pragma once
+
+#include <array>
+#include <string>
+#include <vector>
+
+#include "bundle.h"
+
+namespace kgrt {
+
+struct ArgView {
+  bool is_tensor = false;
+  std::string dtype;             // a tensor's dtype as the manifest names it ("float16")
+  std::vector<int64_t> sizes;
+  bool contiguous = true;
+  bool aligned16 = true;         // its data pointer is a multiple of 16 bytes
+  Json value;                    // a scalar: its value (null for None)
+};
+
+// Each argument as programs see it (sizes point into `args`, which must outlive the result).
+std::vector<Input> inputs_of(const std::vector<ArgView>& args);
+
+struct Plan {
+  const Kernel* kernel = nullptr;
+  int candidate = -1;
+  std::array<int64_t, 3> grid{};
+  int64_t shared_mem = 0;
+  std::vector<Value> scalars;                   // per kernel parameter (pointers: unused)
+  std::vector<std::vector<int64_t>> out_shapes;
+};
+
+// The plan of the first kernel that serves the call, or false with `why` (naming the op, the
+// arguments and what the bundle holds).
+bool choose(const OpEntry& op, const std::vector<ArgView>& args, const std::vector<Input>& inputs, Plan* plan,
+            std::string* why);
+
+// Output shapes and dtypes from the op's meta rules (the first that holds), or false with `why`.
+bool meta_shapes(const OpEntry& op, const std::vector<ArgView>& args, const std::vector<Input>& inputs,
+                 std::vector<std::vector<int64_t>>* shapes, std::vector<std::string>* dtypes, std::string* why);
+
+// "x: float16[3, 5], eps: 1e-06": what an error shows of a call.
+std::string describe_args(const OpEntry& op, const std::vector<ArgView>& args);
+
+}  // namespace kgrt

@@ -1,0 +1,141 @@
+"""The C++ runtime on a GPU: bundled ops launched by the runtime equal the Python ops, inside CUDA
+graphs too, and in a process where neither kernelgraft nor triton imports.
+
+Run on the GPU machine: ``pytest -m gpu tests/test_gpu_runtime.py`` (TRITON_INTERPRET unset)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import zlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernelgraft.aot import _manifest
+from kernelgraft.examples import add_relu, rmsnorm  # registered before the per-test registry snapshot
+
+from _aot_helpers import build_bundle, env
+
+pytestmark = pytest.mark.gpu
+
+CASES = {
+    "add_relu": [((3000,), torch.float32), ((128, 1024), torch.float32), ((7,), torch.float32),
+                 ((33, 97), torch.float16), ((33, 97), torch.bfloat16), ((4096,), torch.float32)],
+    "rmsnorm": [((5, 64), torch.float32), ((3, 1000), torch.float32), ((17, 4096), torch.float32),
+                ((9, 768), torch.float16), ((9, 768), torch.bfloat16), ((1, 7), torch.float32)],
+}
+PYTHON_OPS = {"add_relu": add_relu.add_relu, "rmsnorm": rmsnorm.rmsnorm}
+
+
+def _arch() -> str:
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}"
+
+
+@pytest.fixture(scope="module")
+def so() -> Path:
+    from kernelgraft import runtime
+
+    library = runtime.library()
+    torch.ops.load_library(str(library))
+    return library
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory) -> Path:
+    return build_bundle(tmp_path_factory.mktemp("bundle"), _arch(), timeout=900)
+
+
+@pytest.fixture(scope="module")
+def served(so, bundle, tmp_path_factory):
+    dst = tmp_path_factory.mktemp("served") / "b"
+    shutil.copytree(bundle, dst)
+    manifest = _manifest.read(dst)
+    for op in manifest["ops"]:
+        op["name"] = "kgrt_gpu::" + op["name"].split("::")[1]
+    _manifest.write(dst, manifest)
+    assert list(torch.ops.kernelgraft.load_bundle(str(dst), None, None)) == ["kgrt_gpu::add_relu",
+                                                                             "kgrt_gpu::rmsnorm"]
+    return torch.ops.kgrt_gpu
+
+
+def _inputs(short: str, shape, dtype):
+    g = torch.Generator(device="cuda").manual_seed(zlib.crc32(f"{short}{shape}{dtype}".encode()))
+    x = torch.randn(shape, generator=g, device="cuda").to(dtype)
+    if short == "add_relu":
+        return (x, torch.randn(shape, generator=g, device="cuda").to(dtype))
+    return (x, torch.randn(shape[-1:], generator=g, device="cuda").to(dtype), 1e-6)
+
+
+@pytest.mark.parametrize("short", list(CASES))
+def test_runtime_ops_equal_the_python_ops(served, short):
+    for shape, dtype in CASES[short]:
+        args = _inputs(short, shape, dtype)
+        got = getattr(served, short)(*args)
+        want = PYTHON_OPS[short](*args)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        tol = {"atol": 0, "rtol": 0} if short == "add_relu" else {"atol": 2e-2, "rtol": 2e-2}
+        torch.testing.assert_close(got, want, **tol, msg=f"{short} {shape} {dtype}")
+
+
+def test_runtime_ops_replay_in_a_cuda_graph(served):
+    x, y = _inputs("add_relu", (4096,), torch.float32)
+    served.add_relu(x, y)  # loads the module on this device before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = served.add_relu(x, y)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, torch.relu(x + y), atol=0, rtol=0)
+
+
+def test_runtime_ops_run_on_the_current_stream(served):
+    x, y = _inputs("add_relu", (1 << 20,), torch.float32)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(100_000_000)  # ~0.1 s: a launch on another stream would read x before the fill
+        x.fill_(1.5)
+        out = served.add_relu(x, y)
+    stream.synchronize()
+    torch.testing.assert_close(out, torch.relu(1.5 + y), atol=0, rtol=0)
+
+
+CHILD = r"""
+import importlib.abc, json, sys
+
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("kernelgraft", "triton"):
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked)")
+        return None
+
+sys.meta_path.insert(0, Block())
+import torch
+torch.ops.load_library(sys.argv[1])
+torch.ops.kernelgraft.load_bundle(sys.argv[2], None, None)
+x = torch.randn(33, 97, device="cuda", dtype=torch.float16)
+y = torch.randn(33, 97, device="cuda", dtype=torch.float16)
+out = torch.ops.kgexamples.add_relu(x, y)
+ok = torch.equal(out, torch.relu(x + y))
+w = torch.randn(97, device="cuda", dtype=torch.float16)
+norm = torch.ops.kgexamples.rmsnorm(x, w, 1e-6)
+ref = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()).half()
+print(json.dumps({"add_relu_equal": ok, "rmsnorm_close": torch.allclose(norm, ref, atol=2e-2, rtol=2e-2),
+                  "modules": sorted(m for m in sys.modules if m.split(".")[0] in ("kernelgraft", "triton"))}))
+"""
+
+
+def test_runs_where_kernelgraft_and_triton_do_not_import(so, bundle, tmp_path):
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    proc = subprocess.run([sys.executable, "-P", str(script), str(so), str(bundle)], capture_output=True, text=True,
+                          env=env(), timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"add_relu_equal": True, "rmsnorm_close": True,
+                                                                "modules": []}

@@ -1,0 +1,260 @@
+"""Manifest version 2, the C++ runtime's data: RPN programs equal to the Python expressions,
+output-shape rules, decision tables from a tuning cache, and the loader reading versions 1 and 2."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+import kernelgraft as kg
+from kernelgraft.aot import _manifest
+from kernelgraft.aot._expr import compile_exprs
+from kernelgraft.aot._program import _range, decision_table
+from kernelgraft.aot._rpn import EvalError, compile_rpn, evaluate
+from kernelgraft.examples import add_relu, rmsnorm  # registered before the per-test registry snapshot
+
+from _aot_helpers import build_bundle
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory) -> Path:
+    pytest.importorskip("cuda.bindings")
+    return build_bundle(tmp_path_factory.mktemp("bundle"), "sm_90", timeout=600)
+
+
+def _python(text: str, names, args):
+    """The Python loader's value of ``text``, or EvalError where it raises."""
+    try:
+        return compile_exprs(names, [text])(*args)[0]
+    except kg.BundleError as exc:
+        return EvalError(str(exc))
+
+
+def _rpn(text: str, names, args):
+    try:
+        return evaluate(compile_rpn(text, names), args)
+    except EvalError as exc:
+        return exc
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, EvalError) or isinstance(b, EvalError):
+        return isinstance(a, EvalError) and isinstance(b, EvalError)
+    return a == b  # Python's True is the program's 1
+
+
+@pytest.mark.parametrize("text", [
+    "((1023 + x.shape[0]) // 1024)", "(-((-x.shape[0]) // 256))", "max(16, x.shape[0], 3) % 7",
+    "min(x.shape[0], 2.5)", "(x.shape[0] | 3) == 7 and not (x.shape[0] < 0)", "x.shape[0] ** 2 + (1 << 4)",
+    "(x.shape[0] - 9) // 4", "(x.shape[0] - 9) % 4", "x.shape[0] / 3", "n // (x.shape[0] - 5)",
+    "(x.shape[0] == 5) or (n // (x.shape[0] - 5))", "(x.shape[0] != 5) and (n // (x.shape[0] - 5))",
+    "eps * 2", "-eps", "+n", "(x.shape[0] >> 1) & n", "True", "n == 3", "eps == 1e-06",
+], ids=lambda t: t[:30])
+def test_rpn_equals_the_python_expression(text):
+    names = ["x", "n", "eps"]
+    rng = random.Random(text)
+    for _ in range(50):
+        args = (torch.empty(rng.randrange(0, 40)), rng.randrange(-8, 8), rng.choice([1e-6, 0.5, -2.0]))
+        want, got = _python(text, names, args), _rpn(text, names, args)
+        assert _same(want, got), (text, args, want, got)
+
+
+def test_rpn_tokens_are_plain_json_with_exact_integers():
+    rpn = compile_rpn("(x.shape[1] < 9223372036854775808) and (n >= -9223372036854775808)", ["x", "n"])
+    assert json.loads(json.dumps(rpn)) == rpn
+    assert ["int", "9223372036854775808"] in rpn and ["size", 0, 1] in rpn and ["arg", 1] in rpn
+    assert rpn[-1] == ["bool", "and", 2]
+
+
+@pytest.mark.parametrize("text,why", [
+    ("x.shape[0] < n < 5", "chains comparisons"), ("x.shape[0] < 1361129467683753853853498429727072845824", "does not fit"),
+    ("open('f')", "grammar does not allow"),
+], ids=["chain", "huge-literal", "call"])
+def test_rpn_refuses_what_cpp_cannot_hold(text, why):
+    with pytest.raises(kg.BundleError, match=why):
+        compile_rpn(text, ["x", "n"])
+
+
+def test_deep_expression_compiles_without_recursion():
+    text = "x.shape[0]" + " + 1" * 500
+    assert evaluate(compile_rpn(text, ["x"]), [torch.empty(3)]) == 503
+
+
+def _kernels(manifest):
+    for op in manifest["ops"]:
+        for cand in op["candidates"]:
+            for k in cand["kernels"]:
+                yield op, cand, k
+
+
+def _random_inputs(op: dict, k: dict, rng: random.Random) -> list:
+    """Inputs of the kernel's ranks/dtypes with random sizes (most guards do not hold: both matter)."""
+    args = []
+    for p in op["params"]:
+        if p["kind"] == "tensor":
+            rank = k["ranks"][p["name"]]
+            args.append(torch.empty([rng.choice([1, 2, 3, 7, 16, 64, 100, 1024, 4096, 5000])
+                                     for _ in range(rank)], device="meta"))
+        elif p["kind"] == "float":
+            args.append(rng.choice([1e-6, 1e-5, 0.5]))
+        else:
+            args.append(rng.randrange(-4, 4096))
+    return args
+
+
+def test_every_program_in_a_real_bundle_equals_its_text(bundle):
+    manifest = _manifest.read(bundle)
+    assert manifest["version"] == 2
+    rng = random.Random(0)
+    checked = 0
+    for op, _cand, k in _kernels(manifest):
+        names = [p["name"] for p in op["params"]]
+        prog = k["program"]
+        texts = [" and ".join(k["guards"]) or "True", *k["grid"], str(k["shared_mem"])]
+        programs = [prog["guard"], *prog["grid"], prog["shared_mem"]]
+        for p, rpn in zip(k["params"], prog["params"]):
+            assert (rpn is None) == ("expr" not in p)
+            if rpn is not None:
+                texts.append(p["expr"])
+                programs.append(rpn)
+        for shape, rpns in zip(k["outputs"]["shapes"], prog["outputs"]):
+            texts += shape
+            programs += rpns
+        for _ in range(4):
+            args = _random_inputs(op, k, rng)
+            for text, rpn in zip(texts, programs):
+                want = _python(text, names, args)
+                try:
+                    got = evaluate(rpn, args)
+                except EvalError as exc:
+                    got = exc
+                assert _same(want, got), (op["name"], text[:200], [getattr(a, "shape", a) for a in args])
+                checked += 1
+    assert checked > 2000
+
+
+def test_meta_rules_give_the_python_ops_output_shapes(bundle):
+    manifest = _manifest.read(bundle)
+    ops = {"kgexamples::add_relu": add_relu.add_relu, "kgexamples::rmsnorm": rmsnorm.rmsnorm}
+    for entry in manifest["ops"]:
+        assert entry["meta"], entry["name"]
+        op = ops[entry["name"]]
+        for sample in op.sample_inputs():
+            args = list(sample)
+            from torch._subclasses.fake_tensor import FakeTensorMode
+
+            with FakeTensorMode() as mode:
+                want = op(*[mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args])
+            for rule in entry["meta"]:
+                names = [p["name"] for p in entry["params"]]
+                tensors = dict(zip(names, args))
+                if any(str(tensors[n].dtype).removeprefix("torch.") != d for n, d in rule["dtypes"].items()):
+                    continue
+                if any(tensors[n].dim() != r for n, r in rule["ranks"].items()):
+                    continue
+                if evaluate(rule["guard"], args):
+                    shape = [evaluate(s, args) for s in rule["shapes"][0]]
+                    assert shape == list(want.shape) and rule["out_dtypes"][0] == str(want.dtype)[6:]
+                    break
+            else:
+                pytest.fail(f"no meta rule of {entry['name']} holds for {[getattr(a, 'shape', a) for a in args]}")
+
+
+def test_loader_reads_version_1_and_2(bundle, tmp_path):
+    v2 = _manifest.read(bundle)
+    v1 = json.loads(json.dumps(v2))
+    v1["version"] = 1
+    for op in v1["ops"]:
+        del op["meta"], op["decisions"]
+        for cand in op["candidates"]:
+            for k in cand["kernels"]:
+                del k["program"]
+    for version, manifest in ((1, v1), (2, v2)):
+        d = tmp_path / f"v{version}"
+        shutil.copytree(bundle, d)
+        _manifest.write(d, manifest)
+        assert _manifest.read(d)["version"] == version
+    manifest = dict(v2, version=3)
+    _manifest.write(tmp_path / "v2", manifest)
+    with pytest.raises(kg.BundleError, match="reads versions 1, 2"):
+        _manifest.read(tmp_path / "v2")
+
+
+@pytest.mark.parametrize("rule,bucket,want", [
+    ("pow2", 1, [1, 1]), ("pow2", 2, [2, 2]), ("pow2", 1024, [513, 1024]), ("pow2", 0, [0, 0]),
+    ("points", 96, [65, 96]), ("points", 64, [1, 64]), ("exact", 37, [37, 37]),
+], ids=lambda v: str(v))
+def test_bucket_ranges(rule, bucket, want):
+    from kernelgraft.tune._key import _boundaries, _exact, _pow2
+
+    fn = {"pow2": _pow2, "points": _boundaries([64, 96, 128]), "exact": _exact}[rule]
+    assert _range(fn, bucket) == want
+    lo, hi = want
+    if bucket:
+        assert all(fn(s) == bucket for s in (lo, hi)) and (lo <= 1 or fn(lo - 1) < bucket)
+
+
+def _tune_entry(op, shape, ranking, capability="9.0", fingerprint=None):
+    return {"key": {"schema": 2, "op": op.name, "fingerprint": fingerprint or op.fingerprint,
+                    "args": [["T", "torch.float16", list(shape), "c"], ["T", "torch.float16", list(shape), "c"]],
+                    "env": {"device": "NVIDIA H200", "capability": capability}, "tolerances": {}},
+            "ranking": ranking, "excluded": [], "created": 1.0}
+
+
+def test_decision_table_from_tune_entries():
+    op = add_relu.add_relu
+    cands = [{"index": 0, "config": {"BLOCK": 1024, "num_warps": 4}},
+             {"index": 1, "config": {"BLOCK": 256, "ITEMS": 4}}]
+    entries = [
+        _tune_entry(op, [4096], [{"impl": 1, "config": {"ITEMS": 4, "BLOCK": 256}},
+                                 {"impl": 0, "config": {"BLOCK": 1024, "num_warps": 4}}]),
+        _tune_entry(op, [64], [{"impl": 0, "config": {"BLOCK": 99}}]),        # no bundled candidate
+        _tune_entry(op, [64], [{"impl": 0, "config": {"BLOCK": 1024, "num_warps": 4}}], capability="10.0"),
+        _tune_entry(op, [64], [{"impl": 1, "config": {"BLOCK": 256, "ITEMS": 4}}], fingerprint="other"),
+    ]
+    rows = decision_table(op, cands, entries, ["sm_90"])
+    assert rows == [{"arch": "sm_90", "ints": {}, "values": {}, "ranking": [1, 0], "source": "tuned on NVIDIA H200",
+                     "tensors": {"x": {"dtype": "float16", "dims": [[2049, 4096]]},
+                                 "y": {"dtype": "float16", "dims": [[2049, 4096]]}}}]
+    assert len(decision_table(op, cands, entries, ["sm_90", "sm_100"])) == 2
+
+
+def test_decisions_from_this_machines_cache(tmp_path, monkeypatch):
+    from kernelgraft.aot._program import read_decisions
+
+    entry = _tune_entry(add_relu.add_relu, [64], [])
+    monkeypatch.setenv("KERNELGRAFT_CACHE_DIR", str(tmp_path))
+    (tmp_path / "tune.json").write_text(json.dumps({"format": "kernelgraft-tune-cache", "schema": 2,
+                                                    "entries": {"k": entry}}))
+    assert read_decisions("cache") == [entry]
+    monkeypatch.setenv("KERNELGRAFT_CACHE_DIR", "off")
+    with pytest.raises(kg.BundleError, match="the kernelgraft cache is off"):
+        read_decisions("cache")
+    with pytest.raises(kg.BundleError, match="not a readable tuning cache"):
+        read_decisions(tmp_path / "missing.json")
+
+
+def test_cli_decisions_flag_fills_the_table(tmp_path):
+    from _aot_helpers import EXAMPLES, env
+    import subprocess
+    import sys
+
+    pytest.importorskip("cuda.bindings")
+    op = add_relu.add_relu
+    tune = tmp_path / "tune.json"
+    entry = _tune_entry(op, [4096], [{"impl": 0, "config": {"BLOCK": 256, "num_warps": 2}}])
+    tune.write_text(json.dumps({"format": "kernelgraft-tune-cache", "schema": 2, "entries": {"k": entry}}))
+    out = tmp_path / "b"
+    proc = subprocess.run([sys.executable, "-m", "kernelgraft", "aot", EXAMPLES[0], "--arch", "sm_90",
+                           "-o", str(out), "--decisions", str(tune)], capture_output=True, text=True,
+                          env=env(), timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 tuned decisions" in proc.stdout
+    entry = _manifest.read(out)["ops"][0]
+    (row,) = entry["decisions"]
+    assert entry["candidates"][row["ranking"][0]]["config"] == {"BLOCK": 256, "num_warps": 2}

@@ -1,0 +1,456 @@
+"""The C++ runtime on a machine without a GPU: it builds, loads through torch.ops.load_library,
+verifies and parses a real bundle, evaluates programs as Python does, chooses kernels by guards and
+decision rows, gives Meta output shapes, refuses tampered bundles, and works in a process where
+neither kernelgraft nor triton imports. The launch itself needs a GPU (tests/test_gpu_runtime.py).
+
+A bundle's ops are registered in this process under a test namespace (the manifest renamed and its
+checksum rewritten), so the Python examples' ops of the same names stay as they are."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernelgraft.aot import _manifest
+from kernelgraft.aot._expr import compile_exprs
+from kernelgraft.aot._sign import sign_bundle
+from kernelgraft.examples import add_relu, rmsnorm  # registered before the per-test registry snapshot
+
+from _aot_helpers import build_bundle, env
+
+PYTHON_OPS = {"add_relu": add_relu.add_relu, "rmsnorm": rmsnorm.rmsnorm}
+
+
+@pytest.fixture(scope="module")
+def so() -> Path:
+    from kernelgraft import runtime
+
+    library = runtime.library()  # minutes the first time on a small machine, then cached
+    torch.ops.load_library(str(library))
+    return library
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory) -> Path:
+    pytest.importorskip("cuda.bindings")
+    return build_bundle(tmp_path_factory.mktemp("bundle"), "sm_90", timeout=600)
+
+
+def _variant(bundle: Path, dst: Path, namespace: str, edit=None) -> Path:
+    """A copy of ``bundle`` whose ops live in ``namespace``, edited by ``edit(manifest)``, with a
+    valid checksum (what a careless edit that recomputes it looks like)."""
+    shutil.copytree(bundle, dst)
+    manifest = _manifest.read(dst)
+    for op in manifest["ops"]:
+        op["name"] = namespace + "::" + op["name"].split("::")[1]
+    if edit is not None:
+        edit(manifest)
+    _manifest.write(dst, manifest)
+    return dst
+
+
+def _load(path: Path, key=None, arch="sm_90") -> list[str]:
+    return list(torch.ops.kernelgraft.load_bundle(str(path), None if key is None else str(key), arch))
+
+
+@pytest.fixture(scope="module")
+def served(so, bundle, tmp_path_factory) -> dict:
+    """The bundle served by the C++ runtime under namespace kgrt_test."""
+    path = _variant(bundle, tmp_path_factory.mktemp("served") / "b", "kgrt_test")
+    assert _load(path) == ["kgrt_test::add_relu", "kgrt_test::rmsnorm"]
+    return _manifest.read(path)
+
+
+def _cpp_value(program, args) -> str:
+    return torch.ops.kernelgraft._runtime_eval(json.dumps(program), json.dumps(args))
+
+
+def _py_value(text: str, names, args) -> str:
+    values = [torch.empty(a["shape"], device="meta") if isinstance(a, dict) else a for a in args]
+    try:
+        v = compile_exprs(names, [text])(*values)[0]
+    except Exception:  # BundleError: the program must be an error too
+        return "error"
+    if isinstance(v, bool):
+        v = int(v)
+    return repr(v) if isinstance(v, float) else str(v)
+
+
+def _same(cpp: str, py: str) -> bool:
+    return cpp.startswith("error") if py == "error" else cpp == py
+
+
+@pytest.mark.parametrize("text", [
+    "((1023 + x.shape[0]) // 1024)", "(-((-x.shape[0]) // 256))", "max(16, x.shape[0], 3) % 7",
+    "min(x.shape[0], 2.5)", "(x.shape[0] | 3) == 7 and not (x.shape[0] < 0)", "x.shape[0] ** 2 + (1 << 4)",
+    "(x.shape[0] - 9) // 4", "(x.shape[0] - 9) % 4", "x.shape[0] / 3", "n // (x.shape[0] - 5)",
+    "(x.shape[0] == 5) or (n // (x.shape[0] - 5))", "(x.shape[0] != 5) and (n // (x.shape[0] - 5))",
+    "eps * 2", "-eps", "(eps - 1) // 0.25", "eps % -0.75", "(x.shape[0] >> 1) & n", "True", "n == 3",
+    "eps == 1e-06", "x.shape[0] * 9223372036854775807", "(n - 3) ** 3", "x.shape[0] ** 20",
+], ids=lambda t: t[:30])
+def test_programs_equal_python_on_random_inputs(so, text):
+    from kernelgraft.aot._rpn import compile_rpn
+
+    names = ["x", "n", "eps"]
+    program = compile_rpn(text, names)
+    rng = random.Random(text)
+    for _ in range(60):
+        args = [{"shape": [rng.randrange(0, 40)]}, rng.randrange(-8, 8), rng.choice([1e-6, 0.5, -2.0, 3.75])]
+        cpp, py = _cpp_value(program, args), _py_value(text, names, args)
+        assert _same(cpp, py), (text, args, cpp, py)
+
+
+def test_integers_past_128_bits_are_errors_in_cpp(so):
+    """Python's ints are unbounded (up to _expr's cap); the runtime's are 128-bit and checked."""
+    from kernelgraft.aot._rpn import compile_rpn
+
+    program = compile_rpn("x.shape[0] ** 40", ["x"])
+    assert _cpp_value(program, [{"shape": [18]}]) == "error: an integer overflow"
+    assert _cpp_value(program, [{"shape": [8]}]) == str(8 ** 40)
+
+
+def _random_args(op: dict, k: dict, rng: random.Random) -> list:
+    args = []
+    for p in op["params"]:
+        if p["kind"] == "tensor":
+            sizes = [1, 2, 3, 7, 16, 64, 100, 1024, 4096, 5000, rng.randrange(1, 70000)]
+            args.append({"shape": [rng.choice(sizes) for _ in range(k["ranks"][p["name"]])],
+                         "dtype": k["dtypes"][p["name"]]})
+        elif p["kind"] == "float":
+            args.append(rng.choice([1e-6, 1e-5, 0.5]))
+        else:
+            args.append(rng.randrange(-4, 4096))
+    return args
+
+
+def test_every_program_of_a_real_bundle_equals_python(served):
+    rng = random.Random(1)
+    checked = 0
+    for op in served["ops"]:
+        names = [p["name"] for p in op["params"]]
+        for cand in op["candidates"]:
+            for k in cand["kernels"]:
+                prog = k["program"]
+                pairs = [(" and ".join(k["guards"]) or "True", prog["guard"]), (k["shared_mem"], prog["shared_mem"])]
+                pairs += list(zip(k["grid"], prog["grid"]))
+                pairs += [(p["expr"], r) for p, r in zip(k["params"], prog["params"]) if r is not None]
+                pairs += list(zip(k["outputs"]["shapes"][0], prog["outputs"][0]))
+                for _ in range(3):
+                    args = _random_args(op, k, rng)
+                    for text, program in pairs:
+                        cpp, py = _cpp_value(program, args), _py_value(str(text), names, args)
+                        assert _same(cpp, py), (op["name"], str(text)[:160], args, cpp, py)
+                        checked += 1
+    assert checked > 1000
+
+
+def _python_plan(op: dict, args: list, order=None) -> dict | None:
+    """What the Python runner would launch: the first kernel (candidates in ``order``) whose dtypes,
+    ranks and guards hold, with its grid, scalars and output shapes from the expression texts."""
+    names = [p["name"] for p in op["params"]]
+    values = [torch.empty(a["shape"], device="meta") if isinstance(a, dict) else a for a in args]
+    for c in order if order is not None else range(len(op["candidates"])):
+        cand = op["candidates"][c]
+        for k in cand["kernels"]:
+            if any(args[names.index(n)].get("dtype") != d for n, d in k["dtypes"].items()):
+                continue
+            if any(len(args[names.index(n)]["shape"]) != r for n, r in k["ranks"].items()):
+                continue
+            try:
+                if not compile_exprs(names, [" and ".join(k["guards"]) or "True"])(*values)[0]:
+                    continue
+            except Exception:
+                continue
+            exprs = [*k["grid"], str(k["shared_mem"])] + [p["expr"] for p in k["params"] if "expr" in p]
+            got = compile_exprs(names, exprs + k["outputs"]["shapes"][0])(*values)
+            scalars = iter(got[4:len(exprs)])
+            return {"candidate": cand["label"], "kernel": k["kernel"], "grid": list(got[:3]), "shared_mem": got[3],
+                    "params": [None if "expr" not in p else _fmt(next(scalars)) for p in k["params"]],
+                    "outputs": [list(got[len(exprs):])]}
+    return None
+
+
+def _fmt(v) -> str:
+    return repr(v) if isinstance(v, float) else str(int(v))
+
+
+def _cpp_plan(name: str, args: list) -> dict:
+    return json.loads(torch.ops.kernelgraft._runtime_plan(name, json.dumps(args)))
+
+
+SHAPES = {
+    "add_relu": [[3000], [128, 1024], [7], [33, 97], [4096], [2, 3, 5], [65536]],
+    "rmsnorm": [[5, 64], [3, 1000], [17, 4096], [9, 768], [2, 3, 128], [4, 8192]],
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_kernel_choice_and_launch_plan_equal_python(served, dtype):
+    for op in served["ops"]:
+        short = op["name"].split("::")[1]
+        for shape in SHAPES[short]:
+            if short == "add_relu":
+                args = [{"shape": shape, "dtype": dtype}, {"shape": shape, "dtype": dtype}]
+            else:
+                args = [{"shape": shape, "dtype": dtype}, {"shape": shape[-1:], "dtype": dtype}, 1e-6]
+            want = _python_plan(op, args)
+            if want is None:
+                with pytest.raises(RuntimeError, match="no bundled kernel serves these inputs"):
+                    _cpp_plan(op["name"], args)
+            else:
+                assert _cpp_plan(op["name"], args) == want, (op["name"], shape, dtype)
+
+
+def test_no_kernel_error_names_op_arguments_and_what_the_bundle_holds(served):
+    args = [{"shape": [33, 97], "dtype": "float32", "contiguous": False}] * 2
+    with pytest.raises(RuntimeError) as info:
+        _cpp_plan("kgrt_test::add_relu", args)
+    text = str(info.value)
+    assert "kgrt_test::add_relu: no bundled kernel serves these inputs" in text
+    assert "x: float32[33, 97] (not contiguous)" in text and "serve contiguous inputs of" in text
+    with pytest.raises(RuntimeError, match="int32"):
+        _cpp_plan("kgrt_test::add_relu", [{"shape": [8], "dtype": "int32"}] * 2)
+
+
+def test_decision_rows_choose_the_tuned_candidate(so, bundle, tmp_path):
+    manifest = _manifest.read(bundle)
+    op = next(o for o in manifest["ops"] if o["name"].endswith("add_relu"))
+    last = len(op["candidates"]) - 1
+
+    def edit(m):
+        entry = next(o for o in m["ops"] if o["name"].endswith("add_relu"))
+        entry["decisions"] = [{"arch": "sm_90", "ints": {}, "values": {}, "ranking": [last], "source": "test",
+                               "tensors": {"x": {"dtype": "float32", "dims": [[2049, 4096]]},
+                                           "y": {"dtype": "float32", "dims": [[2049, 4096]]}}}]
+
+    path = _variant(bundle, tmp_path / "b", "kgrt_decide", edit)
+    _load(path)
+    inside = [{"shape": [3000], "dtype": "float32"}] * 2
+    outside = [{"shape": [5000], "dtype": "float32"}] * 2
+    assert _cpp_plan("kgrt_decide::add_relu", inside) == _python_plan(op, inside, [last])
+    assert _cpp_plan("kgrt_decide::add_relu", inside)["candidate"] == op["candidates"][last]["label"]
+    assert _cpp_plan("kgrt_decide::add_relu", outside) == _python_plan(op, outside)
+
+
+def _python_meta(short: str, args: list):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fakes = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+        out = PYTHON_OPS[short](*fakes)
+    return list(out.shape), out.dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_meta_kernels_give_the_python_ops_shapes(served, dtype):
+    served_shapes = []
+    for short, shapes in SHAPES.items():
+        op = getattr(torch.ops.kgrt_test, short)
+        for shape in shapes:
+            x = torch.randn(shape).to(dtype)
+            args = [x, torch.randn(shape).to(dtype)] if short == "add_relu" else [x, torch.randn(shape[-1:]).to(dtype), 1e-6]
+            metas = [a.to("meta") if isinstance(a, torch.Tensor) else a for a in args]
+            described = [{"shape": list(a.shape), "dtype": str(a.dtype)[6:]} if isinstance(a, torch.Tensor) else a
+                         for a in args]
+            try:
+                meta = op(*metas)
+            except RuntimeError as exc:  # a signature the bundle does not hold: no kernel either
+                assert "no output rule of the bundle holds" in str(exc)
+                with pytest.raises(RuntimeError, match="no bundled kernel serves these inputs"):
+                    _cpp_plan(f"kgrt_test::{short}", described)
+                continue
+            assert (list(meta.shape), meta.dtype) == _python_meta(short, args) and meta.device.type == "meta"
+            served_shapes.append((short, tuple(shape)))
+    assert len(served_shapes) >= 6
+
+
+def test_fake_tensor_mode_uses_the_meta_kernel(served):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        x = mode.from_tensor(torch.randn(9, 768, dtype=torch.float16))
+        w = mode.from_tensor(torch.randn(768, dtype=torch.float16))
+        out = torch.ops.kgrt_test.rmsnorm(x, w, 1e-6)
+    assert list(out.shape) == [9, 768] and out.dtype == torch.float16
+
+
+def test_torch_export_traces_the_op_through_its_meta_kernel(served):
+    class Norm(torch.nn.Module):
+        def forward(self, x, w):
+            return torch.ops.kgrt_test.rmsnorm(x, w, 1e-6)
+
+    ep = torch.export.export(Norm(), (torch.randn(9, 768), torch.randn(768)))
+    (node,) = [n for n in ep.graph.nodes if n.op == "call_function"]
+    assert node.target is torch.ops.kgrt_test.rmsnorm.default
+    assert list(node.meta["val"].shape) == [9, 768]
+
+
+def test_cpu_tensors_are_refused_naming_the_argument(served):
+    x = torch.randn(8)
+    with pytest.raises(RuntimeError, match=r"kgrt_test::add_relu: argument x must be a CUDA tensor, got a tensor on cpu"):
+        torch.ops.kgrt_test.add_relu(x, x)
+
+
+def test_meta_error_for_a_dtype_the_bundle_lacks(served):
+    x = torch.empty(8, dtype=torch.int32, device="meta")
+    with pytest.raises(RuntimeError, match=r"kgrt_test::add_relu: no output rule .*\(x: int32\[8\], y: int32\[8\]\)"):
+        torch.ops.kgrt_test.add_relu(x, x)
+
+
+def test_loading_again_is_a_no_op_and_a_python_op_is_left_alone(served, bundle, tmp_path, capfd):
+    path = _variant(bundle, tmp_path / "again", "kgrt_test")
+    assert _load(path) == ["kgrt_test::add_relu", "kgrt_test::rmsnorm"]
+    assert _load(bundle) == ["kgexamples::add_relu", "kgexamples::rmsnorm"]
+    assert "op kgexamples::add_relu is already registered in this process" in capfd.readouterr().err
+    for name in ("kgexamples::add_relu", "kgexamples::rmsnorm"):  # still kernelgraft's Python registration
+        assert "runtime/csrc/ops.cpp" not in torch._C._dispatch_dump(name)
+
+
+def test_an_op_of_the_same_name_from_other_code_is_refused(served, bundle, tmp_path):
+    def edit(m):
+        m["ops"][0]["fingerprint"] = "0" * 64
+
+    path = _variant(bundle, tmp_path / "other", "kgrt_test", edit)
+    with pytest.raises(RuntimeError, match="built from different code \\(fingerprints differ\\)"):
+        _load(path)
+
+
+def _flip_cubin(m, root: Path):
+    k = m["ops"][0]["candidates"][0]["kernels"][0]
+    path = root / k["images"]["cubin"]["file"]
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("case,match", [
+    ("cubin", "checksum mismatch for bin/"),
+    ("manifest", "manifest.json checksum mismatch"),
+    ("version1", "the C\\+\\+ runtime reads version 2"),
+    ("arch", "was built for sm_90, not for sm_100"),
+    ("program", "is not one of int/float/size/arg/op/unary/bool/call"),
+    ("stack", "leaves 2 values on the stack"),
+    ("input", "input 7 is out of range"),
+    ("symlink", "symlink"),
+    ("outside", "outside the bundle's bin/"),
+], ids=lambda v: v if isinstance(v, str) and " " not in v else "")
+def test_tampered_bundles_are_refused(so, bundle, tmp_path, case, match):
+    ns = f"kgrt_bad_{case}"
+    edits = {
+        "version1": lambda m: m.update(version=1),
+        "program": lambda m: m["ops"][0]["candidates"][0]["kernels"][0]["program"]["grid"][0].append(["exec", 1]),
+        "stack": lambda m: m["ops"][0]["candidates"][0]["kernels"][0]["program"]["grid"][0].append(["int", "1"]),
+        "input": lambda m: m["ops"][0]["candidates"][0]["kernels"][0]["program"]["grid"].__setitem__(0, [["size", 7, 0]]),
+        "outside": lambda m: m["ops"][0]["candidates"][0]["kernels"][0]["images"]["cubin"].update(file="../x.cubin"),
+    }
+    path = _variant(bundle, tmp_path / "b", ns, edits.get(case))
+    arch = "sm_90"
+    if case == "cubin":
+        _flip_cubin(_manifest.read(path), path)
+    elif case == "manifest":
+        text = (path / "manifest.json").read_text().replace("// 1024)", "// 512)", 1)
+        (path / "manifest.json").write_text(text)
+    elif case == "arch":
+        arch = "sm_100"
+    elif case == "symlink":
+        k = _manifest.read(path)["ops"][0]["candidates"][0]["kernels"][0]
+        target = path / k["images"]["cubin"]["file"]
+        moved = tmp_path / "elsewhere.cubin"
+        target.rename(moved)
+        target.symlink_to(moved)
+    with pytest.raises(RuntimeError, match=match):
+        _load(path, arch=arch)
+    with pytest.raises(RuntimeError, match="does not exist"):  # nothing of a refused bundle is registered
+        torch._C._dispatch_has_kernel_for_dispatch_key(f"{ns}::add_relu", "Meta")
+
+
+def test_signed_bundles(so, bundle, tmp_path):
+    key = tmp_path / "bundle.key"
+    key.write_text("0123456789abcdef0123456789abcdef\n")
+    other = tmp_path / "other.key"
+    other.write_text("fedcba9876543210fedcba9876543210")
+    path = _variant(bundle, tmp_path / "signed", "kgrt_signed")
+    with pytest.raises(RuntimeError, match="is not signed"):
+        _load(path, key=key)
+    sign_bundle(path, key)
+    with pytest.raises(RuntimeError, match="does not verify with this key"):
+        _load(path, key=other)
+    (path / "bin" / "extra.cubin").write_bytes(b"x")
+    with pytest.raises(RuntimeError, match="modified after signing: added bin/extra.cubin"):
+        _load(path, key=key)
+    (path / "bin" / "extra.cubin").unlink()
+    assert _load(path, key=key) == ["kgrt_signed::add_relu", "kgrt_signed::rmsnorm"]
+
+
+def test_checksum_covers_unicode_strings_and_floats_as_python_writes_them(so, bundle, tmp_path):
+    def edit(m):
+        m["ops"][0]["doc"] = 'naïve — "q" \\ \x01 \x7f tab\t 😀'
+        m["extra"] = [1e-06, 1e16, 1e15, 123456789.125, 0.0001, -0.0, 1e22, 2.5e-300, 0.1, 1.0, -7, 2**62]
+        m["ünïcode-kéy"] = {"b": 1, "a": [True, False, None]}
+
+    path = _variant(bundle, tmp_path / "b", "kgrt_canon", edit)
+    assert _load(path) == ["kgrt_canon::add_relu", "kgrt_canon::rmsnorm"]
+
+
+CHILD = r"""
+import importlib.abc, json, sys
+
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("kernelgraft", "triton"):
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked)")
+        return None
+
+sys.meta_path.insert(0, Block())
+import torch
+for blocked in ("kernelgraft", "triton"):
+    try:
+        __import__(blocked)
+        raise SystemExit(f"{blocked} imported")
+    except ModuleNotFoundError:
+        pass
+torch.ops.load_library(sys.argv[1])
+names = list(torch.ops.kernelgraft.load_bundle(sys.argv[2], None, "sm_90"))
+x = torch.empty(9, 768, dtype=torch.float16, device="meta")
+out = torch.ops.kgexamples.rmsnorm(x, torch.empty(768, dtype=torch.float16, device="meta"), 1e-6)
+print(json.dumps({"names": names, "shape": list(out.shape), "dtype": str(out.dtype),
+                  "modules": sorted(m for m in sys.modules if m.split(".")[0] in ("kernelgraft", "triton"))}))
+"""
+
+
+def test_works_where_kernelgraft_and_triton_do_not_import(so, bundle, tmp_path):
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    proc = subprocess.run([sys.executable, "-P", str(script), str(so), str(bundle)], capture_output=True, text=True,
+                          env=env(), timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report == {"names": ["kgexamples::add_relu", "kgexamples::rmsnorm"], "shape": [9, 768],
+                      "dtype": "torch.float16", "modules": []}
+
+
+ENV_CHILD = r"""
+import json, sys, torch
+torch.ops.load_library(sys.argv[1])
+x = torch.empty(33, 97, dtype=torch.float16, device="meta")
+print(json.dumps(list(torch.ops.kgexamples.add_relu(x, x).shape)))
+"""
+
+
+def test_bundles_named_in_the_environment_load_with_the_library(so, bundle, tmp_path):
+    script = tmp_path / "child.py"
+    script.write_text(ENV_CHILD)
+    missing = tmp_path / "missing"
+    child_env = {**env(), "KERNELGRAFT_BUNDLES": f"{missing}:{bundle}", "KERNELGRAFT_BUNDLE_ARCH": "sm_90"}
+    proc = subprocess.run([sys.executable, "-P", str(script), str(so)], capture_output=True, text=True,
+                          env=child_env, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [33, 97]
+    assert f"KERNELGRAFT_BUNDLES: bundle {missing} not loaded" in proc.stderr
