@@ -133,8 +133,9 @@ class _Walk:
                                                 and list(pa) == list(ga)):
             if name in _SHAPE_ARGS:
                 self.shape_literal = True
+            # a fixed scalar may show as itself or as a value computed from it (eps * eps)
             fixed = [f"{self.pattern.params[s].name} is fixed at {self.pattern.example[s]!r} ({why})"
-                     for s, why in self.v.fixed.items() if _variants._same(self.pattern.example[s], pa)]
+                     for s, why in self.v.fixed.items()]
             text = f"pattern expects {_name(pn)} with {name}={pa!r}; the model has {name}={ga!r} ({_site(gn)})"
             return text + (f": {fixed[0]}" if fixed else "")
         return None
@@ -167,7 +168,7 @@ def explain(graph: fx.Graph, pattern: Any, variants: list[_variants.Variant], ir
     if refused:
         parts.append("refused: " + "; ".join(f"{site}: {why}" for site, why in list(refused.items())[:_MAX_SITES]))
         closeness = 10**6
-    if not results and not refused:
+    if not results and not refused and anchors:
         parts.append(f"the model has no {' or '.join(sorted(anchors))} node, where the pattern ends")
     best: dict[fx.Node, tuple] = {}
     for r in sorted(results, key=lambda r: -r[0]):

@@ -54,6 +54,7 @@ __all__ = ["Pattern", "Binding", "Misses", "rewrite_graph", "install", "uninstal
 log = logging.getLogger(__name__)
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+_OTHER_RANK = " in this trace"
 
 
 @dataclass
@@ -159,7 +160,10 @@ class Pattern:
                 cached = self._rank_refusal(key)
                 if cached is None:
                     try:
-                        cached = _variants.build(ir, key, self._tensors(key), self.call, self.example,
+                        # The Inductor pass runs inside a compile's fake mode; trace real tensors.
+                        with unset_fake_temporarily():
+                            tensors = self._tensors(key)
+                        cached = _variants.build(ir, key, tensors, self.call, self.example,
                                                  self.params, self.tensor_slots)
                     except Exception as exc:
                         log.debug("pattern %s: tracing %s for %s failed: %s", self.name, key, ir, exc)
@@ -244,7 +248,9 @@ class Pattern:
             value, param = nodes.get(ph), self.params[slot]
             if isinstance(value, fx.Node):
                 return (f"{param.name} is computed in the model (node %{value.name}); "
-                        f"{self.op.name} takes it as a constant")
+                        f"{self.op.name} takes it as a constant (torch.compile turns a float attribute "
+                        "that changed between compiles of one forward into an input; "
+                        "torch._dynamo.config.specialize_float=True keeps it a constant)")
             ok = (isinstance(value, (int, float)) and not isinstance(value, bool)) if param.kind == "float" \
                 else isinstance(value, bool) if param.kind == "bool" \
                 else isinstance(value, int) and not isinstance(value, bool)
@@ -263,8 +269,8 @@ class Pattern:
                 rp = _ranks(pn.meta.get("val"))
                 rg = _ranks(gn.meta.get("val")) if isinstance(gn, fx.Node) else None
                 if rp is not None and rg is not None and rp != rg:
-                    return f"{_target(pn) if pn.op == 'call_function' else pn.name} is rank {rg} in the model " \
-                           f"and rank {rp} in this trace"
+                    return (f"{_target(pn) if pn.op == 'call_function' else pn.name} is rank {rg} in the model "
+                            f"and rank {rp}{_OTHER_RANK}")
         changed = {s: x for s, x in scalars.items() if not _variants._same(x, self.example[s])}
         if changed:
             why = self._confirm(v, changed)
@@ -310,26 +316,30 @@ class Pattern:
             return self._checked[key]
 
     def _run_check(self, v, dtypes, device, scalars) -> str | None:
+        # The Inductor pass runs inside a compile's fake mode; the check runs real tensors.
+        with unset_fake_temporarily(), torch.no_grad():
+            return self._run_check_real(v, dtypes, device, scalars)
+
+    def _run_check_real(self, v, dtypes, device, scalars) -> str | None:
         from .._verify import clone
         from ._verify import compare
 
         tensors = [(t.to(d) if d is not None and t.is_floating_point() and d.is_floating_point else t).to(device)
                    for t, d in zip(v.tensors, dtypes)]
         where = f"at {_describe_key(v.key)} with {[_describe_arg(t) for t in tensors]}"
-        with unset_fake_temporarily(), torch.no_grad():
-            try:
-                expected = self.call(clone(tensors), scalars)
-            except Exception as exc:
-                return f"the pattern raised {where}: {_variants._first_line(exc)}"
-            args = list(self.example)
-            for i, t in zip(self.tensor_slots, clone(tensors)):
-                args[i] = t
-            for i, x in scalars.items():
-                args[i] = x
-            try:
-                got = self.op(*args)
-            except Exception as exc:
-                return f"{self.op.name} raised {where}: {_variants._first_line(exc)}"
+        try:
+            expected = self.call(clone(tensors), scalars)
+        except Exception as exc:
+            return f"the pattern raised {where}: {_variants._first_line(exc)}"
+        args = list(self.example)
+        for i, t in zip(self.tensor_slots, clone(tensors)):
+            args[i] = t
+        for i, x in scalars.items():
+            args[i] = x
+        try:
+            got = self.op(*args)
+        except Exception as exc:
+            return f"{self.op.name} raised {where}: {_variants._first_line(exc)}"
         problem = compare(expected, got, ops=[self.op], override=self.tolerance)
         return None if problem is None else f"{self.op.name} and the pattern differ {where}: {problem}"
 
@@ -428,7 +438,8 @@ def rewrite_graph(graph: fx.Graph, patterns: Sequence[Pattern], ir: str,
                 site = _site(match)
                 binding = pattern.admit(v, match)
                 if isinstance(binding, str):
-                    refused.setdefault(site, binding)
+                    if site not in refused or refused[site].endswith(_OTHER_RANK):
+                        refused[site] = binding  # another variant's reason says more than a rank
                     continue
                 why = _replace(graph, pattern, match, binding, renamed, substitutes)
                 if why is None:
