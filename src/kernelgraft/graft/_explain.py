@@ -24,7 +24,11 @@ _SHAPE_ARGS = ("size", "shape", "sizes", "normalized_shape", "split_size", "spli
 
 
 def _name(node: fx.Node) -> str:
-    return str(node.target).replace("torch.ops.", "") if node.op == "call_function" else f"%{node.name}"
+    if node.op != "call_function":
+        return f"%{node.name}"
+    if isinstance(node.target, torch._ops.OpOverload):
+        return str(node.target)
+    return getattr(node.target, "__name__", str(node.target))  # operator.getitem
 
 
 def _site(node: fx.Node) -> str:
@@ -145,7 +149,7 @@ def explain(graph: fx.Graph, pattern: Any, variants: list[_variants.Variant], ir
             refused: dict[str, str]) -> tuple[int, str]:
     """(closeness, text): why ``pattern`` replaced nothing in ``graph``."""
     ops = _ops(variants[0].graph) if variants else "(no trace)"
-    parts = [f"the pattern {pattern.name!r} ({ops}) matched nothing"]
+    parts = [f"the pattern {pattern.name!r} for {pattern.op.name} ({ops}) matched nothing"]
     traced = sorted({v.label for v in variants})
     if traced:
         parts.append(f"traced at {'; '.join(traced)}")

@@ -102,7 +102,13 @@ def graft(
     By pattern: ``kg.graft(model, pattern=fn, replacement=op)`` replaces every subgraph equal to
     ``fn`` under ``torch.compile`` (Inductor) or, for an ``ExportedProgram``, in its graph (rewritten
     in place, also in ``report.program``). ``fn`` returns one tensor, or a tuple of as many tensors
-    as the op returns (``add_rmsnorm_pattern`` returns the norm and the sum it normalised).
+    as the op returns (``add_rmsnorm_pattern`` returns the norm and the sum it normalised). ``fn`` is
+    traced with ``pattern_inputs`` (the op's arguments), else with the op's first float32 sample
+    input, and again at the dtypes and ranks the model uses; the op's float/int/bool arguments
+    (an ``eps``) are read from each match and passed to the op. A pattern graft on an
+    ``nn.Module`` acts when Inductor compiles it, not on a later ``torch.export(module)``: graft
+    the ``ExportedProgram`` instead. When a pattern replaces nothing, ``report.reason`` and the
+    ``GraftWarning`` say what was looked for and where the closest sites in the model differ.
 
     ``verify=True``: the grafted model's outputs must equal the original's on ``example_inputs``
     (a tuple of args, a dict of kwargs, or ``(args, kwargs)``), each grafted module's on the inputs
