@@ -193,3 +193,21 @@ def test_grafting_the_module_does_not_reach_torch_export_grafting_the_program_do
     assert kg.graft(ep, pattern=_rms_pattern, replacement=rmsnorm, example_inputs=(x,)).count == 1
     assert _calls(ep, "kgexamples.rmsnorm") and "aten.rsqrt.default" not in _targets(ep)
     torch.testing.assert_close(ep.module()(x), model(x))
+
+
+def test_int_scalar_is_a_wildcard_too():
+    def scale_shift(x: torch.Tensor, k: int) -> torch.Tensor:
+        return torch.relu(x * k + 1)
+
+    op = kg.op("kgtest_graft15::scale_shift", sample_inputs=lambda device="cpu", dtype=torch.float32:
+               iter([(torch.randn(4, 8, device=device, dtype=dtype), 3)]))(scale_shift)
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x * 5 + 1).sum(-1)
+
+    x = torch.randn(2, 4, 8)
+    ep = torch.export.export(M(), (x,))
+    assert kg.graft(ep, pattern=scale_shift, replacement=op, example_inputs=(x,)).count == 1
+    assert [args[1] for args in _calls(ep, "kgtest_graft15.scale_shift")] == [5]
+    torch.testing.assert_close(ep.module()(x), M()(x))

@@ -36,6 +36,7 @@ import inspect
 import logging
 import operator
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,7 +46,7 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
 
-from .._errors import SpecError, describe
+from .._errors import SpecError, TuneWarning, describe
 from .._spec import callable_source
 from . import _explain, _variants
 
@@ -316,8 +317,10 @@ class Pattern:
             return self._checked[key]
 
     def _run_check(self, v, dtypes, device, scalars) -> str | None:
-        # The Inductor pass runs inside a compile's fake mode; the check runs real tensors.
-        with unset_fake_temporarily(), torch.no_grad():
+        # The Inductor pass runs inside a compile's fake mode; the check runs real tensors. Inside
+        # a compile the op does not tune (and says so): the check needs no tuning, only a kernel.
+        with unset_fake_temporarily(), torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", TuneWarning)
             return self._run_check_real(v, dtypes, device, scalars)
 
     def _run_check_real(self, v, dtypes, device, scalars) -> str | None:
