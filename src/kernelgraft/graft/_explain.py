@@ -111,7 +111,8 @@ class _Walk:
             if isinstance(ga, fx.Node):
                 return f"{_name(pn)}'s {name} is the op's {pname}; the model computes it ({_site(ga)})"
             if pa in self.env and not _variants._same(self.env[pa], ga):
-                return (f"the pattern passes {pname} at two places; the model has {self.env[pa]!r} and {ga!r} "
+                return (f"the pattern passes {pname} at two places; the model has {self.env[pa]!r} "
+                        f"and {ga!r} "
                         f"({_site(gn)})")
             self.env[pa] = ga
             return None
@@ -120,7 +121,8 @@ class _Walk:
             rp, rg = _variants.input_rank(pn), _variants.input_rank(gn)
             if _variants.normalize_dims(want, rp) != _variants.normalize_dims(ga, rg) or \
                     _variants.normalize_dims(ga, rg) is None:
-                return f"pattern expects {_name(pn)} with {name}={want!r}; the model has {name}={ga!r} ({_site(gn)})"
+                return (f"pattern expects {_name(pn)} with {name}={want!r}; the model has "
+                        f"{name}={ga!r} ({_site(gn)})")
             return None
         if isinstance(pa, fx.Node):
             if not isinstance(ga, fx.Node):
@@ -133,14 +135,15 @@ class _Walk:
                 if why:
                     return why
             return None
-        if not _variants._same(pa, ga) and not (isinstance(pa, (list, tuple)) and isinstance(ga, (list, tuple))
-                                                and list(pa) == list(ga)):
+        both_lists = isinstance(pa, (list, tuple)) and isinstance(ga, (list, tuple))
+        if not _variants._same(pa, ga) and not (both_lists and list(pa) == list(ga)):
             if name in _SHAPE_ARGS:
                 self.shape_literal = True
             # a fixed scalar may show as itself or as a value computed from it (eps * eps)
             fixed = [f"{self.pattern.params[s].name} is fixed at {self.pattern.example[s]!r} ({why})"
                      for s, why in self.v.fixed.items()]
-            text = f"pattern expects {_name(pn)} with {name}={pa!r}; the model has {name}={ga!r} ({_site(gn)})"
+            text = (f"pattern expects {_name(pn)} with {name}={pa!r}; the model has {name}={ga!r} "
+                    f"({_site(gn)})")
             return text + (f": {fixed[0]}" if fixed else "")
         return None
 
@@ -170,7 +173,8 @@ def explain(graph: fx.Graph, pattern: Any, variants: list[_variants.Variant], ir
                 results.append((walk.agreed, total, gn, why, walk.shape_literal))
     closeness = 0
     if refused:
-        parts.append("refused: " + "; ".join(f"{site}: {why}" for site, why in list(refused.items())[:_MAX_SITES]))
+        shown = list(refused.items())[:_MAX_SITES]
+        parts.append("refused: " + "; ".join(f"{site}: {why}" for site, why in shown))
         closeness = 10**6
     if not results and not refused and anchors:
         parts.append(f"the model has no {' or '.join(sorted(anchors))} node, where the pattern ends")

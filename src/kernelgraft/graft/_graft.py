@@ -381,7 +381,8 @@ def _count_and_verify_traced(model, pat, args, kwargs, verify, tolerance, misses
     # one forward (another instance of the class); a constant is what the pattern reads.
     with torch.no_grad(), torch._dynamo.config.patch(specialize_float=True):
         expected = model(*_verify.clone_inputs(args), **_verify.clone_inputs(kwargs))
-        got = torch.compile(model, backend=backend)(*_verify.clone_inputs(args), **_verify.clone_inputs(kwargs))
+        compiled = torch.compile(model, backend=backend)
+        got = compiled(*_verify.clone_inputs(args), **_verify.clone_inputs(kwargs))
     n = sum(counts)
     pat.replaced["inductor"] = pat.replaced.get("inductor", 0) - n  # count real compiles only
     if verify and n:

@@ -208,7 +208,8 @@ class Pattern:
                 if ra is None:
                     continue
                 for n in graph.nodes:
-                    rg = _variants.rank(n.meta.get("val")) if n.op == "call_function" and n.target == anchor.target else None
+                    like = n.op == "call_function" and n.target == anchor.target
+                    rg = _variants.rank(n.meta.get("val")) if like else None
                     if rg is not None and rg != ra:
                         deltas.add(rg - ra)
             for delta in sorted(deltas):
@@ -270,8 +271,8 @@ class Pattern:
                 rp = _ranks(pn.meta.get("val"))
                 rg = _ranks(gn.meta.get("val")) if isinstance(gn, fx.Node) else None
                 if rp is not None and rg is not None and rp != rg:
-                    return (f"{_target(pn) if pn.op == 'call_function' else pn.name} is rank {rg} in the model "
-                            f"and rank {rp}{_OTHER_RANK}")
+                    what = _target(pn) if pn.op == "call_function" else pn.name
+                    return f"{what} is rank {rg} in the model and rank {rp}{_OTHER_RANK}"
         changed = {s: x for s, x in scalars.items() if not _variants._same(x, self.example[s])}
         if changed:
             why = self._confirm(v, changed)
@@ -293,11 +294,13 @@ class Pattern:
                     again = _variants.trace(v.ir, lambda *ts: self.call(list(ts), scalars), v.tensors)
                     d = _variants.diff(v.base, again[0])
                 except Exception as exc:
-                    d, why = None, f"the pattern could not be traced with {names}: {_variants._first_line(exc)}"
+                    d = None
+                    why = f"the pattern could not be traced with {names}: {_variants._first_line(exc)}"
                 else:
                     why = f"the pattern traced with {names} is a different graph from the one matched"
                 ok = d is not None and all(
-                    any((k, p) in v.positions.get(s, ()) and _variants._same(v1, x) for s, x in scalars.items())
+                    any((k, p) in v.positions.get(s, ()) and _variants._same(v1, x)
+                        for s, x in scalars.items())
                     for k, p, v0, v1 in d)
                 self._confirmed[key] = None if ok else why
             return self._confirmed[key]
@@ -327,8 +330,8 @@ class Pattern:
         from .._verify import clone
         from ._verify import compare
 
-        tensors = [(t.to(d) if d is not None and t.is_floating_point() and d.is_floating_point else t).to(device)
-                   for t, d in zip(v.tensors, dtypes)]
+        tensors = [(t.to(d) if d is not None and t.is_floating_point() and d.is_floating_point else t)
+                   .to(device) for t, d in zip(v.tensors, dtypes)]
         where = f"at {_describe_key(v.key)} with {[_describe_arg(t) for t in tensors]}"
         try:
             expected = self.call(clone(tensors), scalars)
@@ -564,7 +567,8 @@ def _replace(graph: fx.Graph, pattern: Pattern, match: Any, binding: Binding, re
     vals = None if val is None else (val,) if single else tuple(val)
     if vals is not None:
         if len(vals) != len(returning):
-            return undo(f"{pattern.op.name} returns {len(vals)} tensors where the pattern gave {len(returning)}")
+            return undo(f"{pattern.op.name} returns {len(vals)} tensors where the pattern gave "
+                        f"{len(returning)}")
         for r, v in zip(returning, vals):
             if not _same_kind(r.meta.get("val"), v):
                 return undo(f"{pattern.op.name} returns {describe(v)} where the pattern gave "

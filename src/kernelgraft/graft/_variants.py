@@ -72,7 +72,8 @@ class Variant:
     @property
     def label(self) -> str:
         ranks = sorted({r for r in self.key.ranks if r is not None})
-        dtype = "the example's dtypes" if self.key.dtype is None else str(self.key.dtype).replace("torch.", "")
+        dtype = ("the example's dtypes" if self.key.dtype is None
+                 else str(self.key.dtype).replace("torch.", ""))
         return f"rank {'/'.join(map(str, ranks))}, {dtype}"
 
 
@@ -240,7 +241,8 @@ def build(ir: str, key: VariantKey, tensors: list[torch.Tensor], call: Callable[
         try:
             again = trace(ir, lambda *ts, s=slot, v=other: call(list(ts), {s: v}), tensors)
         except Exception as exc:
-            found[slot] = [f"tracing it with {params[slot].name}={other!r} failed: {_first_line(exc)}"] * len(bases)
+            why = f"tracing it with {params[slot].name}={other!r} failed: {_first_line(exc)}"
+            found[slot] = [why] * len(bases)
             continue
         per = []
         for g0, g1 in zip(bases, again):
@@ -324,7 +326,8 @@ def normalize_dims(value: Any, ndim: int | None) -> Any:
     n = max(ndim, 1)
     if isinstance(value, int) and not isinstance(value, bool):
         return value % n if -n <= value < n else None
-    if isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+    if isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool)
+                                                for v in value):
         return [normalize_dims(v, ndim) for v in value]
     return None
 
