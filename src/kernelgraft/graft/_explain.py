@@ -110,7 +110,7 @@ class _Walk:
             pname = self.pattern.params[slot].name
             if isinstance(ga, fx.Node):
                 return f"{_name(pn)}'s {name} is the op's {pname}; the model computes it ({_site(ga)})"
-            if pa in self.env and not _variants._same(self.env[pa], ga):
+            if pa in self.env and not _variants.same(self.env[pa], ga):
                 return (f"the pattern passes {pname} at two places; the model has {self.env[pa]!r} "
                         f"and {ga!r} "
                         f"({_site(gn)})")
@@ -136,7 +136,7 @@ class _Walk:
                     return why
             return None
         both_lists = isinstance(pa, (list, tuple)) and isinstance(ga, (list, tuple))
-        if not _variants._same(pa, ga) and not (both_lists and list(pa) == list(ga)):
+        if not _variants.same(pa, ga) and not (both_lists and list(pa) == list(ga)):
             if name in _SHAPE_ARGS:
                 self.shape_literal = True
             # a fixed scalar may show as itself or as a value computed from it (eps * eps)

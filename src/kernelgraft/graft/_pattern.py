@@ -168,7 +168,7 @@ class Pattern:
                                                  self.params, self.tensor_slots)
                     except Exception as exc:
                         log.debug("pattern %s: tracing %s for %s failed: %s", self.name, key, ir, exc)
-                        cached = f"the pattern could not be traced: {_variants._first_line(exc)}"
+                        cached = f"the pattern could not be traced: {_variants.first_line(exc)}"
                 self._variants[(ir, key)] = cached
             return cached
 
@@ -273,7 +273,7 @@ class Pattern:
                 if rp is not None and rg is not None and rp != rg:
                     what = _target(pn) if pn.op == "call_function" else pn.name
                     return f"{what} is rank {rg} in the model and rank {rp}{_OTHER_RANK}"
-        changed = {s: x for s, x in scalars.items() if not _variants._same(x, self.example[s])}
+        changed = {s: x for s, x in scalars.items() if not _variants.same(x, self.example[s])}
         if changed:
             why = self._confirm(v, changed)
             if why:
@@ -295,11 +295,11 @@ class Pattern:
                     d = _variants.diff(v.base, again[0])
                 except Exception as exc:
                     d = None
-                    why = f"the pattern could not be traced with {names}: {_variants._first_line(exc)}"
+                    why = f"the pattern could not be traced with {names}: {_variants.first_line(exc)}"
                 else:
                     why = f"the pattern traced with {names} is a different graph from the one matched"
                 ok = d is not None and all(
-                    any((k, p) in v.positions.get(s, ()) and _variants._same(v1, x)
+                    any((k, p) in v.positions.get(s, ()) and _variants.same(v1, x)
                         for s, x in scalars.items())
                     for k, p, v0, v1 in d)
                 self._confirmed[key] = None if ok else why
@@ -336,7 +336,7 @@ class Pattern:
         try:
             expected = self.call(clone(tensors), scalars)
         except Exception as exc:
-            return f"the pattern raised {where}: {_variants._first_line(exc)}"
+            return f"the pattern raised {where}: {_variants.first_line(exc)}"
         args = list(self.example)
         for i, t in zip(self.tensor_slots, clone(tensors)):
             args[i] = t
@@ -345,7 +345,7 @@ class Pattern:
         try:
             got = self.op(*args)
         except Exception as exc:
-            return f"{self.op.name} raised {where}: {_variants._first_line(exc)}"
+            return f"{self.op.name} raised {where}: {_variants.first_line(exc)}"
         problem = compare(expected, got, ops=[self.op], override=self.tolerance)
         return None if problem is None else f"{self.op.name} and the pattern differ {where}: {problem}"
 
@@ -563,7 +563,7 @@ def _replace(graph: fx.Graph, pattern: Pattern, match: Any, binding: Binding, re
     try:
         val = _fake_value(pattern.op, args)
     except Exception as exc:
-        return undo(f"{pattern.op.name} cannot take the matched values: {_variants._first_line(exc)}")
+        return undo(f"{pattern.op.name} cannot take the matched values: {_variants.first_line(exc)}")
     vals = None if val is None else (val,) if single else tuple(val)
     if vals is not None:
         if len(vals) != len(returning):

@@ -30,7 +30,8 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-__all__ = ["Variant", "VariantKey", "trace", "build", "diff", "rank", "DIM_ARGS"]
+__all__ = ["Variant", "VariantKey", "trace", "build", "diff", "same", "rank", "input_rank",
+           "normalize_dims", "first_line", "DIM_ARGS"]
 
 log = logging.getLogger(__name__)
 
@@ -128,10 +129,6 @@ def _clean(graph: fx.Graph) -> fx.Graph:
     return new
 
 
-def graph_key(graph: fx.Graph) -> str:
-    return "\n".join(f"{n.op} {n.target} {n.args} {n.kwargs}" for n in graph.nodes)
-
-
 # ---------------------------------------------------------------------------- literal leaves
 def _leaves(value: Any, path: tuple = ()) -> list[tuple[tuple, Any]]:
     if isinstance(value, (list, tuple)):
@@ -154,7 +151,7 @@ def _node_leaves(node: fx.Node, index: dict[fx.Node, int]) -> list[tuple[tuple, 
     return out
 
 
-def _same(a: Any, b: Any) -> bool:
+def same(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
     try:
@@ -189,7 +186,7 @@ def diff(g0: fx.Graph, g1: fx.Graph) -> list[tuple[int, tuple, Any, Any]] | None
                 if va != vb:
                     return None
                 continue
-            if not _same(va, vb):
+            if not same(va, vb):
                 out.append((k, pa, va, vb))
     return out
 
@@ -241,7 +238,7 @@ def build(ir: str, key: VariantKey, tensors: list[torch.Tensor], call: Callable[
         try:
             again = trace(ir, lambda *ts, s=slot, v=other: call(list(ts), {s: v}), tensors)
         except Exception as exc:
-            why = f"tracing it with {params[slot].name}={other!r} failed: {_first_line(exc)}"
+            why = f"tracing it with {params[slot].name}={other!r} failed: {first_line(exc)}"
             found[slot] = [why] * len(bases)
             continue
         per = []
@@ -251,7 +248,7 @@ def build(ir: str, key: VariantKey, tensors: list[torch.Tensor], call: Callable[
                 per.append(f"the pattern traced with {params[slot].name}={other!r} is a different graph")
                 continue
             direct = [(k, p) for k, p, v0, v1 in d
-                      if _same(v0, example[slot]) and _same(v1, other)]
+                      if same(v0, example[slot]) and same(v1, other)]
             if len(direct) != len(d):
                 per.append(f"{params[slot].name} enters the pattern through a computed value")
                 continue
@@ -314,7 +311,7 @@ def _dim_placeholders(graph: fx.Graph, node: fx.Node, first: fx.Node, variant: V
         variant.dims.append((ph, node, arg.name, value))
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
