@@ -211,3 +211,19 @@ def test_int_scalar_is_a_wildcard_too():
     assert kg.graft(ep, pattern=scale_shift, replacement=op, example_inputs=(x,)).count == 1
     assert [args[1] for args in _calls(ep, "kgtest_graft15.scale_shift")] == [5]
     torch.testing.assert_close(ep.module()(x), M()(x))
+
+
+def test_shape_in_the_pattern_points_to_pattern_inputs():
+    """``layer_norm`` in export IR carries its normalized_shape: traced at the op's sample width
+    (32) it differs from a model of width 64, and the reason says to pass pattern_inputs."""
+    op = _layernorm_op()
+    model, x = torch.nn.LayerNorm(64).eval(), torch.randn(2, 5, 64)
+    ep = torch.export.export(model, (x,))
+    with pytest.warns(kg.GraftWarning, match="pattern_inputs"):
+        report = kg.graft(ep, pattern=_layernorm_pattern, replacement=op)
+    assert report.count == 0 and "normalized_shape=[32]" in report.reason
+    at_width = (torch.randn(4, 64), torch.rand(64) + 0.5, torch.randn(64), 1e-5)
+    report = kg.graft(ep, pattern=_layernorm_pattern, replacement=op, pattern_inputs=at_width,
+                      example_inputs=(x,))
+    assert report.count == 1 and _calls(ep, "kgtest_graft15.layernorm")
+    torch.testing.assert_close(ep.module()(x), model(x))
