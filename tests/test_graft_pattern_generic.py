@@ -227,3 +227,18 @@ def test_shape_in_the_pattern_points_to_pattern_inputs():
                       example_inputs=(x,))
     assert report.count == 1 and _calls(ep, "kgtest_graft15.layernorm")
     torch.testing.assert_close(ep.module()(x), model(x))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_gpu_rank3_model_eps_reaches_the_kernel(dtype):
+    """On the GPU the admission check runs the op's kernel on the model's device and dtype."""
+    torch.manual_seed(0)
+    model = _Rms(1e-5, d=256).to("cuda", dtype).eval()
+    x = torch.randn(2, 7, 256, device="cuda", dtype=dtype)
+    ep = torch.export.export(model, (x,))
+    report = kg.graft(ep, pattern=_rms_pattern, replacement=rmsnorm, example_inputs=(x,))
+    assert report.count == 1 and report.verified is True
+    assert [args[2] for args in _calls(ep, "kgexamples.rmsnorm")] == [1e-5]
+    with torch.no_grad():
+        torch.testing.assert_close(ep.module()(x), model(x), rtol=2e-2, atol=2e-2)
