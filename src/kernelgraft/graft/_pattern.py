@@ -36,7 +36,6 @@ import inspect
 import logging
 import operator
 import threading
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,24 +45,16 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
 
-from .._errors import SpecError, TuneWarning, describe
+from .._errors import SpecError, describe
 from .._spec import callable_source
-from . import _explain, _variants
+from . import _admit, _explain, _variants
+from ._admit import Binding
 
 __all__ = ["Pattern", "Binding", "Misses", "rewrite_graph", "install", "uninstall", "active"]
 
 log = logging.getLogger(__name__)
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
-_OTHER_RANK = " in this trace"
-
-
-@dataclass
-class Binding:
-    """What a match gives the op: the model's tensors (tensor-slot order) and scalar values."""
-
-    inputs: list[fx.Node]
-    scalars: dict[int, Any]
 
 
 @dataclass(eq=False)
@@ -219,7 +210,7 @@ class Pattern:
 
     def failures(self, ir: str) -> list[str]:
         """Why variants were not traced (a rank the op does not take, a failed trace)."""
-        return [f"at {_describe_key(key)}: {why}" for (i, key), why in self._variants.items()
+        return [f"at {_admit.describe_key(key)}: {why}" for (i, key), why in self._variants.items()
                 if i.startswith(ir) and isinstance(why, str)]
 
     def graphs(self, ir: str) -> list[fx.Graph]:
@@ -241,138 +232,7 @@ class Pattern:
     # ------------------------------------------------------------------ admission
     def admit(self, v: _variants.Variant, match: Any) -> Binding | str:
         """The binding of a structural match, or why it does not compute what the op computes."""
-        nodes = match.nodes_map
-        inputs = [nodes.get(p) for p in v.inputs]
-        if any(not isinstance(n, fx.Node) for n in inputs):
-            return "a pattern input is unused or matched a constant"
-        scalars: dict[int, Any] = {}
-        for slot, ph in v.scalars.items():
-            value, param = nodes.get(ph), self.params[slot]
-            if isinstance(value, fx.Node):
-                return (f"{param.name} is computed in the model (node %{value.name}); "
-                        f"{self.op.name} takes it as a constant (torch.compile turns a float attribute "
-                        "that changed between compiles of one forward into an input; "
-                        "torch._dynamo.config.specialize_float=True keeps it a constant)")
-            ok = (isinstance(value, (int, float)) and not isinstance(value, bool)) if param.kind == "float" \
-                else isinstance(value, bool) if param.kind == "bool" \
-                else isinstance(value, int) and not isinstance(value, bool)
-            if not ok:
-                return f"{param.name}={value!r} where {self.op.name} takes {param.kind}"
-            scalars[slot] = float(value) if param.kind == "float" else value
-        for ph, pnode, arg, want in v.dims:
-            got, gnode = nodes.get(ph), nodes.get(pnode)
-            rp, rg = _variants.input_rank(pnode), _variants.input_rank(gnode) if gnode is not None else None
-            same = (_variants.normalize_dims(want, rp) == _variants.normalize_dims(got, rg)
-                    if rp is not None and rg is not None else want == got)
-            if not same or _variants.normalize_dims(got, rg) is None:
-                return f"{_target(pnode)} over {arg}={want!r} in the pattern; the model has {arg}={got!r}"
-        for pn, gn in nodes.items():
-            if pn.op == "call_function" or pn in v.inputs:
-                rp = _ranks(pn.meta.get("val"))
-                rg = _ranks(gn.meta.get("val")) if isinstance(gn, fx.Node) else None
-                if rp is not None and rg is not None and rp != rg:
-                    what = _target(pn) if pn.op == "call_function" else pn.name
-                    return f"{what} is rank {rg} in the model and rank {rp}{_OTHER_RANK}"
-        changed = {s: x for s, x in scalars.items() if not _variants.same(x, self.example[s])}
-        if changed:
-            why = self._confirm(v, changed)
-            if why:
-                return why
-        if self.verify:
-            why = self._check(v, inputs, {**{s: self.example[s] for s in v.scalars}, **scalars})
-            if why:
-                return why
-        return Binding(inputs, scalars)
-
-    def _confirm(self, v: _variants.Variant, scalars: dict[int, Any]) -> str | None:
-        """None when the pattern traced at the model's scalar values is the graph that matched."""
-        key = (v.ir, v.key, tuple(sorted(scalars.items())))
-        with self._lock:
-            if key not in self._confirmed:
-                names = ", ".join(f"{self.params[s].name}={x!r}" for s, x in scalars.items())
-                try:
-                    again = _variants.trace(v.ir, lambda *ts: self.call(list(ts), scalars), v.tensors)
-                    d = _variants.diff(v.base, again[0])
-                except Exception as exc:
-                    d = None
-                    why = f"the pattern could not be traced with {names}: {_variants.first_line(exc)}"
-                else:
-                    why = f"the pattern traced with {names} is a different graph from the one matched"
-                ok = d is not None and all(
-                    any((k, p) in v.positions.get(s, ()) and _variants.same(v1, x)
-                        for s, x in scalars.items())
-                    for k, p, v0, v1 in d)
-                self._confirmed[key] = None if ok else why
-            return self._confirmed[key]
-
-    def _check(self, v: _variants.Variant, inputs: list[fx.Node], scalars: dict[int, Any]) -> str | None:
-        """None when the op equals the pattern on the variant's tensors, in the model's dtypes,
-        with the model's scalars (on the model's device where it is available, else the CPU)."""
-        vals = [n.meta.get("val") for n in inputs]
-        dtypes = tuple(x.dtype if isinstance(x, torch.Tensor) else None for x in vals)
-        device = next((x.device for x in vals if isinstance(x, torch.Tensor)), torch.device("cpu"))
-        if device.type == "cuda" and not torch.cuda.is_available() or device.type not in ("cuda", "cpu"):
-            device = torch.device("cpu")
-        key = (v.key, dtypes, str(device), tuple(sorted(scalars.items())))
-        with self._lock:
-            if key not in self._checked:
-                self._checked[key] = self._run_check(v, dtypes, device, scalars)
-            return self._checked[key]
-
-    def _run_check(self, v, dtypes, device, scalars) -> str | None:
-        # The Inductor pass runs inside a compile's fake mode; the check runs real tensors. Inside
-        # a compile the op does not tune (and says so): the check needs no tuning, only a kernel.
-        with unset_fake_temporarily(), torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore", TuneWarning)
-            return self._run_check_real(v, dtypes, device, scalars)
-
-    def _run_check_real(self, v, dtypes, device, scalars) -> str | None:
-        from .._verify import clone
-        from ._verify import compare
-
-        tensors = [(t.to(d) if d is not None and t.is_floating_point() and d.is_floating_point else t)
-                   .to(device) for t, d in zip(v.tensors, dtypes)]
-        where = f"at {_describe_key(v.key)} with {[_describe_arg(t) for t in tensors]}"
-        try:
-            expected = self.call(clone(tensors), scalars)
-        except Exception as exc:
-            return f"the pattern raised {where}: {_variants.first_line(exc)}"
-        args = list(self.example)
-        for i, t in zip(self.tensor_slots, clone(tensors)):
-            args[i] = t
-        for i, x in scalars.items():
-            args[i] = x
-        try:
-            got = self.op(*args)
-        except Exception as exc:
-            return f"{self.op.name} raised {where}: {_variants.first_line(exc)}"
-        problem = compare(expected, got, ops=[self.op], override=self.tolerance)
-        return None if problem is None else f"{self.op.name} and the pattern differ {where}: {problem}"
-
-
-def _describe_key(key: _variants.VariantKey) -> str:
-    ranks = "/".join(str(r) for r in key.ranks if r is not None)
-    dtype = "" if key.dtype is None else f", {str(key.dtype).replace('torch.', '')}"
-    return f"ranks {ranks}{dtype}"
-
-
-def _describe_arg(t: Any) -> str:
-    if isinstance(t, torch.Tensor):
-        return f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}"
-    return repr(t)
-
-
-def _ranks(val: Any) -> Any:
-    if isinstance(val, torch.Tensor):
-        return val.dim()
-    if isinstance(val, (list, tuple)) and val and all(isinstance(x, torch.Tensor) for x in val):
-        return tuple(x.dim() for x in val)
-    return None
-
-
-def _target(node: fx.Node) -> str:
-    return str(node.target).replace("torch.ops.", "") if node.op == "call_function" else f"%{node.name}"
-
+        return _admit.admit(self, v, match)
 
 def _outputs(graph: fx.Graph) -> list[fx.Node]:
     """The nodes a traced pattern returns, in order."""
@@ -444,7 +304,7 @@ def rewrite_graph(graph: fx.Graph, patterns: Sequence[Pattern], ir: str,
                 site = _site(match)
                 binding = pattern.admit(v, match)
                 if isinstance(binding, str):
-                    if site not in refused or refused[site].endswith(_OTHER_RANK):
+                    if site not in refused or refused[site].endswith(_admit.OTHER_RANK):
                         refused[site] = binding  # another variant's reason says more than a rank
                     continue
                 why = _replace(graph, pattern, match, binding, renamed, substitutes)
@@ -474,7 +334,7 @@ def rewrite_graph(graph: fx.Graph, patterns: Sequence[Pattern], ir: str,
 
 def _site(match: Any) -> str:
     node = match.returning_nodes[0] if match.returning_nodes else match.anchors[0]
-    return f"%{node.name} ({_target(node)})"
+    return f"%{node.name} ({_admit.target(node)})"
 
 
 def _lift_asserts(graph: fx.Graph) -> list[tuple]:
