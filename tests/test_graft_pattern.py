@@ -46,7 +46,7 @@ def test_pattern_output_that_is_the_program_output_keeps_the_signature():
     torch.testing.assert_close(ep.module()(x, y), torch.relu(x + y))
 
 
-def test_spelling_does_not_matter_but_eps_does():
+def test_spelling_does_not_matter_and_eps_is_the_models():
     def pattern(x, w, eps):
         xf = x.float()
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
@@ -63,12 +63,13 @@ def test_spelling_does_not_matter_but_eps_does():
 
     x = torch.randn(3, 32)
     sample = (torch.randn(4, 32), torch.randn(32), 1e-6)
-    ep = torch.export.export(Model(1e-6), (x,))
-    report = kg.graft(ep, pattern=pattern, replacement=rmsnorm, pattern_inputs=sample, example_inputs=(x,))
-    assert report.count == 1 and "kgexamples.rmsnorm.default" in _targets(ep)
-    ep2 = torch.export.export(Model(1e-5), (x,))
-    with pytest.warns(kg.GraftWarning, match="matched nothing"):
-        assert kg.graft(ep2, pattern=pattern, replacement=rmsnorm, pattern_inputs=sample).count == 0
+    for eps in (1e-6, 1e-5):  # the pattern is traced with 1e-6; the op gets the model's eps
+        model = Model(eps)
+        ep = torch.export.export(model, (x,))
+        report = kg.graft(ep, pattern=pattern, replacement=rmsnorm, pattern_inputs=sample, example_inputs=(x,))
+        assert report.count == 1 and report.verified is True
+        assert [n.args[2] for n in ep.graph.nodes if "rmsnorm" in str(n.target)] == [eps]
+        torch.testing.assert_close(ep.module()(x), model(x))
 
 
 def test_bf16_graph_matches_a_pattern_given_fp32_examples():

@@ -33,6 +33,7 @@ class GraftReport:
     max_error: str | None = None
     pattern: Any = None
     program: Any = None  # the rewritten ExportedProgram
+    reason: str | None = None  # a pattern that replaced nothing: what was looked for, what differed
 
     @property
     def count(self) -> int:
@@ -58,6 +59,8 @@ class GraftReport:
             text += f"; kept {len(self.kept)} original(s)"
         if self.verified is not None:
             text += f"; verified={self.verified}"
+        if self.reason:
+            text += f" ({self.reason})"
         return text
 
 
@@ -99,7 +102,13 @@ def graft(
     By pattern: ``kg.graft(model, pattern=fn, replacement=op)`` replaces every subgraph equal to
     ``fn`` under ``torch.compile`` (Inductor) or, for an ``ExportedProgram``, in its graph (rewritten
     in place, also in ``report.program``). ``fn`` returns one tensor, or a tuple of as many tensors
-    as the op returns (``add_rmsnorm_pattern`` returns the norm and the sum it normalised).
+    as the op returns (``add_rmsnorm_pattern`` returns the norm and the sum it normalised). ``fn`` is
+    traced with ``pattern_inputs`` (the op's arguments), else with the op's first float32 sample
+    input, and again at the dtypes and ranks the model uses; the op's float/int/bool arguments
+    (an ``eps``) are read from each match and passed to the op. A pattern graft on an
+    ``nn.Module`` acts when Inductor compiles it, not on a later ``torch.export(module)``: graft
+    the ``ExportedProgram`` instead. When a pattern replaces nothing, ``report.reason`` and the
+    ``GraftWarning`` say what was looked for and where the closest sites in the model differ.
 
     ``verify=True``: the grafted model's outputs must equal the original's on ``example_inputs``
     (a tuple of args, a dict of kwargs, or ``(args, kwargs)``), each grafted module's on the inputs
@@ -268,6 +277,8 @@ def _graft_modules(model, rules, mode, report, verify, example_inputs, tolerance
 
 # ---------------------------------------------------------------------------- by pattern
 def _pattern_example(op: Any, pattern_inputs: tuple | None) -> tuple:
+    """The example the pattern is traced with: ``pattern_inputs``, else the op's first float32
+    sample without size-1 dims (other ranks, dtypes and scalars are traced from it on demand)."""
     if pattern_inputs is not None:
         return tuple(pattern_inputs)
     if op.sample_inputs is None:
@@ -310,7 +321,10 @@ def _graft_pattern(model, fn, replacement, report, verify, example_inputs, patte
 
     if not isinstance(replacement, KernelOp):
         raise SpecError(f"kg.graft: replacement must be a kernelgraft op, got {describe(replacement)}")
-    pat = _pattern.Pattern(fn, replacement, _pattern_example(replacement, pattern_inputs))
+    example = _pattern_example(replacement, pattern_inputs)
+    source = "pattern_inputs" if pattern_inputs is not None else (
+        f"{replacement.name}'s sample input {[describe(a) for a in example]}")
+    pat = _pattern.Pattern(fn, replacement, example, verify=verify, tolerance=tolerance, source=source)
     report.pattern = pat
     pat.graphs("export" if isinstance(model, torch.export.ExportedProgram) else "inductor")
     if verify:
@@ -322,20 +336,31 @@ def _graft_pattern(model, fn, replacement, report, verify, example_inputs, patte
     if not isinstance(model, torch.nn.Module) and not callable(model):
         raise SpecError(f"kg.graft: pattern grafts take an nn.Module or ExportedProgram, got {describe(model)}")
     if example_inputs is not None:
-        n = _count_and_verify_traced(model, pat, args, kwargs, verify, tolerance)
+        misses = _pattern.Misses()
+        n = _count_and_verify_traced(model, pat, args, kwargs, verify, tolerance, misses)
         for i in range(n):
             report._replaced(f"match {i}", replacement.name)
         report.verified = bool(verify and n) or None
+        report.kept.update(misses.kept)
         if n == 0:
+            report.reason = misses.reason()
             warnings.warn(f"kg.graft: the pattern matched nothing in {type(model).__name__} on the "
-                          "example inputs; nothing will be replaced under torch.compile",
+                          f"example inputs; nothing will be replaced under torch.compile: {report.reason}",
                           GraftWarning, stacklevel=3)
             return
+        _warn_kept(report, 4)
     _pattern.install(pat)
     _MODEL_PATTERNS.setdefault(model, []).append(pat)
 
 
-def _count_and_verify_traced(model, pat, args, kwargs, verify, tolerance) -> int:
+def _warn_kept(report: GraftReport, stacklevel: int) -> None:
+    if report.kept:
+        lines = "; ".join(f"{k}: {v}" for k, v in list(report.kept.items())[:3])
+        warnings.warn(f"kg.graft: left {len(report.kept)} matching site(s) as they are: {lines}",
+                      GraftWarning, stacklevel=stacklevel)
+
+
+def _count_and_verify_traced(model, pat, args, kwargs, verify, tolerance, misses=None) -> int:
     """Compile the model as Inductor would trace it (Dynamo, AOTAutograd, Inductor's
     decompositions) but run the graphs eagerly after our rewrite: counts the matches the Inductor
     pass will find and checks the rewritten model's outputs against the original's."""
@@ -346,15 +371,18 @@ def _count_and_verify_traced(model, pat, args, kwargs, verify, tolerance) -> int
     counts: list[int] = []
 
     def fw_compiler(gm, example_inputs):
-        n, _ = _pattern.rewrite_graph(gm.graph, [pat], "inductor")
+        n, _ = _pattern.rewrite_graph(gm.graph, [pat], "inductor", misses)
         counts.append(n)
         gm.recompile()
         return make_boxed_func(gm.forward)
 
     backend = aot_autograd(fw_compiler=fw_compiler, decompositions=select_decomp_table())
-    with torch.no_grad():
+    # Dynamo makes a float attribute (an eps) a graph input once it changed between compiles of
+    # one forward (another instance of the class); a constant is what the pattern reads.
+    with torch.no_grad(), torch._dynamo.config.patch(specialize_float=True):
         expected = model(*_verify.clone_inputs(args), **_verify.clone_inputs(kwargs))
-        got = torch.compile(model, backend=backend)(*_verify.clone_inputs(args), **_verify.clone_inputs(kwargs))
+        compiled = torch.compile(model, backend=backend)
+        got = compiled(*_verify.clone_inputs(args), **_verify.clone_inputs(kwargs))
     n = sum(counts)
     pat.replaced["inductor"] = pat.replaced.get("inductor", 0) - n  # count real compiles only
     if verify and n:
@@ -379,14 +407,18 @@ def _graft_exported(ep, pat, report, verify, have_inputs, args, kwargs, toleranc
     if verify and have_inputs:
         with torch.no_grad():
             expected = ep.module()(*_verify.clone_inputs(args), **_verify.clone_inputs(kwargs))
-    n = _pattern.rewrite_exported(ep, pat)
+    misses = _pattern.Misses()
+    n = _pattern.rewrite_exported(ep, pat, misses)
     report.program = ep
     for i in range(n):
         report._replaced(f"match {i}", pat.op.name)
+    report.kept.update(misses.kept)
     if n == 0:
-        warnings.warn("kg.graft: the pattern matched nothing in the exported program",
+        report.reason = misses.reason()
+        warnings.warn(f"kg.graft: the pattern matched nothing in the exported program: {report.reason}",
                       GraftWarning, stacklevel=4)
         return
+    _warn_kept(report, 5)
     if expected is not None:
         with torch.no_grad():
             got = ep.module()(*_verify.clone_inputs(args), **_verify.clone_inputs(kwargs))

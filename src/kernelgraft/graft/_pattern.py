@@ -1,8 +1,8 @@
 """Pattern grafts: find subgraphs equal to ``pattern`` in a graph and replace each with one op call.
 
 The pattern is traced into the same IR as the graph it is matched against, so spelling does not
-matter (``x.pow(2)``, ``x ** 2`` and ``torch.pow(x, 2)`` trace alike), once per floating dtype
-(a ``.to(float32)`` is a node in a bf16 graph and nothing in an fp32 one):
+matter (``x.pow(2)``, ``x ** 2`` and ``torch.pow(x, 2)`` trace alike), per dtype and rank the
+model uses, with the op's scalar arguments as wildcards (see ``_variants``):
 
 - ``torch.compile``: Inductor's post-grad IR (functional ATen after Inductor's decompositions),
   traced as Inductor traces its own patterns (``pattern_matcher.fwd_only``). The rewrite runs as
@@ -20,11 +20,13 @@ matter (``x.pow(2)``, ``x ** 2`` and ``torch.pow(x, 2)`` trace alike), once per 
 - ``torch.export``: the ``ExportedProgram``'s own ATen IR, traced with ``torch.export`` (and with
   ``run_decompositions()`` for decomposed programs); the program's graph is rewritten in place.
 
-Scalars in the pattern's signature (an ``eps``) are fixed to the example values it is traced
-with, and passed to the op as constants. The pattern returns one tensor, or a tuple of them for an
-op that returns as many (an add and the norm of its result: ``(norm, sum)``); a tuple match is
-replaced where one op call can stand for all of its outputs (after every input, before every
-outside use), else left as is.
+A match is admitted (``Pattern.admit``) only when it computes what the op computes: its nodes have
+the ranks of the variant that matched, its dims are the pattern's, the pattern traced at the
+model's scalar values is the graph that matched, and (``verify``) the op equals the pattern on the
+example tensors at those ranks, dtypes and scalars. The pattern returns one tensor, or a tuple of
+them for an op that returns as many (an add and the norm of its result: ``(norm, sum)``); a tuple
+match is replaced where one op call can stand for all of its outputs (after every input, before
+every outside use), else left as is. When a pattern replaces nothing, ``_explain`` says why.
 """
 
 from __future__ import annotations
@@ -45,8 +47,10 @@ from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
 
 from .._errors import SpecError, describe
 from .._spec import callable_source
+from . import _admit, _explain, _variants
+from ._admit import Binding
 
-__all__ = ["Pattern", "rewrite_graph", "install", "uninstall", "active"]
+__all__ = ["Pattern", "Binding", "Misses", "rewrite_graph", "install", "uninstall", "active"]
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +65,19 @@ class Pattern:
     op: Any
     example: tuple
     replaced: dict[str, int] = field(default_factory=dict)  # per IR, counted across rewrites
-    _graphs: dict[str, list[fx.Graph]] = field(default_factory=dict)
+    verify: bool = True  # admit a match only where the op equals the pattern numerically
+    tolerance: dict = field(default_factory=dict)  # the caller's {dtype: rtol} override
+    source: str = "pattern_inputs"  # where the example came from (for messages)
+    _variants: dict[tuple, Any] = field(default_factory=dict)  # (ir, key) -> [Variant] or why not
+    _checked: dict[tuple, str | None] = field(default_factory=dict)  # numeric checks done
+    _confirmed: dict[tuple, str | None] = field(default_factory=dict)  # retraces at model scalars
 
     def __post_init__(self) -> None:
         n_fn = len(inspect.signature(self.fn).parameters)
         n_op = len(self.op.signature.params)
         if n_fn != n_op or len(self.example) != n_op:
             raise SpecError(
-                f"kg.graft: the pattern {getattr(self.fn, '__qualname__', self.fn)} takes {n_fn} "
+                f"kg.graft: the pattern {self.name} takes {n_fn} "
                 f"arguments and the example {len(self.example)}, but {self.op.name}"
                 f"{self.op.signature.schema} takes {n_op}; the pattern's arguments are passed to "
                 "the op in order"
@@ -80,111 +89,155 @@ class Pattern:
                     [(tuple(a.shape), str(a.dtype)) if isinstance(a, torch.Tensor) else a
                      for a in self.example]))
         self.uuid = hashlib.sha256(key.encode()).hexdigest()[:16]
+        ranks = [self.example[i].dim() for i in self.tensor_slots]
+        # The "activations": the highest-rank tensors get leading dims added for other ranks;
+        # the rest (a weight, a bias) keep theirs.
+        self._lifted = tuple(i for i in self.tensor_slots if self.example[i].dim() == max(ranks))
+        self._lock = threading.RLock()
 
-    def _tensor_fn(self, dtype: torch.dtype | None) -> tuple[Callable, list[torch.Tensor]]:
-        example = list(self.example)
-        tensors = []
+    @property
+    def name(self) -> str:
+        return getattr(self.fn, "__qualname__", None) or repr(self.fn)
+
+    @property
+    def params(self) -> tuple:
+        return self.op.signature.params
+
+    def call(self, tensors: list[torch.Tensor], scalars: dict[int, Any]) -> Any:
+        args = list(self.example)
+        for i, t in zip(self.tensor_slots, tensors):
+            args[i] = t
+        for i, v in scalars.items():
+            args[i] = v
+        return self.fn(*args)
+
+    # ------------------------------------------------------------------ variants
+    def _tensors(self, key: _variants.VariantKey) -> list[torch.Tensor]:
+        out = []
         for i in self.tensor_slots:
-            t = example[i].detach()
-            if dtype is not None and t.is_floating_point():
-                t = t.to(dtype)
-            tensors.append(t)
-
-        def fn(*ts):
-            args = list(example)
-            for i, t in zip(self.tensor_slots, ts):
-                args[i] = t
-            return self.fn(*args)
-
-        return fn, tensors
-
-    def graphs(self, ir: str) -> list[fx.Graph]:
-        """The pattern traced into ``ir`` ("inductor" or "export"), one graph per distinct trace."""
-        cached = self._graphs.get(ir)
-        if cached is not None:
-            return cached
-        out: list[fx.Graph] = []
-        seen: set[str] = set()
-        dtypes = [None] + [d for d in _FLOATS]
-        for dtype in dtypes:
-            try:
-                # The Inductor pass may run inside a compile's fake mode; trace with real tensors.
-                with unset_fake_temporarily():
-                    fn, tensors = self._tensor_fn(dtype)
-                    gms = _trace(ir, fn, tensors)
-            except Exception as exc:
-                log.debug("pattern %s: tracing for %s in %s failed: %s", self.fn, ir, dtype, exc)
-                continue
-            for gm in gms:
-                graph = _clean(gm.graph)
-                text = _graph_key(graph)
-                if text not in seen:
-                    seen.add(text)
-                    out.append(graph)
-        if not out:
-            raise SpecError(f"kg.graft: the pattern {self.fn} could not be traced for {ir}")
-        want = self.op.signature.n_returns if self.op.signature.returns == "tuple" else 1
-        for graph in out:
-            got = len(_outputs(graph))
-            if got != want:
-                raise SpecError(
-                    f"kg.graft: the pattern {getattr(self.fn, '__qualname__', self.fn)} returns {got} "
-                    f"tensor(s) but {self.op.name}{self.op.signature.schema} returns {want}"
-                )
-        self._graphs[ir] = out
+            t = self.example[i].detach()
+            want = key.ranks[i]
+            if want is not None and want != t.dim():
+                if want > t.dim():
+                    shape = (3,) * (want - t.dim()) + tuple(t.shape)
+                    t = (torch.randn(shape, dtype=t.dtype, device=t.device) if t.is_floating_point()
+                         else t.expand(shape).clone())
+                else:
+                    t = t[(0,) * (t.dim() - want)].clone()
+            if key.dtype is not None and t.is_floating_point():
+                t = t.to(key.dtype)
+            out.append(t)
         return out
 
+    def _key(self, dtype: torch.dtype | None, delta: int) -> _variants.VariantKey:
+        ranks = tuple((a.dim() + (delta if i in self._lifted else 0)) if isinstance(a, torch.Tensor) else None
+                      for i, a in enumerate(self.example))
+        return _variants.VariantKey(dtype, ranks)
 
-def _trace(ir: str, fn: Callable, tensors: list[torch.Tensor]) -> list[fx.GraphModule]:
-    if ir == "inductor":
-        from torch._inductor.pattern_matcher import fwd_only
+    def _rank_refusal(self, key: _variants.VariantKey) -> str | None:
+        for i in self._lifted:
+            r, p = key.ranks[i], self.params[i]
+            allowed = self.op._ndim.get(p.name)
+            if r < 1 or r > 8:
+                return f"{p.name} would be rank {r}"
+            if allowed and r not in allowed:
+                return f"{self.op.name} takes {p.name} only at rank {'/'.join(map(str, allowed))} (its ndim)"
+        return None
 
-        return [fwd_only(fn, tensors)]
-    if ir == "export":
+    def variant(self, ir: str, key: _variants.VariantKey) -> list[_variants.Variant] | str:
+        """The variants traced for ``key``, or why there are none."""
+        with self._lock:
+            cached = self._variants.get((ir, key))
+            if cached is None:
+                cached = self._rank_refusal(key)
+                if cached is None:
+                    try:
+                        # The Inductor pass runs inside a compile's fake mode; trace real tensors.
+                        with unset_fake_temporarily():
+                            tensors = self._tensors(key)
+                        cached = _variants.build(ir, key, tensors, self.call, self.example,
+                                                 self.params, self.tensor_slots)
+                    except Exception as exc:
+                        log.debug("pattern %s: tracing %s for %s failed: %s", self.name, key, ir, exc)
+                        cached = f"the pattern could not be traced: {_variants.first_line(exc)}"
+                self._variants[(ir, key)] = cached
+            return cached
 
-        class _Wrap(torch.nn.Module):
-            def forward(self, *ts):
-                return fn(*ts)
+    def _dtypes(self, graph: fx.Graph | None) -> list[torch.dtype | None]:
+        if graph is None:
+            return [None]
+        seen = {n.meta["val"].dtype for n in graph.nodes
+                if isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].dtype in _FLOATS}
+        own = {self.example[i].dtype for i in self.tensor_slots if self.example[i].is_floating_point()}
+        # The example's own dtypes are traced unless one dtype listed does the same.
+        out: list[torch.dtype | None] = [] if len(own) == 1 and own <= seen else [None]
+        return out + [d for d in _FLOATS if d in seen]
 
-        ep = torch.export.export(_Wrap(), tuple(tensors), strict=False)
-        gms = [ep.graph_module]
-        try:
-            gms.append(ep.run_decompositions().graph_module)
-        except Exception as exc:  # pragma: no cover - decomposition support varies by version
-            log.debug("run_decompositions of the pattern failed: %s", exc)
-        return gms
-    raise ValueError(ir)
+    def variants(self, ir: str, graph: fx.Graph | None = None) -> list[_variants.Variant]:
+        """The variants to match ``graph`` with: per dtype it uses, at the example's ranks and at
+        the ranks of its candidate sites (nodes like the pattern's last one). For an exported
+        program, also in core ATen when the program's graph lacks an op of the pattern as exported
+        (it was run through ``run_decompositions()``)."""
+        out = self._variants_in(ir, graph)
+        if ir == "export" and graph is not None:
+            present = {n.target for n in graph.nodes if n.op == "call_function"}
+            if any(n.target not in present for v in out for n in v.graph.nodes if n.op == "call_function"):
+                out = out + self._variants_in("export_core", graph)
+        return out
 
+    def _variants_in(self, ir: str, graph: fx.Graph | None) -> list[_variants.Variant]:
+        out: list[_variants.Variant] = []
+        for dtype in self._dtypes(graph):
+            base = self.variant(ir, self._key(dtype, 0))
+            if isinstance(base, str):
+                continue
+            out += base
+            deltas = set()
+            for v in base if graph is not None else []:
+                anchor = _outputs(v.graph)[0]
+                ra = _variants.rank(anchor.meta.get("val"))
+                if ra is None:
+                    continue
+                for n in graph.nodes:
+                    like = n.op == "call_function" and n.target == anchor.target
+                    rg = _variants.rank(n.meta.get("val")) if like else None
+                    if rg is not None and rg != ra:
+                        deltas.add(rg - ra)
+            for delta in sorted(deltas):
+                more = self.variant(ir, self._key(dtype, delta))
+                out += more if not isinstance(more, str) else []
+        return out
 
-def _clean(graph: fx.Graph) -> fx.Graph:
-    """A copy without nodes that do not feed the output (assertions, unused sizes)."""
-    gm = fx.GraphModule(torch.nn.Module(), graph)
-    new = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
-    output = next(n for n in reversed(graph.nodes) if n.op == "output")
-    live: set[fx.Node] = set()
-    stack = [output]
-    while stack:
-        node = stack.pop()
-        if node in live:
-            continue
-        live.add(node)
-        stack.extend(node.all_input_nodes)
-    for node in graph.nodes:
-        if node.op == "placeholder" or node in live:
-            env[node] = new.node_copy(node, lambda n: env[n])
-    del gm
-    return new
+    def failures(self, ir: str) -> list[str]:
+        """Why variants were not traced (a rank the op does not take, a failed trace)."""
+        return [f"at {_admit.describe_key(key)}: {why}" for (i, key), why in self._variants.items()
+                if i.startswith(ir) and isinstance(why, str)]
 
+    def graphs(self, ir: str) -> list[fx.Graph]:
+        """The pattern traced into ``ir`` ("inductor" or "export") at the example's dtypes and
+        ranks; a SpecError when it cannot be traced or returns the wrong number of tensors."""
+        got = self.variant(ir, self._key(None, 0))
+        if isinstance(got, str):
+            raise SpecError(f"kg.graft: the pattern {self.name} could not be traced for {ir}: {got}")
+        want = self.op.signature.n_returns if self.op.signature.returns == "tuple" else 1
+        for v in got:
+            n = len(_outputs(v.graph))
+            if n != want:
+                raise SpecError(
+                    f"kg.graft: the pattern {self.name} returns {n} "
+                    f"tensor(s) but {self.op.name}{self.op.signature.schema} returns {want}"
+                )
+        return [v.graph for v in got]
+
+    # ------------------------------------------------------------------ admission
+    def admit(self, v: _variants.Variant, match: Any) -> Binding | str:
+        """The binding of a structural match, or why it does not compute what the op computes."""
+        return _admit.admit(self, v, match)
 
 def _outputs(graph: fx.Graph) -> list[fx.Node]:
     """The nodes a traced pattern returns, in order."""
     out = next(n for n in reversed(graph.nodes) if n.op == "output")
     return list(out.all_input_nodes)
-
-
-def _graph_key(graph: fx.Graph) -> str:
-    return "\n".join(f"{n.op} {n.target} {n.args} {n.kwargs}" for n in graph.nodes)
 
 
 def _fake_value(op: Any, args: list) -> Any:
@@ -212,8 +265,22 @@ def _fake_value(op: Any, args: list) -> Any:
         return op.overload(*vals)
 
 
-def rewrite_graph(graph: fx.Graph, patterns: Sequence[Pattern], ir: str) -> tuple[int, dict[str, str]]:
-    """Replace every match of each pattern in ``graph``; returns (count, {old name: new name})."""
+@dataclass
+class Misses:
+    """What a rewrite left: sites that matched but were refused, and why a pattern replaced nothing."""
+
+    kept: dict[str, str] = field(default_factory=dict)  # "%node (target)" -> why it stays
+    reasons: list[tuple[int, str]] = field(default_factory=list)  # (closeness, text) per graph
+
+    def reason(self) -> str | None:
+        """The explanation from the graph whose closest site came closest."""
+        return max(self.reasons, key=lambda r: r[0])[1] if self.reasons else None
+
+
+def rewrite_graph(graph: fx.Graph, patterns: Sequence[Pattern], ir: str,
+                  misses: Misses | None = None) -> tuple[int, dict[str, str]]:
+    """Replace every admitted match of each pattern in ``graph``; returns (count, {old name: new
+    name}). With ``misses``, records refused sites and, for a pattern that replaced nothing, why."""
     total = 0
     renamed: dict[str, str] = {}
     # A replaced output node -> the node that stands for it now: a later match may take it as an
@@ -221,21 +288,53 @@ def rewrite_graph(graph: fx.Graph, patterns: Sequence[Pattern], ir: str) -> tupl
     substitutes: dict[fx.Node, fx.Node] = {}
     lifted = _lift_asserts(graph) if ir == "export" else []
     for pattern in patterns:
-        for pgraph in pattern.graphs(ir):
-            matcher = SubgraphMatcher(pgraph, match_output=False, match_placeholder=False,
-                                      remove_overlapping_matches=True)
-            matches = matcher.match(graph)
-            done = 0
-            for match in matches:
-                if _replace(graph, pattern, match, renamed, substitutes):
+        variants = pattern.variants(ir, graph)
+        done = 0
+        refused: dict[str, str] = {}
+        for v in variants:
+            # Overlaps are removed after admission: a refused match must not hide an admitted one.
+            matcher = SubgraphMatcher(v.graph, match_output=False, match_placeholder=False,
+                                      remove_overlapping_matches=False)
+            taken: set[fx.Node] = set()
+            for match in matcher.match(graph):
+                inner = {n for pn, n in match.nodes_map.items()
+                         if pn.op not in ("placeholder", "output") and isinstance(n, fx.Node)}
+                if inner & taken:
+                    continue
+                site = _site(match)
+                binding = pattern.admit(v, match)
+                if isinstance(binding, str):
+                    if site not in refused or refused[site].endswith(_admit.OTHER_RANK):
+                        refused[site] = binding  # another variant's reason says more than a rank
+                    continue
+                why = _replace(graph, pattern, match, binding, renamed, substitutes)
+                if why is None:
                     done += 1
-            if done:
-                pattern.replaced[ir] = pattern.replaced.get(ir, 0) + done
-                total += done
+                    taken |= inner
+                    refused.pop(site, None)
+                elif why:
+                    refused.setdefault(site, why)
+        if done:
+            pattern.replaced[ir] = pattern.replaced.get(ir, 0) + done
+            total += done
+        for site, why in refused.items():
+            log.info("kg.graft: %s left as is at %s: %s", pattern.op.name, site, why)
+        if misses is not None:
+            misses.kept.update(refused)
+        if not done and (misses is not None or log.isEnabledFor(logging.INFO)):
+            closeness, text = _explain.explain(graph, pattern, variants, ir, refused)
+            if misses is not None:
+                misses.reasons.append((closeness, text))
+            log.info("kg.graft: %s", text)
     _restore_asserts(graph, lifted, substitutes)
     if total or lifted:
         graph.lint()
     return total, renamed
+
+
+def _site(match: Any) -> str:
+    node = match.returning_nodes[0] if match.returning_nodes else match.anchors[0]
+    return f"%{node.name} ({_admit.target(node)})"
 
 
 def _lift_asserts(graph: fx.Graph) -> list[tuple]:
@@ -292,54 +391,48 @@ def _live(node: fx.Node, graph: fx.Graph) -> bool:
     return node.graph is graph and not getattr(node, "_erased", False)
 
 
-def _replace(graph: fx.Graph, pattern: Pattern, match: Any, renamed: dict[str, str],
-             substitutes: dict[fx.Node, fx.Node]) -> bool:
-    """Replace one match by one op call (and a getitem per output when it returns a tuple)."""
+def _replace(graph: fx.Graph, pattern: Pattern, match: Any, binding: Binding, renamed: dict[str, str],
+             substitutes: dict[fx.Node, fx.Node]) -> str | None:
+    """Replace one match by one op call (and a getitem per output when it returns a tuple).
+    None when replaced, else why not ("" when an earlier replacement took part of it)."""
     returning = list(match.returning_nodes)
     inputs = []
-    for node in match.placeholder_nodes:
+    for node in binding.inputs:
         while node in substitutes:
             node = substitutes[node]
         inputs.append(node)
     if not all(_live(n, graph) for n in returning + inputs):
-        return False  # part of it was consumed by an earlier replacement
-    if len(inputs) != len(pattern.tensor_slots):
-        return False
+        return ""  # part of it was consumed by an earlier replacement
     single = len(returning) == 1
     where = returning[0] if single else _insertion_point(graph, match, inputs)
     if where is None:
-        log.info("kg.graft: no place for one %s call in a match of %d outputs; left as is",
-                 pattern.op.name, len(returning))
-        return False
+        return (f"no place for one {pattern.op.name} call: an output is used before another "
+                "output's inputs are computed")
     with graph.inserting_before(where):
-        args = _op_args(graph, pattern, inputs)
+        args = _op_args(graph, pattern, inputs, binding.scalars)
         new = graph.call_function(pattern.op.overload, tuple(args))
         outs = [new] if single else [graph.call_function(operator.getitem, (new, i))
                                      for i in range(len(returning))]
     added = [a for a in args if isinstance(a, fx.Node) and a not in inputs] + [new] + ([] if single else outs)
 
-    def undo() -> bool:
+    def undo(why: str) -> str:
         for node in reversed(added):
             graph.erase_node(node)
-        return False
+        return why
 
     try:
         val = _fake_value(pattern.op, args)
     except Exception as exc:
-        log.warning("kg.graft: %s cannot take the matched values (%s); match left as is",
-                    pattern.op.name, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-        return undo()
+        return undo(f"{pattern.op.name} cannot take the matched values: {_variants.first_line(exc)}")
     vals = None if val is None else (val,) if single else tuple(val)
     if vals is not None:
         if len(vals) != len(returning):
-            log.info("kg.graft: %s returns %d tensors where the pattern gave %d; match left as is",
-                     pattern.op.name, len(vals), len(returning))
-            return undo()
+            return undo(f"{pattern.op.name} returns {len(vals)} tensors where the pattern gave "
+                        f"{len(returning)}")
         for r, v in zip(returning, vals):
             if not _same_kind(r.meta.get("val"), v):
-                log.info("kg.graft: %s returns %s where the pattern gave %s; match left as is",
-                         pattern.op.name, describe(v), describe(r.meta.get("val")))
-                return undo()
+                return undo(f"{pattern.op.name} returns {describe(v)} where the pattern gave "
+                            f"{describe(r.meta.get('val'))}")
         if not single:
             new.meta = {"val": vals}
     for r, out, v in zip(returning, outs, vals or [None] * len(outs)):
@@ -357,7 +450,7 @@ def _replace(graph: fx.Graph, pattern: Pattern, match: Any, renamed: dict[str, s
         out._rename(name)
         if out.name != name:
             renamed[name] = out.name
-    return True
+    return None
 
 
 def _same_kind(original: Any, val: Any) -> bool:
@@ -366,10 +459,13 @@ def _same_kind(original: Any, val: Any) -> bool:
                 and (original.dtype != val.dtype or original.dim() != val.dim()))
 
 
-def _op_args(graph: fx.Graph, pattern: Pattern, inputs: list[fx.Node]) -> list[Any]:
+def _op_args(graph: fx.Graph, pattern: Pattern, inputs: list[fx.Node], scalars: dict[int, Any]) -> list[Any]:
     """The op call's arguments: the matched inputs in the pattern's tensor slots (made dense
-    where a match took a strided view), its example scalars elsewhere."""
+    where a match took a strided view), the model's scalars where the pattern reads them, the
+    example's elsewhere."""
     args: list[Any] = list(pattern.example)
+    for slot, value in scalars.items():
+        args[slot] = value
     for slot, node in zip(pattern.tensor_slots, inputs):
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor) and not val.is_contiguous():
@@ -455,10 +551,10 @@ def uninstall(pattern: Pattern) -> None:
 
 
 # ---------------------------------------------------------------------------- ExportedProgram
-def rewrite_exported(ep: Any, pattern: Pattern) -> int:
+def rewrite_exported(ep: Any, pattern: Pattern, misses: Misses | None = None) -> int:
     """Rewrite ``ep``'s graph in place; returns the number of replacements."""
     gm = ep.graph_module
-    n, renamed = rewrite_graph(gm.graph, [pattern], "export")
+    n, renamed = rewrite_graph(gm.graph, [pattern], "export", misses)
     if renamed:
         for spec in ep.graph_signature.output_specs:
             arg = getattr(spec, "arg", None)
