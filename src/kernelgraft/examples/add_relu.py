@@ -16,6 +16,7 @@ import triton.language as tl
 import kernelgraft as kg
 
 from ._elementwise import launch_binary_cuda
+from ._special import nan_inf
 
 
 @triton.jit
@@ -95,6 +96,7 @@ def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
         )
     for dt in (torch.float16, torch.bfloat16):
         yield (torch.randn(33, 97, device=device, dtype=dt), torch.randn(33, 97, device=device, dtype=dt))
+        yield (nan_inf(torch.randn(5, 33, device=device, dtype=dt)), torch.randn(5, 33, device=device, dtype=dt))
 
 
 def bench_inputs(device: str = "cuda"):

@@ -30,6 +30,8 @@ import triton.language as tl
 
 import kernelgraft as kg
 
+from ._special import nan_inf
+
 
 @triton.jit
 def _rmsnorm_residual_kernel(
@@ -172,6 +174,12 @@ def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
             torch.randn(9, 768, device=device, dtype=dt),
             torch.randn(9, 768, device=device, dtype=dt),
             torch.randn(768, device=device, dtype=dt),
+            1e-6,
+        )
+        yield (
+            nan_inf(torch.randn(4, 64, device=device, dtype=dt)),
+            torch.randn(4, 64, device=device, dtype=dt),
+            torch.randn(64, device=device, dtype=dt),
             1e-6,
         )
 
