@@ -470,8 +470,8 @@ class Dispatcher:
             shapes = ", ".join(describe(a) for a in args)
             if _is_shape_error(exc):
                 raise InputError(
-                    f"{op.name}: these inputs do not fit together ({shapes}): "
-                    f"{str(exc).splitlines()[0]}"
+                    f"{op.name}: the reference cannot compute output shapes for these inputs "
+                    f"({shapes}): their shapes do not fit together: {str(exc).splitlines()[0]}"
                 ) from exc
             raise InputError(
                 f"{op.name}: the {'meta function' if op._meta_fn is not op.reference else 'reference'} "

@@ -417,6 +417,8 @@ def fp8_kcache_scatter(
     head_dim, (_, block_size, cache_stride) = k.shape[1], kv_cache.shape
     keep = slot_mapping >= 0
     slots, k = slot_mapping[keep], k[keep]
+    if not slots.numel():  # no tokens, or only padding: nothing to write
+        return
     n, nqb = k.shape[0], head_dim // quant_block_size
     x = k.float().reshape(n, nqb, quant_block_size)
     amax = x.abs().amax(-1).clamp_min(MIN_AMAX)
