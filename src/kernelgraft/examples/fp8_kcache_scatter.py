@@ -66,7 +66,8 @@ def _check_layout(k, kv_cache, quant_block_size):
     head_dim = k.shape[1]
     if quant_block_size <= 0 or head_dim % quant_block_size:
         return (f"argument 'quant_block_size' is {quant_block_size}, expected a positive divisor of "
-                f"head_dim {head_dim} (k.shape[1])")
+                f"head_dim: head_dim {head_dim} (k.shape[1]) is not a multiple of quant_block_size "
+                f"{quant_block_size}")
     need = head_dim + 4 * (head_dim // quant_block_size)
     if kv_cache.shape[2] < need:
         return (
