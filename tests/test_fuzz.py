@@ -179,3 +179,33 @@ def test_bf16_gemm_on_the_interpreter_matches_and_check_sees_bf16():
 def test_gpu_fuzz_every_example_op():
     """The same cases on CUDA tensors (index bounds and overlap reach the GPU kernels)."""
     _check(_run(seed=16, count=400, timeout=600, device="cuda"), every_kind=False)
+
+
+@pytest.mark.gpu
+def test_gpu_host_cost_per_call_with_the_checks():
+    """Host cost per eager call of the native replay, plain and with a parameter that requires
+    grad under no_grad (the inference case; the autograd branch must not be taken): printed for
+    the report, and bounded loosely so a regression to the Python path shows."""
+    import timeit
+
+    from kernelgraft.examples.add_relu import add_relu
+    from kernelgraft.examples.fp8_kcache_scatter import _case, fp8_kcache_scatter
+
+    x, y = torch.randn(4096, device="cuda"), torch.randn(4096, device="cuda")
+    w = torch.nn.Parameter(torch.randn(4096, device="cuda"))
+    k, cache, slots = _case("cuda", torch.bfloat16, 16, 128, 128, 64, 2)
+    calls = {
+        "add_relu": lambda: add_relu(x, y),
+        "add_relu(param) under no_grad": lambda: add_relu(w, y),
+        "fp8_kcache_scatter (overlap guard)": lambda: fp8_kcache_scatter(k, cache, slots, 128, ""),
+    }
+    costs = {}
+    for name, call in calls.items():
+        with torch.no_grad():
+            for _ in range(200):
+                call()
+            torch.cuda.synchronize()
+            costs[name] = min(timeit.repeat(call, number=2000, repeat=5)) / 2000 * 1e6
+        torch.cuda.synchronize()
+    print("\nhost cost per call (us): " + ", ".join(f"{n} {c:.2f}" for n, c in costs.items()))
+    assert all(c < 30 for c in costs.values()), costs
