@@ -177,9 +177,9 @@ def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
             1e-6,
         )
         yield (
-            nan_inf(torch.randn(4, 64, device=device, dtype=dt)),
-            torch.randn(4, 64, device=device, dtype=dt),
-            torch.randn(64, device=device, dtype=dt),
+            nan_inf(torch.randn(4, 48, device=device, dtype=dt)),
+            torch.randn(4, 48, device=device, dtype=dt),
+            torch.randn(48, device=device, dtype=dt),
             1e-6,
         )
 
