@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -99,79 +98,6 @@ def test_fuzz_every_example_op():
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_fuzz_long(seed):
     _check(_run(seed=seed, count=2000, timeout=1800), every_kind=True)
-
-
-# ------------------------------------------------------------------ the fixes the fuzzer asked for
-def test_backward_through_an_op_without_one_raises_naming_it():
-    from kernelgraft.examples.add_relu import add_relu
-
-    g = torch.randn(3, 4, requires_grad=True)
-    out = add_relu(g, g)
-    assert out.requires_grad
-    with pytest.raises(kg.UnsupportedError, match=r"kgexamples::add_relu has no backward.*register_autograd"):
-        out.sum().backward()
-    assert g.grad is None
-    with torch.no_grad():
-        assert not add_relu(g, g).requires_grad
-    with torch.inference_mode():
-        assert torch.equal(add_relu(g, g), torch.relu(2 * g.detach()))
-
-
-def test_compiled_inference_with_parameters_works_and_backward_raises():
-    from kernelgraft.examples.add_relu import add_relu
-
-    w = torch.nn.Parameter(torch.randn(3, 4))
-    x = torch.randn(3, 4)
-    f = torch.compile(lambda w, x: add_relu(w, x) * 2, backend="aot_eager", fullgraph=True)
-    out = f(w, x)
-    assert torch.equal(out.detach(), torch.relu(w.detach() + x) * 2)
-    with pytest.raises(kg.UnsupportedError, match="kgexamples::add_relu has no backward"):
-        out.sum().backward()
-    with torch.no_grad():
-        assert torch.equal(f(w, x), torch.relu(w.detach() + x) * 2)
-
-
-def test_a_backward_registered_later_replaces_the_refusal():
-    @kg.op("fuzztest::double")
-    def double(x: torch.Tensor) -> torch.Tensor:
-        return x * 2
-
-    x = torch.randn(4, requires_grad=True)
-    with pytest.raises(kg.UnsupportedError, match="fuzztest::double has no backward"):
-        double(x).sum().backward()
-    double.register_autograd(lambda ctx, grad: grad * 2)
-    double(x).sum().backward()
-    assert torch.equal(x.grad, torch.full((4,), 2.0))
-
-
-def test_shape_mismatch_is_an_input_error_without_error_logs(caplog):
-    from kernelgraft.examples.add_relu import add_relu
-
-    with caplog.at_level(logging.DEBUG):
-        with pytest.raises(kg.InputError, match=r"kgexamples::add_relu: .*\(5,\).*shapes do not fit together"):
-            add_relu(torch.randn(3, 4), torch.randn(5))
-    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
-
-
-def test_an_output_that_cannot_be_allocated_is_refused():
-    from kernelgraft.examples.rmsnorm import rmsnorm
-
-    x = torch.zeros(1, 64).expand(2**36, 64)
-    with pytest.raises(kg.InputError, match=r"kgexamples::rmsnorm: output 0 would be .* TiB, more than"):
-        rmsnorm(x, torch.ones(64), 1e-6)
-
-
-def test_bf16_gemm_on_the_interpreter_matches_and_check_sees_bf16():
-    from kernelgraft import _verify
-    from kernelgraft.examples.gemm import gemm, sample_inputs
-
-    samples = list(sample_inputs("cpu"))
-    assert any(a.dtype == torch.bfloat16 for a, _ in samples)
-    assert any(not torch.isfinite(a).all() for a, _ in samples)
-    for a, b in samples:
-        ref = _verify.reference(gemm, (a, b))
-        verdict = _verify.verify(ref, [gemm.run(a, b, impl=0)], gemm.tolerances)
-        assert verdict.ok, (tuple(a.shape), a.dtype, str(verdict))
 
 
 # ------------------------------------------------------------------ GPU
