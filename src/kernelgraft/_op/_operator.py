@@ -253,8 +253,8 @@ class KernelOp:
     def _dispatcher_kernel(self, *args: Any) -> Any:
         # Below the dispatcher every tensor holds real data, whatever its Python type. (An op
         # without a backward is not refused here when an input requires grad: model parameters
-        # require grad in plain inference and in torch.compile's traced graphs alike; the refusal
-        # belongs at backward time, see issue 16.)
+        # require grad in plain inference and in torch.compile's traced graphs alike; its
+        # autograd kernel refuses at backward time instead, see _autograd.)
         key = self._d.key(args, False, ANY_TENSOR)
         if key is None:
             self.signature.check_types(self.name, args)

@@ -105,7 +105,8 @@ def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
         )
     for dt in (torch.float16, torch.bfloat16):
         yield (torch.randn(33, 97, device=device, dtype=dt) * 3, torch.randn(33, 97, device=device, dtype=dt))
-        yield (nan_inf(torch.randn(5, 33, device=device, dtype=dt)), nan_inf(torch.randn(5, 33, device=device, dtype=dt)))
+        yield (nan_inf(torch.randn(5, 33, device=device, dtype=dt)),
+               nan_inf(torch.randn(5, 33, device=device, dtype=dt)))
 
 
 def bench_inputs(device: str = "cuda"):
