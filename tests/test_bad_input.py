@@ -1,11 +1,13 @@
 """Bad input never reaches a kernel (issue 16): inputs that require grad on an op without a
-backward, arguments that overlap a mutated one, NaN/Inf, out-of-range indices.
+backward, shape mismatches, outputs too large to allocate, bf16 GEMM on the interpreter,
+arguments that overlap a mutated one (or themselves), NaN/Inf, out-of-range indices.
 
 CPU tests run the Triton kernels under the interpreter; the GPU tests rerun the kernel paths
 (Triton and CUDA C++) on a GPU."""
 
 from __future__ import annotations
 
+import logging
 import timeit
 
 import pytest
@@ -51,6 +53,88 @@ def test_op_with_backward_passes_gradcheck():
     assert gate.grad is not None and up.grad is not None
     sig = torch.sigmoid(gate.detach())
     assert torch.allclose(up.grad, gate.detach() * sig)
+
+
+# ------------------------------------------------------------------ what the fuzz test found (test_fuzz.py)
+def test_backward_through_an_op_without_one_raises_naming_it():
+    g = torch.randn(3, 4, requires_grad=True)
+    out = add_relu(g, g)
+    assert out.requires_grad
+    with pytest.raises(kg.UnsupportedError, match=r"kgexamples::add_relu has no backward.*register_autograd"):
+        out.sum().backward()
+    assert g.grad is None
+    with torch.no_grad():
+        assert not add_relu(g, g).requires_grad
+    with torch.inference_mode():
+        assert torch.equal(add_relu(g, g), torch.relu(2 * g.detach()))
+
+
+def test_compiled_inference_with_parameters_works_and_backward_raises():
+    w = torch.nn.Parameter(torch.randn(3, 4))
+    x = torch.randn(3, 4)
+    f = torch.compile(lambda w, x: add_relu(w, x) * 2, backend="aot_eager", fullgraph=True)
+    out = f(w, x)
+    assert torch.equal(out.detach(), torch.relu(w.detach() + x) * 2)
+    with pytest.raises(kg.UnsupportedError, match="kgexamples::add_relu has no backward"):
+        out.sum().backward()
+    with torch.no_grad():
+        assert torch.equal(f(w, x), torch.relu(w.detach() + x) * 2)
+
+
+def test_a_backward_registered_later_replaces_the_refusal():
+    @kg.op("fuzztest::double")
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    x = torch.randn(4, requires_grad=True)
+    with pytest.raises(kg.UnsupportedError, match="fuzztest::double has no backward"):
+        double(x).sum().backward()
+    double.register_autograd(lambda ctx, grad: grad * 2)
+    double(x).sum().backward()
+    assert torch.equal(x.grad, torch.full((4,), 2.0))
+
+
+def test_shape_mismatch_is_an_input_error_without_error_logs(caplog):
+    with caplog.at_level(logging.DEBUG):
+        with pytest.raises(kg.InputError, match=r"kgexamples::add_relu: .*\(5,\).*shapes do not fit together"):
+            add_relu(torch.randn(3, 4), torch.randn(5))
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_an_output_that_cannot_be_allocated_is_refused():
+    x = torch.zeros(1, 64).expand(2**36, 64)
+    with pytest.raises(kg.InputError, match=r"kgexamples::rmsnorm: output 0 would be .* TiB, more than"):
+        rmsnorm(x, torch.ones(64), 1e-6)
+
+
+def test_bf16_gemm_on_the_interpreter_matches_and_check_sees_bf16():
+    from kernelgraft import _verify
+    from kernelgraft.examples.gemm import gemm, sample_inputs
+
+    samples = list(sample_inputs("cpu"))
+    assert any(a.dtype == torch.bfloat16 for a, _ in samples)
+    assert any(not torch.isfinite(a).all() for a, _ in samples)
+    for a, b in samples:
+        ref = _verify.reference(gemm, (a, b))
+        verdict = _verify.verify(ref, [gemm.run(a, b, impl=0)], gemm.tolerances)
+        assert verdict.ok, (tuple(a.shape), a.dtype, str(verdict))
+
+
+def test_a_mutated_argument_whose_elements_share_memory_is_refused():
+    k, cache, slots = torch.randn(2, 128), torch.zeros(1, 4, 132, dtype=torch.uint8), torch.tensor([0, 1])
+    with pytest.raises(kg.InputError, match=r"argument 'kv_cache' is mutated but several of its elements"):
+        fp8_kcache_scatter(k, cache[:, :1].expand(1, 4, 132), slots, 128, "")
+
+
+@pytest.mark.parametrize("slots, fmt, match", [
+    (torch.tensor([0]), "", r"argument 'slot_mapping' has 1 entries, expected one per token of 'k' \(2\)"),
+    (torch.tensor([0, 1]), "UE8M0", r"argument 'scale_fmt' is 'UE8M0', expected ''"),
+])
+def test_fp8_scatter_refuses_mismatched_slots_and_unknown_scale_formats(slots, fmt, match):
+    cache = torch.zeros(1, 4, 132, dtype=torch.uint8)
+    with pytest.warns(kg.FallbackWarning), pytest.raises(kg.InputError, match=match):
+        fp8_kcache_scatter(torch.randn(2, 128), cache, slots, 128, fmt)
+    assert not cache.any()
 
 
 # ------------------------------------------------------------------ overlap

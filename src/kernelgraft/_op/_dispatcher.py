@@ -33,6 +33,7 @@ from ..tune._modes import scope as current_scope
 from ..tune._modes import settings as current_settings
 from . import _compete, _select
 from ._candidates import LAYOUT, Candidate, evaluate, evaluate_one
+from ._limits import check_allocatable, quiet_fake_tensor_errors
 from ._plan import Plan, kernel_plan, reference_plan, torch_plan
 
 if TYPE_CHECKING:
@@ -77,6 +78,15 @@ class _AnyTensor:
 
 
 ANY_TENSOR = _AnyTensor()
+
+
+def _is_shape_error(exc: Exception) -> bool:
+    """Whether the reference failed on fake tensors because the inputs' shapes do not fit (a
+    broadcast or size check in torch), rather than because it cannot run on fake tensors."""
+    text = str(exc)
+    return isinstance(exc, (RuntimeError, IndexError, ValueError)) and any(
+        phrase in text for phrase in ("broadcast", "must match the size", "shapes cannot be multiplied",
+                                      "size mismatch", "does not match the shape", "Expected size"))
 
 
 def guarded(plan: Plan, guard: Callable[[tuple], None] | None) -> Plan:
@@ -239,6 +249,17 @@ class Dispatcher:
                 raise InputError(
                     f"{op.name}: argument {name!r} expected a {want}-dimensional tensor, "
                     f"got {describe(t)}"
+                )
+        mutated = {op.signature.params[i].name for i in op.signature.mutated}
+        for name, t in tensors:
+            # A written tensor whose elements share memory (expanded, stride 0) has no defined
+            # result: torch refuses to write one in place, a kernel would race on it. Its layout is
+            # part of the plan's key, so this runs once per signature.
+            if name.split("[")[0] in mutated and torch._debug_has_internal_overlap(t) == 1:
+                raise InputError(
+                    f"{op.name}: argument {name!r} is mutated but several of its elements share "
+                    f"memory ({describe(t)}, e.g. from .expand()); pass a tensor that owns its "
+                    "elements (.clone())"
                 )
         return tensors
 
@@ -444,7 +465,7 @@ class Dispatcher:
             if op._meta_shape_only:
                 outs = op._meta_fn(*args)
             else:
-                with FakeTensorMode(allow_non_fake_inputs=False) as mode:
+                with quiet_fake_tensor_errors(), FakeTensorMode(allow_non_fake_inputs=False) as mode:
                     fake_args = tuple(
                         mode.from_tensor(a) if isinstance(a, torch.Tensor)
                         else [mode.from_tensor(t) for t in a] if isinstance(a, (list, tuple))
@@ -456,6 +477,11 @@ class Dispatcher:
             raise
         except Exception as exc:
             shapes = ", ".join(describe(a) for a in args)
+            if _is_shape_error(exc):
+                raise InputError(
+                    f"{op.name}: the reference cannot compute output shapes for these inputs "
+                    f"({shapes}): their shapes do not fit together: {str(exc).splitlines()[0]}"
+                ) from exc
             raise InputError(
                 f"{op.name}: the {'meta function' if op._meta_fn is not op.reference else 'reference'} "
                 f"cannot compute output shapes for these inputs ({shapes}): {type(exc).__name__}: "
@@ -464,7 +490,10 @@ class Dispatcher:
                 "function with op.register_meta(fn)"
             ) from exc
         outs = (outs,) if isinstance(outs, torch.Tensor) else outs
-        return [(tuple(int(s) for s in o.shape), o.dtype, o.device) for o in outs]
+        specs = [(tuple(int(s) for s in o.shape), o.dtype, o.device) for o in outs]
+        for i, (shape, dtype, device) in enumerate(specs):
+            check_allocatable(op.name, f"output {i}", shape, dtype, device, args)
+        return specs
 
     # ------------------------------------------------------------------ op.run
     def run_forced(self, args: tuple, index: int, frozen: Any) -> Any:

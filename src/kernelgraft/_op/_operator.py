@@ -28,7 +28,7 @@ from .._spec import ImplSpec
 from .._verify import check_tolerances
 from ..tune._key import normalize_buckets
 from ..tune._modes import scope as _scope
-from . import _compete, _registry, _select
+from . import _autograd, _compete, _registry, _select
 from ._candidates import Candidate, evaluate
 from ._dispatcher import ANY_TENSOR, Dispatcher
 from ._schema import Signature, parse_signature
@@ -121,6 +121,7 @@ class KernelOp:
         self._overload: Any = None
         self._lib: Any = None
         self._autograd: tuple | None = None  # (backward, setup_context) once register_autograd ran
+        self._autograd_info: Any = None  # torch.library's autograd Info, set at registration
 
     # ---------------------------------------------------------------- construction helpers
     @staticmethod
@@ -272,8 +273,8 @@ class KernelOp:
     def _dispatcher_kernel(self, *args: Any) -> Any:
         # Below the dispatcher every tensor holds real data, whatever its Python type. (An op
         # without a backward is not refused here when an input requires grad: model parameters
-        # require grad in plain inference and in torch.compile's traced graphs alike; the refusal
-        # belongs at backward time, see issue 16.)
+        # require grad in plain inference and in torch.compile's traced graphs alike; its
+        # autograd kernel refuses at backward time instead, see _autograd.)
         key = self._d.key(args, False, ANY_TENSOR)
         if key is None:
             self.signature.check_types(self.name, args)
@@ -337,9 +338,17 @@ class KernelOp:
     def register_autograd(
         self, backward: Callable[..., Any], *, setup_context: Callable[..., Any] | None = None
     ) -> None:
-        """Give the op a backward (see ``torch.library.register_autograd``)."""
+        """Give the op a backward (see ``torch.library.register_autograd``). Until it has one, a
+        backward through the op raises an ``UnsupportedError`` naming it (``_autograd``)."""
+        if not callable(backward) or (setup_context is not None and not callable(setup_context)):
+            raise SpecError(f"{self.name}: register_autograd needs functions, got backward="
+                            f"{describe(backward)}, setup_context={describe(setup_context)}")
+        info = getattr(self, "_autograd_info", None)
+        if info is None:  # an op that mutates an argument: torch.library says why it cannot
+            torch.library.register_autograd(self.name, backward, setup_context=setup_context, lib=self._lib)
         self._autograd = (backward, setup_context)  # re-applied if the registry re-defines the op
-        torch.library.register_autograd(self.name, backward, setup_context=setup_context, lib=self._lib)
+        if info is not None:
+            _autograd.set_backward(self)
 
     def candidates(self, *args: Any, **kwargs: Any) -> list[Candidate]:
         """Every (impl, config) with whether it supports these inputs and, if not, why; then

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .._errors import RegistrationError
+from . import _autograd
 
 if TYPE_CHECKING:
     from ._operator import KernelOp
@@ -182,9 +183,7 @@ def _define(op: "KernelOp") -> None:
         for key in ("CPU", "CUDA"):
             lib.impl(name, op._dispatcher_kernel, key)
         torch.library.register_fake(op.name, op._fake, lib=lib)
-        autograd = getattr(op, "_autograd", None)
-        if autograd is not None:  # registered again after an unregister: keep the op's backward
-            torch.library.register_autograd(op.name, autograd[0], setup_context=autograd[1], lib=lib)
+        _autograd.install(op, lib)  # the op's backward (kept when it is defined again), or a refusal
     except BaseException:
         lib._destroy()
         raise

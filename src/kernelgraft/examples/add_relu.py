@@ -17,6 +17,7 @@ import kernelgraft as kg
 from kernelgraft.bench import cases
 
 from ._elementwise import launch_binary_cuda
+from ._special import nan_inf
 
 
 @triton.jit
@@ -96,6 +97,7 @@ def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
         )
     for dt in (torch.float16, torch.bfloat16):
         yield (torch.randn(33, 97, device=device, dtype=dt), torch.randn(33, 97, device=device, dtype=dt))
+        yield (nan_inf(torch.randn(5, 33, device=device, dtype=dt)), torch.randn(5, 33, device=device, dtype=dt))
 
 
 # Shapes for ``kernelgraft bench`` (kernelgraft.bench._suite): flat bf16 element counts.

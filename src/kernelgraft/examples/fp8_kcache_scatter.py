@@ -66,13 +66,24 @@ def _ue8m0(scale: torch.Tensor) -> torch.Tensor:
 def _check_layout(k, kv_cache, quant_block_size):
     head_dim = k.shape[1]
     if quant_block_size <= 0 or head_dim % quant_block_size:
-        return f"head_dim {head_dim} is not a multiple of quant_block_size {quant_block_size}"
+        return (f"argument 'quant_block_size' is {quant_block_size}, expected a positive divisor of "
+                f"head_dim: head_dim {head_dim} (k.shape[1]) is not a multiple of quant_block_size "
+                f"{quant_block_size}")
     need = head_dim + 4 * (head_dim // quant_block_size)
     if kv_cache.shape[2] < need:
         return (
             f"kv_cache rows of {kv_cache.shape[2]} bytes are too short; head_dim {head_dim} with "
             f"quant_block_size {quant_block_size} needs cache_stride >= {need}"
         )
+    return None
+
+
+def _check_args(k, slot_mapping, scale_fmt):
+    if slot_mapping.shape[0] != k.shape[0]:
+        return (f"argument 'slot_mapping' has {slot_mapping.shape[0]} entries, expected one per token "
+                f"of 'k' ({k.shape[0]})")
+    if scale_fmt not in ("", "ue8m0"):
+        return f"argument 'scale_fmt' is {scale_fmt!r}, expected '' (float32 scales) or 'ue8m0'"
     return None
 
 
@@ -212,14 +223,7 @@ def launch_fp8_kcache_scatter(k, kv_cache, slot_mapping, quant_block_size, scale
 
 
 def _fits(k, kv_cache, slot_mapping, quant_block_size, scale_fmt, **config):
-    why = _check_layout(k, kv_cache, quant_block_size)
-    if why:
-        return why
-    if slot_mapping.shape[0] != k.shape[0]:
-        return f"slot_mapping has {slot_mapping.shape[0]} entries for {k.shape[0]} tokens"
-    if scale_fmt not in ("", "ue8m0"):
-        return f"scale_fmt {scale_fmt!r} is not '' or 'ue8m0'"
-    return True
+    return _check_layout(k, kv_cache, quant_block_size) or _check_args(k, slot_mapping, scale_fmt) or True
 
 
 # k and slot_mapping must be dense; the cache may be any strided view.
@@ -422,13 +426,15 @@ def fp8_kcache_scatter(
     scale_fmt: str,
 ) -> None:
     """Quantise ``k`` to FP8 per block and scatter values and scales into the paged cache."""
-    why = _check_layout(k, kv_cache, quant_block_size)
+    why = _check_layout(k, kv_cache, quant_block_size) or _check_args(k, slot_mapping, scale_fmt)
     if why:
         raise kg.InputError(f"kgexamples::fp8_kcache_scatter: {why}")
     _check_slots(kv_cache, slot_mapping)
     head_dim, (_, block_size, cache_stride) = k.shape[1], kv_cache.shape
     keep = slot_mapping >= 0
     slots, k = slot_mapping[keep], k[keep]
+    if not slots.numel():  # no tokens, or only padding: nothing to write
+        return
     n, nqb = k.shape[0], head_dim // quant_block_size
     x = k.float().reshape(n, nqb, quant_block_size)
     amax = x.abs().amax(-1).clamp_min(MIN_AMAX)

@@ -21,13 +21,16 @@ import triton
 import triton.language as tl
 
 import kernelgraft as kg
+from kernelgraft.backends._triton import interpreting
 from kernelgraft.bench import cases
+
+from ._special import nan_inf
 
 
 @triton.jit
 def _gemm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                  stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                 BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, UPCAST: tl.constexpr):
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
@@ -46,6 +49,9 @@ def _gemm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, 
         k_left = K - k * BLOCK_K
         a = tl.load(a_ptrs, mask=(rm[:, None] < M) & (rk[None, :] < k_left), other=0.0)
         b = tl.load(b_ptrs, mask=(rk[:, None] < k_left) & (rn[None, :] < N), other=0.0)
+        if UPCAST:  # exact: a bf16 product fits float32's mantissa, and acc is float32 anyway
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
         acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
@@ -57,9 +63,13 @@ def launch_gemm(a, b, c, *, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M=8, num_warps=4, n
     M, K = a.shape
     N = b.shape[1]
     grid = (triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N),)
+    # Triton's CPU interpreter (3.x) multiplies bfloat16 tiles in tl.dot as if their bits were
+    # other numbers (errors ~1e10 on every shape; float16/float32 are exact): on the interpreter,
+    # bfloat16 tiles are widened to float32 first. A GPU build keeps the bf16 tensor-core dot.
     _gemm_kernel[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
                        c.stride(0), c.stride(1), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
-                       GROUP_M=GROUP_M, num_warps=num_warps, num_stages=num_stages)
+                       GROUP_M=GROUP_M, UPCAST=a.dtype == torch.bfloat16 and interpreting(),
+                       num_warps=num_warps, num_stages=num_stages)
 
 
 def _configs() -> list[dict]:
@@ -267,14 +277,15 @@ PRUNE = kg.tune.matmul_heuristics(lambda a, b: (a.shape[0], b.shape[1], a.shape[
 
 def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.bfloat16):
     """Shapes for ``kernelgraft check``/``tune``: small on the CPU (interpreter), LLM-like on GPU."""
-    if device == "cpu":
+    if device == "cpu":  # every dtype, bf16 included: the interpreter's bf16 path is checked too
         shapes = [(16, 32, 16), (33, 17, 45), (64, 64, 64)]
-        dtype = torch.float32 if dtype == torch.bfloat16 else dtype
     else:
         shapes = [(512, 512, 512), (16, 4096, 4096), (4096, 4096, 4096), (2048, 11008, 4096),
                   (128, 4096, 11008), (8192, 1024, 1024), (127, 333, 515)]
     for m, n, k in shapes:
         yield (torch.randn(m, k, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype))
+    # a NaN and +-Inf in A: their rows of C are NaN or Inf, the others stay finite
+    yield (nan_inf(torch.randn(9, 40, device=device, dtype=dtype)), torch.randn(40, 24, device=device, dtype=dtype))
 
 
 # Shapes for ``kernelgraft bench`` (kernelgraft.bench._suite): (M, N, K) bf16. Llama-3 8B's

@@ -16,6 +16,8 @@ import triton.language as tl
 import kernelgraft as kg
 from kernelgraft.bench import cases
 
+from ._special import nan_inf
+
 
 @triton.jit
 def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, n_cols, eps, BLOCK: tl.constexpr):
@@ -181,6 +183,7 @@ def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
     yield (torch.randn(2, 3, 256, device=device), torch.randn(256, device=device), 1e-5)
     for dt in (torch.float16, torch.bfloat16):
         yield (torch.randn(9, 768, device=device, dtype=dt), torch.randn(768, device=device, dtype=dt), 1e-6)
+        yield (nan_inf(torch.randn(4, 48, device=device, dtype=dt)), torch.randn(48, device=device, dtype=dt), 1e-6)
 
 
 # Shapes for ``kernelgraft bench`` (kernelgraft.bench._suite): (rows, hidden) bf16 activations.

@@ -31,6 +31,8 @@ import triton.language as tl
 import kernelgraft as kg
 from kernelgraft.bench import cases
 
+from ._special import nan_inf
+
 
 @triton.jit
 def _rmsnorm_residual_kernel(
@@ -173,6 +175,12 @@ def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
             torch.randn(9, 768, device=device, dtype=dt),
             torch.randn(9, 768, device=device, dtype=dt),
             torch.randn(768, device=device, dtype=dt),
+            1e-6,
+        )
+        yield (
+            nan_inf(torch.randn(4, 48, device=device, dtype=dt)),
+            torch.randn(4, 48, device=device, dtype=dt),
+            torch.randn(48, device=device, dtype=dt),
             1e-6,
         )
 

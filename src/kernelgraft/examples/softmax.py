@@ -24,6 +24,7 @@ import kernelgraft as kg
 from kernelgraft.bench import cases
 
 from ._softmax_cuda import CUDA, CUDA_CLUSTER, CUDA_ROW_REGS, CUDA_ROW_TMA, CUDA_STREAM, _fits_nonempty, _nonempty, _rows_cols
+from ._special import nan_inf
 
 
 @triton.jit
@@ -216,6 +217,7 @@ def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
     yield (masked,)
     for dt in (torch.float16, torch.bfloat16):
         yield (torch.randn(9, 768, device=device, dtype=dt),)
+        yield (nan_inf(torch.randn(4, 300, device=device, dtype=dt)),)
     # vocab-wide rows (the cluster kernel's shapes), one masked across its slices, and a width
     # that leaves some of its threads without a vector
     wide = torch.randn(3, 32768, device=device, dtype=torch.bfloat16)

@@ -20,6 +20,7 @@ import kernelgraft as kg
 from kernelgraft.bench import cases
 
 from ._elementwise import launch_binary_cuda
+from ._special import nan_inf
 
 
 @triton.jit
@@ -105,6 +106,8 @@ def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
         )
     for dt in (torch.float16, torch.bfloat16):
         yield (torch.randn(33, 97, device=device, dtype=dt) * 3, torch.randn(33, 97, device=device, dtype=dt))
+        yield (nan_inf(torch.randn(5, 33, device=device, dtype=dt)),
+               nan_inf(torch.randn(5, 33, device=device, dtype=dt)))
 
 
 # Shapes for ``kernelgraft bench`` (kernelgraft.bench._suite): (tokens, intermediate) bf16 gate
@@ -139,6 +142,11 @@ def bench_inputs(device: str = "cuda", suite: str = "short"):
 )
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up, elementwise, same shape and dtype."""
+    if gate.dtype != up.dtype:
+        # torch would round silu(gate) in gate's dtype and then promote: a float32 result that
+        # carries float16 error. One dtype, as the kernels take it.
+        raise kg.InputError(f"kgexamples::swiglu: arguments 'gate' and 'up' must have one dtype, got "
+                            f"gate {gate.dtype} and up {up.dtype}; convert one with .to()")
     return torch.nn.functional.silu(gate) * up
 
 

@@ -45,7 +45,11 @@ _is_compiling = torch.compiler.is_compiling
 
 
 def has_backward(op: Any) -> bool:
-    """Whether the op has an autograd kernel (``register_autograd`` or a torch.library one)."""
+    """Whether the op has a backward (``register_autograd`` or a torch.library autograd kernel).
+    A kernelgraft op always has an autograd kernel, whose backward refuses until one is declared
+    (``kernelgraft._op._autograd``), so its own record is asked first."""
+    if getattr(op, "_autograd_info", None) is not None:
+        return op._autograd is not None
     try:
         return bool(torch._C._dispatch_has_kernel_for_dispatch_key(op.name, "Autograd"))
     except Exception:  # an op name torch does not know

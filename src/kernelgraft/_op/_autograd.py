@@ -1,0 +1,97 @@
+"""The autograd kernel of every functional op: the op's backward when it declares one, else a
+backward that raises.
+
+Without an autograd kernel, torch's fallback lets an op's output take part in a graph and then
+drops the gradient (``g.grad`` stays None, one deprecation warning). Refusing at forward time is
+wrong too: model parameters require grad in plain inference and in torch.compile's traced graphs.
+So every functional op gets ``torch.library``'s generated autograd kernel, whose ``Info`` this
+module owns: ``register_autograd`` later fills in the op's backward without registering again.
+An op without one gets a backward that calls ``kernelgraft_autograd::no_backward``, an operator
+whose kernel raises: in eager mode the error comes when ``.backward()`` runs; under
+torch.compile AOTAutograd traces it into the backward graph (its fake kernel only shapes the
+gradient) so compiling inference code still works and a real backward still raises.
+
+The eager hot path never comes here: ``KernelOp.__call__`` goes through the dispatcher only when
+grad mode is on and an input requires grad.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch._library import autograd as _torch_autograd
+from torch._library import utils as _torch_utils
+
+from .._errors import UnsupportedError
+
+if TYPE_CHECKING:
+    from ._operator import KernelOp
+
+__all__ = ["install", "set_backward"]
+
+_NS = "kernelgraft_autograd"
+_lib = torch.library.Library(_NS, "FRAGMENT")
+_lib.define("no_backward(Tensor grad, str op, str inputs, SymInt[] size) -> Tensor")
+
+
+def _refuse(grad: torch.Tensor, op: str, inputs: str, size: list[int]) -> torch.Tensor:
+    raise UnsupportedError(
+        f"{op} has no backward, and its argument{'s' if ',' in inputs else ''} {inputs} "
+        f"require{'' if ',' in inputs else 's'} grad: declare one with "
+        f"op.register_autograd(backward, setup_context=...), or call it under torch.no_grad() "
+        "or torch.inference_mode() (or .detach() the inputs) if no gradient should flow through it"
+    )
+
+
+for _key in ("CPU", "CUDA"):
+    _lib.impl("no_backward", _refuse, _key)
+
+
+@torch.library.register_fake(f"{_NS}::no_backward", lib=_lib)
+def _no_backward_fake(grad, op, inputs, size):
+    return grad.new_empty(size)
+
+
+def _no_backward_info(op: "KernelOp") -> tuple[Callable[..., Any], Callable[..., Any]]:
+    names = [p.name for p in op.signature.params]
+
+    def setup_context(ctx, inputs, output):
+        ctx.kg_sizes = [list(t.shape) if isinstance(t, torch.Tensor) else None for t in inputs]
+
+    def backward(ctx, *grads):
+        need = list(ctx.needs_input_grad)
+        wanted = [i for i, n in enumerate(need) if n]
+        out: list[Any] = [None] * len(need)
+        if not wanted:
+            return tuple(out)
+        grad = next((g for g in grads if g is not None), None)
+        first = wanted[0]
+        inputs = ", ".join(repr(names[i]) for i in wanted)
+        out[first] = torch.ops.kernelgraft_autograd.no_backward(grad, op.name, inputs, ctx.kg_sizes[first])
+        return tuple(out)
+
+    return backward, setup_context
+
+
+def install(op: "KernelOp", lib: torch.library.Library) -> None:
+    """Register the op's autograd kernel on ``lib`` (at definition, and again when the registry
+    rebuilds a namespace). Ops that mutate an argument keep torch's fallback: torch.library
+    gives them no autograd formula."""
+    overload = torch._library.utils.lookup_op(op.name)
+    if not _torch_utils.is_functional_schema(overload._schema):
+        op._autograd_info = None
+        return
+    info = _torch_autograd.Info(None, None)
+    op._autograd_info = info
+    set_backward(op)
+    _, name = op.name.split("::")
+    lib.impl(name, _torch_autograd.make_autograd_impl(overload, info), "Autograd", with_keyset=True)
+
+
+def set_backward(op: "KernelOp") -> None:
+    """Point the op's autograd kernel at its declared backward, or at the refusing one."""
+    info = op._autograd_info
+    backward, setup_context = op._autograd if op._autograd is not None else _no_backward_info(op)
+    info._backward_fn, info._setup_context_fn = backward, setup_context
