@@ -19,7 +19,7 @@ from ..aot._build import signature_label
 from . import _inputs
 from ._compile import COMPILABLE, Compiler, NotCompiled, compiler_message
 
-__all__ = ["Result", "CheckReport", "CheckOptions", "Key", "check_op", "iter_check"]
+__all__ = ["Result", "CheckReport", "CheckOptions", "Key", "Plan", "check_op", "iter_check"]
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +144,19 @@ class CheckOptions:
     compile_arch: str | None = "sm_90"
 
 
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Which steps of an op's check to run: none in ``done``, none of a candidate (or "meta",
+    "opcheck") in ``excluded``, and only those in ``only`` when it is given."""
+
+    done: frozenset[Key] = frozenset()
+    excluded: frozenset[str] = frozenset()
+    only: frozenset[Key] | None = None
+
+    def wants(self, key: Key) -> bool:
+        return key not in self.done and key[2] not in self.excluded and (self.only is None or key in self.only)
+
+
 def _nondeterminism(op, args, ref: _verify.Reference) -> str | None:
     """Run the reference once more on the same inputs; a difference the oracle would fail a kernel
     for (native against native, so the rule's native-precision widening applies) is reported:
@@ -167,15 +180,14 @@ def iter_check(
     op: Any,
     options: CheckOptions = CheckOptions(),
     *,
-    done: frozenset[Key] | set[Key] = frozenset(),
-    excluded: frozenset[str] | set[str] = frozenset(),
+    plan: Plan = Plan(),
     announce=_announce_nothing,
 ) -> Iterator[tuple[Key, Result]]:
     """The results of checking ``op``, each with its step's key, as they come.
 
     ``announce(key, sample, variant)`` is called before each step that runs user code, so a
-    process watching this one knows what was running if it dies. Steps whose key is in ``done``
-    and candidates (or "meta", "opcheck") named in ``excluded`` are not run again.
+    process watching this one knows what was running if it dies. ``plan`` says which steps to run
+    (the isolated runner resumes or re-runs part of an op with it).
     """
     device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
     compiler = Compiler(op, options.compile_arch) if options.compile_arch else None
@@ -197,7 +209,7 @@ def iter_check(
                 variants.append(("noncontiguous", strided))
         for variant, vargs in variants:
             setup = (index, variant, "reference")
-            if setup in done:
+            if setup in plan.done:
                 continue
             sample = signature_label(vargs)
             announce(setup, sample, variant)
@@ -208,12 +220,11 @@ def iter_check(
             except Exception as exc:  # meta or the op's spec raised: report it, check the other samples
                 yield setup, Result(op.name, "-", sample, variant, "fail", note=_exception_note(exc))
                 continue
-            todo = [c for c in candidates
-                    if c.label not in excluded and (index, variant, c.label) not in done]
+            todo = [c for c in candidates if plan.wants((index, variant, c.label))]
             meta = ((any(c.supported for c in candidates) or variant == "contiguous")
-                    and "meta" not in excluded and (index, variant, "meta") not in done)
+                    and plan.wants((index, variant, "meta")))
             check = (options.opcheck and index < options.opcheck_samples and variant == "contiguous"
-                     and "opcheck" not in excluded and (index, variant, "opcheck") not in done)
+                     and plan.wants((index, variant, "opcheck")))
             if not (todo or meta or check):
                 continue
             try:

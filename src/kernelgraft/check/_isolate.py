@@ -14,6 +14,11 @@ the signal or exit status and the sample, the candidate is left out of the op's 
 samples, and a new worker resumes after the steps already reported. A CUDA error that leaves the
 context unusable is caught in the worker: it reports the candidate and exits, so the next
 candidate gets a fresh context.
+
+Blame is checked, not assumed: memory corrupted by one kernel may bring the process down only in
+a later step. So the step the worker died on is re-run alone in a fresh worker first; if it
+survives there, each candidate that ran before it in the dead worker (same op) is re-run alone,
+one per worker, and the one that dies is named. Only a crash pays for this.
 """
 
 from __future__ import annotations
@@ -25,12 +30,12 @@ import multiprocessing
 import os
 import signal
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 
-from ._harness import SAMPLES_KEY, CheckOptions, CheckReport, Key, Result, iter_check
+from ._harness import SAMPLES_KEY, CheckOptions, CheckReport, Key, Plan, Result, iter_check
 from ._progress import Events
 
 __all__ = ["check_isolated", "check_in_process", "start_method"]
@@ -38,17 +43,6 @@ __all__ = ["check_isolated", "check_in_process", "start_method"]
 log = logging.getLogger(__name__)
 
 _LOST = 3  # the worker's exit status after a CUDA error that leaves the context unusable
-
-
-@dataclasses.dataclass
-class _OpState:
-    """What the parent knows of one op across workers."""
-
-    done: set[Key] = dataclasses.field(default_factory=set)
-    excluded: set[str] = dataclasses.field(default_factory=set)
-    finished: bool = False
-    started: bool = False
-    results: list[Result] = dataclasses.field(default_factory=list)
 
 
 def start_method() -> str:
@@ -91,17 +85,17 @@ def _load_ops(targets: Sequence[str], names: Sequence[str]) -> list[Any]:
     return ops
 
 
-def _worker(conn, ops, targets, names, options: CheckOptions, states, prepare) -> None:
+def _worker(conn, ops, targets, names, options: CheckOptions, plans, prepare) -> None:
     if prepare is not None:
         prepare()
     try:
         if ops is None:
             ops = _load_ops(targets, names)
-        for index, (op, (done, excluded, finished)) in enumerate(zip(ops, states)):
-            if finished:
+        for index, (op, plan) in enumerate(zip(ops, plans)):
+            if plan is None:
                 continue
             conn.send(("op", index))
-            steps = iter_check(op, options, done=done, excluded=excluded,
+            steps = iter_check(op, options, plan=plan,
                                announce=lambda key, sample, variant: conn.send(("step", key, sample, variant)))
             for key, result in steps:
                 if result.status == "fail" and key[2] not in ("meta", "opcheck") and _context_lost():
@@ -118,45 +112,207 @@ def _worker(conn, ops, targets, names, options: CheckOptions, states, prepare) -
     conn.close()
 
 
+@dataclasses.dataclass
+class _OpState:
+    """What the parent knows of one op across workers."""
+
+    done: set[Key] = dataclasses.field(default_factory=set)
+    excluded: set[str] = dataclasses.field(default_factory=set)
+    finished: bool = False
+    started: bool = False
+    results: list[Result] = dataclasses.field(default_factory=list)
+
+    def plan(self, only: Iterable[Key] | None = None) -> Plan:
+        return Plan(frozenset(self.done), frozenset(self.excluded), None if only is None else frozenset(only))
+
+
+@dataclasses.dataclass
+class _Session:
+    """One worker's run as the parent saw it."""
+
+    exitcode: int | None = None
+    current: int | None = None  # the op being checked when the stream ended
+    step: tuple | None = None  # (key, sample, variant) announced and not finished
+    lost: bool = False  # the worker ended after a CUDA error left its context unusable
+    error: str | None = None  # the worker failed outside any step (importing the targets, say)
+    ran: dict[int, list[Key]] = dataclasses.field(default_factory=dict)  # op -> keys finished
+
+    @property
+    def died(self) -> bool:
+        return self.error is None and not self.lost and self.current is not None
+
+
 def _how(exitcode: int | None) -> str:
     if exitcode is not None and exitcode < 0:
         try:
             name = signal.Signals(-exitcode).name
         except ValueError:
-            name = "unknown signal"
+            name = "an unknown signal"
         return f"killed by {name} (signal {-exitcode})"
     return f"exit status {exitcode}"
 
 
-def _crash_row(op: Any, state: _OpState, step: tuple | None, exitcode: int | None) -> Result:
-    """The failure row for a worker that died while running ``step`` of ``op``; updates ``state``
-    so the next worker does not run it again."""
-    how = _how(exitcode)
-    hint = "; rerun with --no-isolate (or check_op(isolate=False)) to debug it in process"
-    if step is None:
-        state.finished = True
-        return Result(op.name, "-", "-", "-", "fail", float("inf"),
-                      note=f"the check process died ({how}) between two steps of this op{hint}")
-    key, sample, variant = step
-    state.done.add(key)
-    label = key[2]
-    if key == SAMPLES_KEY:
-        state.finished = True
-        return Result(op.name, "-", "-", "-", "fail", float("inf"),
-                      note=f"sample_inputs crashed the check process ({how}){hint}")
-    if label == "reference":
-        state.finished = True
-        return Result(op.name, "reference", sample, variant, "fail", float("inf"),
-                      note=f"the reference (or the op's meta or supports functions) crashed the check "
-                           f"process ({how}); the op's other samples were not run{hint}")
-    state.excluded.add(label)
-    return Result(op.name, label, sample, variant, "fail", float("inf"),
-                  note=f"crashed the check process ({how}); its other samples were not run{hint}")
+_HINT = "; rerun with --no-isolate (or check_op(isolate=False)) to debug it in process"
 
 
 def _targets_of(ops: Sequence[Any]) -> list[str]:
     """Modules a spawned worker imports to define ``ops`` (the modules of their references)."""
     return list(dict.fromkeys(op.reference.__module__ for op in ops))
+
+
+class _Runner:
+    def __init__(self, ops, options, targets, events, prepare) -> None:
+        self.ops, self.options, self.events, self.prepare = list(ops), options, events, prepare
+        self.states = [_OpState() for _ in self.ops]
+        self.method = start_method()
+        self.ctx = multiprocessing.get_context(self.method)
+        self.targets = list(targets) if targets is not None else _targets_of(self.ops)
+        self.names = [op.name for op in self.ops]
+        self.where: dict[Key, tuple[str, str]] = {}  # (sample, variant) of every step announced
+
+    # ------------------------------------------------------------------ one worker
+    def session(self, plans: list[Plan | None], record: bool = True, whole: bool = True) -> _Session:
+        """Run a worker over ``plans`` (None: skip that op) to its end. With ``record``, results go
+        into the states and events as they stream in; with ``whole`` (plans that run the rest of
+        each op, not a few steps), so do the ops it finishes."""
+        receive, send = self.ctx.Pipe(duplex=False)
+        worker = self.ctx.Process(
+            target=_worker, daemon=True, name="kernelgraft-check",
+            args=(send, self.ops if self.method == "fork" else None, self.targets, self.names, self.options,
+                  plans, self.prepare),
+        )
+        worker.start()
+        send.close()  # the worker holds the only writing end: its death is our EOF
+        out = _Session()
+        while True:
+            try:
+                message = receive.recv()
+            except (EOFError, OSError):
+                break
+            kind = message[0]
+            if kind == "op":
+                out.current, out.step = message[1], None
+                state = self.states[out.current]
+                if record and not state.started:
+                    state.started = True
+                    self.events.op_started(self.names[out.current], out.current, len(self.ops))
+            elif kind == "step":
+                out.step = message[1:]
+                self.where[message[1]] = message[2:]
+            elif kind == "result":
+                out.ran.setdefault(out.current, []).append(message[1])
+                out.step = None
+                if record:
+                    self._record(out.current, message[1], message[2])
+            elif kind == "lost":
+                self.states[out.current].excluded.add(message[1][2])
+                out.lost = True
+            elif kind == "op_done":
+                if record and whole:
+                    self._finish(out.current)
+                out.current = None
+            elif kind == "error":
+                out.error = message[1]
+        receive.close()
+        worker.join()
+        out.exitcode = worker.exitcode
+        log.debug("check worker (%s) ended with %s", self.method, _how(worker.exitcode))
+        return out
+
+    def _record(self, index: int, key: Key, result: Result) -> None:
+        state = self.states[index]
+        state.done.add(key)
+        state.results.append(result)
+        self.events.result(result)
+
+    def _finish(self, index: int) -> None:
+        if not self.states[index].finished:
+            self.states[index].finished = True
+            self.events.op_finished(self.names[index], self.states[index].results)
+
+    def _alone(self, index: int, keys: Iterable[Key], record: bool) -> _Session:
+        plans: list[Plan | None] = [None] * len(self.ops)
+        plans[index] = self.states[index].plan(only=keys)
+        if not record:  # a re-run of steps already reported: run them although they are done
+            plans[index] = Plan(only=frozenset(keys))
+        return self.session(plans, record=record, whole=False)
+
+    # ------------------------------------------------------------------ the run
+    def run(self) -> CheckReport:
+        while not all(s.finished for s in self.states):
+            out = self.session([None if s.finished else s.plan() for s in self.states])
+            if out.error is not None or (out.current is None and not out.lost
+                                         and not all(s.finished for s in self.states)):
+                self._give_up(out)
+                break
+            if out.died:
+                self._blame(out)
+        return CheckReport([r for state in self.states for r in state.results])
+
+    def _give_up(self, out: _Session) -> None:
+        """The worker failed outside any op's check: every op it did not finish fails with its
+        message, rather than restarting forever."""
+        log.debug("check worker error:\n%s", out.error)
+        note = (f"the check process failed: {out.error.strip().splitlines()[-1]}" if out.error else
+                f"the check process died ({_how(out.exitcode)}) before checking this op")
+        for index, state in enumerate(self.states):
+            if not state.finished:
+                self._record(index, SAMPLES_KEY, Result(self.names[index], "-", "-", "-", "fail",
+                                                        float("inf"), note=note))
+                self._finish(index)
+
+    def _blame(self, out: _Session) -> None:
+        """The worker died in op ``out.current`` during ``out.step``: name the culprit in a row
+        and make sure the next worker does not run it again."""
+        index, how = out.current, _how(out.exitcode)
+        name, state = self.names[index], self.states[index]
+        if out.step is None:
+            self._record(index, SAMPLES_KEY, Result(name, "-", "-", "-", "fail", float("inf"),
+                                                    note=f"the check process died ({how}) between two steps{_HINT}"))
+            return self._finish(index)
+        key, sample, variant = out.step
+        label = key[2]
+        if key == SAMPLES_KEY or label == "reference":  # every later sample would run it again
+            what = "sample_inputs" if key == SAMPLES_KEY else "the reference (or the op's meta or supports functions)"
+            self._record(index, key, Result(name, "-" if key == SAMPLES_KEY else "reference", sample, variant,
+                                            "fail", float("inf"),
+                                            note=f"{what} crashed the check process ({how}){_HINT}"))
+            return self._finish(index)
+        again = self._alone(index, [key], record=True)
+        if again.died and again.step is not None and again.step[0] == key:
+            return self._crashed(index, key, f"crashed the check process ({_how(again.exitcode)}), again when run "
+                                             "alone in a fresh process")
+        # It survives alone: an earlier step of the dead worker corrupted memory and this one tripped
+        # over it. Re-run each earlier candidate of the op with this step after it, one per worker.
+        earlier = [k for k in out.ran.get(index, []) if k[2] != label]
+        for suspect in dict.fromkeys(k[2] for k in earlier):
+            keys = [k for k in earlier if k[2] == suspect]
+            trial = self._alone(index, keys + [key], record=False)
+            if not trial.died or trial.step is None:
+                continue
+            if trial.step[0] != key:  # it crashed on its own this time
+                return self._crashed(index, trial.step[0], f"crashed the check process ({_how(trial.exitcode)}) "
+                                                           "when run alone in a fresh process")
+            ran = [k for k in trial.ran.get(index, []) if k[2] == suspect]
+            return self._crashed(index, (ran or keys)[-1], (
+                f"corrupts memory: the check process died ({how}) later, on {label} {sample} ({variant}), "
+                f"and again ({_how(trial.exitcode)}) when only this candidate and that step ran in a fresh "
+                "process"))
+        if key not in state.done:  # not reported by the re-run either: the step is the op's failure
+            self._record(index, key, Result(name, label, sample, variant, "fail", float("inf"), note=(
+                f"the check process died ({how}) on this step, but neither it nor an earlier candidate "
+                f"crashes alone: a kernel of this op may corrupt memory without crashing{_HINT}")))
+            state.excluded.add(label)
+
+    def _crashed(self, index: int, key: Key, what: str) -> None:
+        """``key``'s candidate is the culprit: a failure row, and no more runs of it."""
+        sample, variant = self.where.get(key, ("-", "-"))
+        state = self.states[index]
+        state.excluded.add(key[2])
+        # a result it reported for this step before (a corrupted run can still compute right) goes
+        state.results = [r for r in state.results if (r.candidate, r.sample, r.variant) != (key[2], sample, variant)]
+        self._record(index, key, Result(self.names[index], key[2], sample, variant, "fail", float("inf"),
+                                        note=f"{what}; its other samples were not run{_HINT}"))
 
 
 def check_isolated(
@@ -173,73 +329,7 @@ def check_isolated(
     the ops' references. ``prepare`` runs first in every worker (a module-level function, so a
     spawned worker can receive it). ``events`` hears of ops and results as they come.
     """
-    events = events or Events()
-    states = [_OpState() for _ in ops]
-    method = start_method()
-    ctx = multiprocessing.get_context(method)
-    targets = list(targets) if targets is not None else _targets_of(ops)
-    names = [op.name for op in ops]
-    while not all(s.finished for s in states):
-        receive, send = ctx.Pipe(duplex=False)
-        frozen = [(frozenset(s.done), frozenset(s.excluded), s.finished) for s in states]
-        worker = ctx.Process(
-            target=_worker, daemon=True, name="kernelgraft-check",
-            args=(send, list(ops) if method == "fork" else None, targets, names, options, frozen, prepare),
-        )
-        worker.start()
-        send.close()  # the worker holds the only writing end: its death is our EOF
-        current, step, lost, error = None, None, False, None
-        while True:
-            try:
-                message = receive.recv()
-            except (EOFError, OSError):
-                break
-            kind = message[0]
-            if kind == "op":
-                current, step = message[1], None
-                if not states[current].started:
-                    states[current].started = True
-                    events.op_started(ops[current].name, current, len(ops))
-            elif kind == "step":
-                step = message[1:]
-            elif kind == "result":
-                states[current].done.add(message[1])
-                states[current].results.append(message[2])
-                events.result(message[2])
-                step = None
-            elif kind == "lost":
-                states[current].excluded.add(message[1][2])
-                lost = True
-            elif kind == "op_done":
-                states[current].finished = True
-                events.op_finished(ops[current].name, states[current].results)
-                current = None
-            elif kind == "error":
-                error = message[1]
-        receive.close()
-        worker.join()
-        log.debug("check worker (%s) ended with %s", method, _how(worker.exitcode))
-        if error is not None or (current is None and not lost and not all(s.finished for s in states)):
-            # The worker failed outside any op's check (importing the targets, say): every op it
-            # did not finish fails with its message rather than restarting forever.
-            note = (f"the check process failed: {error.strip().splitlines()[-1]}" if error else
-                    f"the check process died ({_how(worker.exitcode)}) before checking this op")
-            log.debug("check worker error:\n%s", error)
-            for op, state in zip(ops, states):
-                if not state.finished:
-                    state.finished = True
-                    row = Result(op.name, "-", "-", "-", "fail", float("inf"), note=note)
-                    state.results.append(row)
-                    events.result(row)
-            break
-        if current is not None and not lost:
-            row = _crash_row(ops[current], states[current], step, worker.exitcode)
-            log.debug("%s: %s", ops[current].name, row.note)
-            states[current].results.append(row)
-            events.result(row)
-            if states[current].finished:
-                events.op_finished(ops[current].name, states[current].results)
-    return CheckReport([r for state in states for r in state.results])
+    return _Runner(ops, options, targets, events or Events(), prepare).run()
 
 
 def check_in_process(ops: Sequence[Any], options: CheckOptions = CheckOptions(), *,
@@ -256,3 +346,4 @@ def check_in_process(ops: Sequence[Any], options: CheckOptions = CheckOptions(),
         events.op_finished(op.name, results)
         report.results.extend(results)
     return report
+
