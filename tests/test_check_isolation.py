@@ -405,3 +405,53 @@ def test_check_cli_over_all_examples_prints_no_third_party_warnings():
     run = _cli("check", *[f"kernelgraft.examples.{m}" for m in MODULES], "--no-opcheck", timeout=1800)
     assert _warning_lines(run.stderr) == [], run.stderr
     assert "checking kgexamples::add_relu" in run.stdout
+
+
+# ------------------------------------------------------------------------------ GPU: a sticky CUDA error
+@triton.jit
+def _wild_store_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    # far outside any allocation: an illegal address, which leaves the CUDA context unusable
+    tl.store(out_ptr + offs.to(tl.int64) + (1 << 40), tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+
+def launch_wild_store(x, alpha, out, *, BLOCK):
+    _wild_store_kernel[(triton.cdiv(x.numel(), BLOCK),)](x, out, x.numel(), BLOCK=BLOCK)
+
+
+# Module level: a spawned worker (the parent has a CUDA context) finds them by importing this module.
+GPU_WILD = _scale_op("kgisogpu::wild", launch_scale, launch_wild_store)
+GPU_AFTER = _scale_op("kgisogpu::after", launch_scale)
+
+
+@pytest.mark.gpu
+def test_gpu_an_illegal_address_is_the_candidates_failure_and_later_candidates_get_a_fresh_context():
+    torch.zeros(1, device="cuda")  # this process has a CUDA context: the worker must be spawned
+    assert _isolate.start_method() == "spawn"
+    report = check_isolated([GPU_WILD, GPU_AFTER], CheckOptions(device="cuda", opcheck=False))
+    rows = {(r["op"], r["candidate"]): r for r in summarize(report)}
+    wild = rows[("kgisogpu::wild", "triton:launch_wild_store[BLOCK=64]")]
+    assert wild["failed"] == 1 and "CUDA context unusable" in wild["note"], wild
+    assert rows[("kgisogpu::wild", "triton:launch_scale[BLOCK=64]")]["passed"] >= 2
+    assert rows[("kgisogpu::wild", "meta")]["failed"] == 0
+    assert rows[("kgisogpu::after", "triton:launch_scale[BLOCK=64]")]["passed"] >= 2
+    torch.cuda.synchronize()  # this process's own context is untouched
+
+
+@pytest.mark.gpu
+def test_gpu_check_cli_survives_an_illegal_address(tmp_path):
+    module = tmp_path / "wild_ops.py"
+    module.write_text(CRASHING_OPS.replace("tl.store(out_ptr + offs, x * 2.0)  # the bug: no mask",
+                                           "tl.store(out_ptr + offs.to(tl.int64) + (1 << 40), x * 2.0, "
+                                           "mask=offs < n)  # the bug: a wild address"))
+    env = {k: v for k, v in _env().items() if k != "TRITON_INTERPRET"}
+    out = tmp_path / "results.json"
+    run = subprocess.run([sys.executable, "-m", "kernelgraft", "check", str(module), "--no-opcheck",
+                          "--json", str(out)], capture_output=True, text=True, env=env, timeout=900)
+    assert run.returncode == 1, run.stdout + run.stderr
+    results = json.loads(out.read_text())
+    bad = [r for r in results if r["candidate"] == "triton:launch_unmasked[BLOCK=65536]"]
+    assert [r["status"] for r in bad] == ["fail"] and "CUDA" in bad[0]["note"], bad
+    good = [r for r in results if r["op"] == "kgcrash::good" and r["candidate"].startswith("triton")]
+    assert good and all(r["status"] == "pass" for r in good), good
