@@ -120,6 +120,16 @@ def test_check_cli_reports_a_kernel_that_crashes_its_process_and_checks_the_rest
     assert "kgcrash::good" in run.stdout
 
 
+def test_no_isolate_checks_in_the_cli_process_with_the_same_progress(tmp_path):
+    module = tmp_path / "inline_ops.py"
+    module.write_text(CRASHING_OPS)
+    run = _cli("check", str(module), "--op", "good", "--no-opcheck", "--no-isolate")
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[1] == "checking kgcrash::good (1 of 1)", lines
+    assert re.fullmatch(r"  kgcrash::good: \d+ passed, 0 failed, \d+ skipped \(\d+\.\d s\)", lines[2]), lines
+
+
 # Simulated crashes, deterministic: a candidate that kills its process at once, and one that
 # "corrupts memory" (sets a flag in its process) which kills whichever step runs next.
 _CORRUPTED: list[int] = []
@@ -187,7 +197,8 @@ def test_isolated_results_match_in_process_results_and_in_process_is_the_default
 
 
 def test_a_spawned_worker_imports_the_target_file(tmp_path, monkeypatch):
-    # Once CUDA is initialised the worker is spawned (fork is unsafe), and it imports the targets.
+    # Where a GPU is visible the worker is spawned (fork breaks CUDA in the child), and it imports
+    # the targets.
     module = tmp_path / "spawned_ops.py"
     module.write_text(CRASHING_OPS)
     from kernelgraft.cli._common import load_target, ops_of
@@ -420,15 +431,15 @@ def launch_wild_store(x, alpha, out, *, BLOCK):
     _wild_store_kernel[(triton.cdiv(x.numel(), BLOCK),)](x, out, x.numel(), BLOCK=BLOCK)
 
 
-# Module level: a spawned worker (the parent has a CUDA context) finds them by importing this module.
+# Module level: a spawned worker (a GPU is visible) finds them by importing this module.
 GPU_WILD = _scale_op("kgisogpu::wild", launch_scale, launch_wild_store)
 GPU_AFTER = _scale_op("kgisogpu::after", launch_scale)
 
 
 @pytest.mark.gpu
 def test_gpu_an_illegal_address_is_the_candidates_failure_and_later_candidates_get_a_fresh_context():
-    torch.zeros(1, device="cuda")  # this process has a CUDA context: the worker must be spawned
-    assert _isolate.start_method() == "spawn"
+    torch.zeros(1, device="cuda")  # this process has a CUDA context, and keeps it usable
+    assert _isolate.start_method() == "spawn"  # a GPU is visible: fork would break CUDA in the worker
     report = check_isolated([GPU_WILD, GPU_AFTER], CheckOptions(device="cuda", opcheck=False))
     rows = {(r["op"], r["candidate"]): r for r in summarize(report)}
     wild = rows[("kgisogpu::wild", "triton:launch_wild_store[BLOCK=64]")]

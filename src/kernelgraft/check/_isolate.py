@@ -7,8 +7,10 @@ CUDA context unusable for every later kernel. Either way the process that ran it
 Design, for a cheap healthy case: one worker process checks the ops one after another and streams
 every result back over a pipe, announcing each step (a candidate on a sample, the reference, the
 metadata check, opcheck) before it runs it. A run without crashes pays one process start: a fork
-(milliseconds; the worker inherits the imported ops) while the parent has not initialised CUDA,
-else a spawn that re-imports the targets (fork is unsafe once CUDA is initialised). When the
+(milliseconds; the worker inherits the imported ops) where no GPU is visible, else a spawn that
+re-imports the targets (a few seconds). Fork is not an option once this process has asked the
+CUDA driver anything, which ``torch.cuda.is_available()`` already does: CUDA then fails in the
+child with an initialization error. When the
 worker dies, the step it announced last names the culprit: that step becomes a failure row with
 the signal or exit status and the sample, the candidate is left out of the op's remaining
 samples, and a new worker resumes after the steps already reported. A CUDA error that leaves the
@@ -46,8 +48,8 @@ _LOST = 3  # the worker's exit status after a CUDA error that leaves the context
 
 
 def start_method() -> str:
-    """fork while this process has no CUDA context (cheap, inherits the ops), else spawn."""
-    if "fork" in multiprocessing.get_all_start_methods() and not torch.cuda.is_initialized():
+    """fork where no GPU is visible (cheap, inherits the ops), else spawn (see the module docstring)."""
+    if "fork" in multiprocessing.get_all_start_methods() and not torch.cuda.is_available():
         return "fork"
     return "spawn"
 

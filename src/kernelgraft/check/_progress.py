@@ -51,13 +51,14 @@ class Printer(Events):
         self._tasks: dict[str, TaskID] = {}
         self._failed: dict[str, int] = {}
 
-    def _say(self, text: str) -> None:
-        self.console.print(text, highlight=False)
+    def say(self, text: str) -> None:
+        """One plain line (rich markup escaped by the caller), never wrapped, flushed at once."""
+        self.console.print(text, highlight=False, soft_wrap=True)
         self.console.file.flush()  # piped stdout is block-buffered: a progress line must not wait
 
     def op_started(self, name: str, index: int, total: int) -> None:
         self._started[name] = time.monotonic()
-        self._say(f"checking {escape(name)} ({index + 1} of {total})")
+        self.say(f"checking {escape(name)} ({index + 1} of {total})")
         if self._live is not None:
             if not self._tasks:
                 self._live.start()
@@ -77,7 +78,7 @@ class Printer(Events):
             if not self._tasks:
                 self._live.stop()
         took = time.monotonic() - self._started.get(name, time.monotonic())
-        self._say(f"  {escape(name)}: {_counts(results)} ({took:.1f} s)")
+        self.say(f"  {escape(name)}: {_counts(results)} ({took:.1f} s)")
 
     def close(self) -> None:
         if self._live is not None and self._tasks:

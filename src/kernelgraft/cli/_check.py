@@ -22,14 +22,13 @@ def run(args) -> int:
     from ._common import quiet_third_party_warnings
 
     quiet_third_party_warnings()
-    from rich.console import Console
-
-    console = Console()
-    console.print(f"kernelgraft check: importing {' '.join(args.target)}", highlight=False)
-    console.file.flush()
+    from rich.markup import escape
 
     from ..check import CheckOptions, Printer, check_in_process, check_isolated, render
     from ._common import load_target, ops_of
+
+    printer = Printer()
+    printer.say(f"kernelgraft check: importing {escape(' '.join(args.target))}")
 
     ops = []
     for target in args.target:
@@ -40,7 +39,6 @@ def run(args) -> int:
         print("kernelgraft check: no ops found in", " ".join(args.target))
         return 1
     options = CheckOptions(device=args.device, opcheck=not args.no_opcheck)
-    printer = Printer(console)
     try:
         if args.no_isolate:
             report = check_in_process(ops, options, events=printer)
