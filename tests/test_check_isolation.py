@@ -49,8 +49,9 @@ def samples(device="cpu"):
 
 # ------------------------------------------------------------------------------ crash isolation
 # A module as a user writes it: a good op, and an op with a good candidate and one whose store has no
-# mask. BLOCK is far larger than the 5- and 300-element samples: the store runs 256 KB past the
-# output, which the interpreter does on the host heap.
+# mask. BLOCK is far larger than the 5- and 300-element samples: the store runs 4 MB past the
+# output, which the interpreter does on the host heap (a segfault, an abort, or a process spinning
+# in a corrupted heap: each is the candidate's failure).
 CRASHING_OPS = '''
 import torch, triton, triton.language as tl
 import kernelgraft as kg
@@ -79,7 +80,7 @@ def samples(device="cpu"):
 
 @kg.op("kgcrash::double", sample_inputs=samples, impls=[
     kg.triton(launch_double, configs=[{"BLOCK": 64}]),
-    kg.triton(launch_unmasked, configs=[{"BLOCK": 65536}]),
+    kg.triton(launch_unmasked, configs=[{"BLOCK": 1 << 20}]),
 ])
 def double(x: torch.Tensor) -> torch.Tensor:
     return x * 2
@@ -98,7 +99,7 @@ def test_check_cli_reports_a_kernel_that_crashes_its_process_and_checks_the_rest
     module = tmp_path / "crashing_ops.py"
     module.write_text(CRASHING_OPS)
     out = tmp_path / "results.json"
-    run = _cli("check", str(module), "--no-opcheck", "--json", str(out))
+    run = _cli("check", str(module), "--no-opcheck", "--json", str(out), "--step-timeout", "60")
     assert run.returncode == 1, run.stdout + run.stderr
     results = json.loads(out.read_text())
     by = lambda op, cand: [r for r in results if r["op"] == op and r["candidate"] == cand]  # noqa: E731
@@ -107,16 +108,17 @@ def test_check_cli_reports_a_kernel_that_crashes_its_process_and_checks_the_rest
     assert good and {r["status"] for r in good} <= {"pass", "skip"} and "pass" in {r["status"] for r in good}
     # the crashing op's good candidate passes; its bad one is one failure naming the crash
     assert {r["status"] for r in by("kgcrash::double", "triton:launch_double[BLOCK=64]")} <= {"pass", "skip"}
-    bad = by("kgcrash::double", "triton:launch_unmasked[BLOCK=65536]")
+    bad = by("kgcrash::double", "triton:launch_unmasked[BLOCK=1048576]")
     assert [r["status"] for r in bad] == ["fail"], bad
-    assert "check process" in bad[0]["note"] and re.search(r"killed by SIG\w+ \(signal \d+\)", bad[0]["note"])
+    assert re.search(r"(crashed|hung) the check process \((killed by SIG\w+ \(signal \d+\)|no result in 60 s)",
+                     bad[0]["note"]), bad[0]["note"]
     assert bad[0]["sample"] == "float32[5]" and bad[0]["variant"] == "contiguous"
     # an ordinary failure in another op is still an ordinary failure
     assert any(r["status"] == "fail" and "output 0" in r["note"]
                for r in by("kgcrash::triple", "triton:launch_double[BLOCK=64]"))
     # the table printed, with the crash on the bad candidate's row
     row = next(line for line in run.stdout.splitlines() if "launch_unmasked" in line)
-    assert "FAIL" in row and "crashed the check process" in row, run.stdout
+    assert "FAIL" in row and "the check process" in row, run.stdout
     assert "kgcrash::good" in run.stdout
 
 
@@ -170,6 +172,21 @@ def test_a_candidate_that_kills_the_process_is_its_failure_and_the_check_goes_on
     assert rows[("kgiso::kills", "triton:launch_scale[BLOCK=64]")]["passed"] == 2
     assert rows[("kgiso::after", "triton:launch_scale[BLOCK=64]")]["passed"] == 2
     assert not _CORRUPTED  # nothing ran in this process
+
+
+def launch_never_ends(x, alpha, out, *, BLOCK):
+    while True:
+        time.sleep(0.05)
+
+
+def test_a_candidate_that_never_ends_is_stopped_and_failed():
+    op = _scale_op("kgiso::hangs", launch_never_ends, launch_scale)
+    report = check_isolated([op], CheckOptions(opcheck=False, noncontiguous=False), step_timeout=15)
+    rows = {r["candidate"]: r for r in summarize(report)}
+    hangs = rows["triton:launch_never_ends[BLOCK=64]"]
+    assert hangs["failed"] == 1 and ("hung the check process (no result in 15 s, so it was stopped), again when "
+                                     "run alone in a fresh process") in hangs["note"], hangs
+    assert rows["triton:launch_scale[BLOCK=64]"]["passed"] == 2
 
 
 def test_a_crash_in_a_later_step_is_blamed_on_the_candidate_that_corrupted_the_process():
@@ -462,7 +479,7 @@ def test_gpu_check_cli_survives_an_illegal_address(tmp_path):
                           "--json", str(out)], capture_output=True, text=True, env=env, timeout=900)
     assert run.returncode == 1, run.stdout + run.stderr
     results = json.loads(out.read_text())
-    bad = [r for r in results if r["candidate"] == "triton:launch_unmasked[BLOCK=65536]"]
+    bad = [r for r in results if r["candidate"] == "triton:launch_unmasked[BLOCK=1048576]"]
     assert [r["status"] for r in bad] == ["fail"] and "CUDA" in bad[0]["note"], bad
     good = [r for r in results if r["op"] == "kgcrash::good" and r["candidate"].startswith("triton")]
     assert good and all(r["status"] == "pass" for r in good), good

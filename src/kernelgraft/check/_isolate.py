@@ -138,10 +138,19 @@ class _Session:
     lost: bool = False  # the worker ended after a CUDA error left its context unusable
     error: str | None = None  # the worker failed outside any step (importing the targets, say)
     ran: dict[int, list[Key]] = dataclasses.field(default_factory=dict)  # op -> keys finished
+    hung: float | None = None  # stopped after this many seconds without a message
 
     @property
     def died(self) -> bool:
         return self.error is None and not self.lost and self.current is not None
+
+    def verb(self) -> str:
+        return "hung" if self.hung is not None else "crashed"
+
+    def how(self) -> str:
+        if self.hung is not None:
+            return f"no result in {self.hung:g} s, so it was stopped"
+        return _how(self.exitcode)
 
 
 def _how(exitcode: int | None) -> str:
@@ -163,8 +172,9 @@ def _targets_of(ops: Sequence[Any]) -> list[str]:
 
 
 class _Runner:
-    def __init__(self, ops, options, targets, events, prepare) -> None:
+    def __init__(self, ops, options, targets, events, prepare, step_timeout) -> None:
         self.ops, self.options, self.events, self.prepare = list(ops), options, events, prepare
+        self.step_timeout = step_timeout
         self.states = [_OpState() for _ in self.ops]
         self.method = start_method()
         self.ctx = multiprocessing.get_context(self.method)
@@ -188,6 +198,11 @@ class _Runner:
         out = _Session()
         while True:
             try:
+                if self.step_timeout and not receive.poll(self.step_timeout):
+                    # a kernel that never ends, or a process spinning in a corrupted heap
+                    out.hung = self.step_timeout
+                    worker.kill()
+                    break
                 message = receive.recv()
             except (EOFError, OSError):
                 break
@@ -256,7 +271,7 @@ class _Runner:
         message, rather than restarting forever."""
         log.debug("check worker error:\n%s", out.error)
         note = (f"the check process failed: {out.error.strip().splitlines()[-1]}" if out.error else
-                f"the check process died ({_how(out.exitcode)}) before checking this op")
+                f"the check process died ({out.how()}) before checking this op")
         for index, state in enumerate(self.states):
             if not state.finished:
                 self._record(index, SAMPLES_KEY, Result(self.names[index], "-", "-", "-", "fail",
@@ -266,7 +281,7 @@ class _Runner:
     def _blame(self, out: _Session) -> None:
         """The worker died in op ``out.current`` during ``out.step``: name the culprit in a row
         and make sure the next worker does not run it again."""
-        index, how = out.current, _how(out.exitcode)
+        index, how = out.current, out.how()
         name, state = self.names[index], self.states[index]
         if out.step is None:
             self._record(index, SAMPLES_KEY, Result(name, "-", "-", "-", "fail", float("inf"),
@@ -278,12 +293,12 @@ class _Runner:
             what = "sample_inputs" if key == SAMPLES_KEY else "the reference (or the op's meta or supports functions)"
             self._record(index, key, Result(name, "-" if key == SAMPLES_KEY else "reference", sample, variant,
                                             "fail", float("inf"),
-                                            note=f"{what} crashed the check process ({how}){_HINT}"))
+                                            note=f"{what} {out.verb()} the check process ({how}){_HINT}"))
             return self._finish(index)
         again = self._alone(index, [key], record=True)
         if again.died and again.step is not None and again.step[0] == key:
-            return self._crashed(index, key, f"crashed the check process ({_how(again.exitcode)}), again when run "
-                                             "alone in a fresh process")
+            return self._crashed(index, key, f"{again.verb()} the check process ({again.how()}), again when "
+                                             "run alone in a fresh process")
         # It survives alone: an earlier step of the dead worker corrupted memory and this one tripped
         # over it. Re-run each earlier candidate of the op with this step after it, one per worker.
         earlier = [k for k in out.ran.get(index, []) if k[2] != label]
@@ -293,12 +308,12 @@ class _Runner:
             if not trial.died or trial.step is None:
                 continue
             if trial.step[0] != key:  # it crashed on its own this time
-                return self._crashed(index, trial.step[0], f"crashed the check process ({_how(trial.exitcode)}) "
+                return self._crashed(index, trial.step[0], f"{trial.verb()} the check process ({trial.how()}) "
                                                            "when run alone in a fresh process")
             ran = [k for k in trial.ran.get(index, []) if k[2] == suspect]
             return self._crashed(index, (ran or keys)[-1], (
                 f"corrupts memory: the check process died ({how}) later, on {label} {sample} ({variant}), "
-                f"and again ({_how(trial.exitcode)}) when only this candidate and that step ran in a fresh "
+                f"and again ({trial.how()}) when only this candidate and that step ran in a fresh "
                 "process"))
         if key not in state.done:  # not reported by the re-run either: the step is the op's failure
             self._record(index, key, Result(name, label, sample, variant, "fail", float("inf"), note=(
@@ -324,14 +339,17 @@ def check_isolated(
     targets: Sequence[str] | None = None,
     events: Events | None = None,
     prepare: Callable[[], None] | None = None,
+    step_timeout: float | None = 600.0,
 ) -> CheckReport:
     """Check ``ops`` in a worker process (see the module docstring), restarting it after a crash.
 
     ``targets`` (files or modules) define the ops for a spawned worker; by default the modules of
     the ops' references. ``prepare`` runs first in every worker (a module-level function, so a
-    spawned worker can receive it). ``events`` hears of ops and results as they come.
+    spawned worker can receive it). ``events`` hears of ops and results as they come. A worker
+    that sends nothing for ``step_timeout`` seconds (one step: a candidate on one sample, its
+    compile included) is stopped and that step is its failure; None waits forever.
     """
-    return _Runner(ops, options, targets, events or Events(), prepare).run()
+    return _Runner(ops, options, targets, events or Events(), prepare, step_timeout).run()
 
 
 def check_in_process(ops: Sequence[Any], options: CheckOptions = CheckOptions(), *,

@@ -15,6 +15,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-isolate", action="store_true",
                         help="run the kernels in this process (for a debugger); by default they run in a "
                              "child process, so one that crashes it is reported as that candidate's failure")
+    parser.add_argument("--step-timeout", type=float, default=600.0, metavar="SECONDS",
+                        help="stop a candidate that gives no result on a sample for this long, and fail it "
+                             "(default 600; 0 waits forever; isolated runs only)")
     parser.add_argument("--json", help="also write every result to this JSON file")
 
 
@@ -44,7 +47,7 @@ def run(args) -> int:
             report = check_in_process(ops, options, events=printer)
         else:
             report = check_isolated(ops, options, targets=args.target, events=printer,
-                                    prepare=quiet_third_party_warnings)
+                                    prepare=quiet_third_party_warnings, step_timeout=args.step_timeout or None)
     finally:
         printer.close()
     render(report)
