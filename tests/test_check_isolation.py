@@ -23,7 +23,7 @@ import triton.language as tl
 
 import kernelgraft as kg
 from kernelgraft.check import CheckOptions, Printer, check_isolated, check_op
-from kernelgraft.check import _isolate
+from kernelgraft.check import _worker
 from kernelgraft.check._report import summarize
 
 from _kernels import LAUNCHES, launch_scale
@@ -221,14 +221,14 @@ def test_a_spawned_worker_imports_the_target_file(tmp_path, monkeypatch):
     from kernelgraft.cli._common import load_target, ops_of
 
     ops = [op for op in ops_of(load_target(str(module))) if op.name == "kgcrash::good"]
-    monkeypatch.setattr(_isolate, "start_method", lambda: "spawn")
+    monkeypatch.setattr(_worker, "start_method", lambda: "spawn")
     report = check_isolated(ops, CheckOptions(opcheck=False, noncontiguous=False), targets=[str(module)])
     assert report.ok and {r.status for r in report.results} == {"pass"}, report.results
 
 
 def test_a_worker_that_cannot_import_its_targets_fails_every_op_once(monkeypatch):
     op = _scale_op("kgiso::unimportable", launch_scale)
-    monkeypatch.setattr(_isolate, "start_method", lambda: "spawn")
+    monkeypatch.setattr(_worker, "start_method", lambda: "spawn")
     report = check_isolated([op], CheckOptions(opcheck=False), targets=["kg_no_such_module_here"])
     assert [r.status for r in report.results] == ["fail"]
     assert "No module named 'kg_no_such_module_here'" in report.results[0].note
@@ -456,7 +456,7 @@ GPU_AFTER = _scale_op("kgisogpu::after", launch_scale)
 @pytest.mark.gpu
 def test_gpu_an_illegal_address_is_the_candidates_failure_and_later_candidates_get_a_fresh_context():
     torch.zeros(1, device="cuda")  # this process has a CUDA context, and keeps it usable
-    assert _isolate.start_method() == "spawn"  # a GPU is visible: fork would break CUDA in the worker
+    assert _worker.start_method() == "spawn"  # a GPU is visible: fork would break CUDA in the worker
     report = check_isolated([GPU_WILD, GPU_AFTER], CheckOptions(device="cuda", opcheck=False))
     rows = {(r["op"], r["candidate"]): r for r in summarize(report)}
     wild = rows[("kgisogpu::wild", "triton:launch_wild_store[BLOCK=64]")]

@@ -26,92 +26,19 @@ one per worker, and the one that dies is named. Only a crash pays for this.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import logging
 import multiprocessing
-import os
 import signal
-import traceback
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import torch
-
+from . import _worker
 from ._harness import SAMPLES_KEY, CheckOptions, CheckReport, Key, Plan, Result, iter_check
 from ._progress import Events
 
-__all__ = ["check_isolated", "check_in_process", "start_method"]
+__all__ = ["check_isolated", "check_in_process"]
 
 log = logging.getLogger(__name__)
-
-_LOST = 3  # the worker's exit status after a CUDA error that leaves the context unusable
-
-
-def start_method() -> str:
-    """fork where no GPU is visible (cheap, inherits the ops), else spawn (see the module docstring)."""
-    if "fork" in multiprocessing.get_all_start_methods() and not torch.cuda.is_available():
-        return "fork"
-    return "spawn"
-
-
-def _context_lost() -> bool:
-    """After a failed CUDA kernel: is this process's CUDA context still usable?"""
-    if not torch.cuda.is_initialized():
-        return False
-    try:
-        torch.cuda.synchronize()
-        torch.zeros(1, device="cuda").add_(1).item()
-    except Exception:  # a sticky error (illegal address, launch failure): every later call fails too
-        return True
-    return False
-
-
-def _load_ops(targets: Sequence[str], names: Sequence[str]) -> list[Any]:
-    """In a spawned worker: import the targets (skipping what is already registered) and find the
-    ops by name."""
-    from .._op import _registry
-
-    missing = [name for name in names if _registry.lookup(name) is None]
-    if missing:
-        from ..cli._common import load_target
-
-        for target in targets:
-            if target.endswith(".py") or os.path.isfile(target):
-                load_target(target)
-            else:
-                importlib.import_module(target)
-    ops = [_registry.lookup(name) for name in names]
-    absent = [name for name, op in zip(names, ops) if op is None]
-    if absent:
-        raise RuntimeError(f"importing {list(targets)} in the check process did not define {absent}")
-    return ops
-
-
-def _worker(conn, ops, targets, names, options: CheckOptions, plans, prepare) -> None:
-    if prepare is not None:
-        prepare()
-    try:
-        if ops is None:
-            ops = _load_ops(targets, names)
-        for index, (op, plan) in enumerate(zip(ops, plans)):
-            if plan is None:
-                continue
-            conn.send(("op", index))
-            steps = iter_check(op, options, plan=plan,
-                               announce=lambda key, sample, variant: conn.send(("step", key, sample, variant)))
-            for key, result in steps:
-                if result.status == "fail" and key[2] not in ("meta", "opcheck") and _context_lost():
-                    note = (f"{result.note}; this left the CUDA context unusable: its remaining samples "
-                            "were not run, the check went on in a fresh process")
-                    conn.send(("result", key, dataclasses.replace(result, note=note)))
-                    conn.send(("lost", key))
-                    conn.close()
-                    os._exit(_LOST)
-                conn.send(("result", key, result))
-            conn.send(("op_done", index))
-    except BaseException:  # noqa: BLE001 - anything here is reported by the parent, not swallowed
-        conn.send(("error", traceback.format_exc(limit=8)))
-    conn.close()
 
 
 @dataclasses.dataclass
@@ -176,7 +103,7 @@ class _Runner:
         self.ops, self.options, self.events, self.prepare = list(ops), options, events, prepare
         self.step_timeout = step_timeout
         self.states = [_OpState() for _ in self.ops]
-        self.method = start_method()
+        self.method = _worker.start_method()
         self.ctx = multiprocessing.get_context(self.method)
         self.targets = list(targets) if targets is not None else _targets_of(self.ops)
         self.names = [op.name for op in self.ops]
@@ -189,7 +116,7 @@ class _Runner:
         each op, not a few steps), so do the ops it finishes."""
         receive, send = self.ctx.Pipe(duplex=False)
         worker = self.ctx.Process(
-            target=_worker, daemon=True, name="kernelgraft-check",
+            target=_worker.worker, daemon=True, name="kernelgraft-check",
             args=(send, self.ops if self.method == "fork" else None, self.targets, self.names, self.options,
                   plans, self.prepare),
         )
