@@ -1,3 +1,5 @@
 from .cli import main
 
-raise SystemExit(main())
+# Guarded: a check worker started with spawn imports this module as __mp_main__.
+if __name__ == "__main__":
+    raise SystemExit(main())

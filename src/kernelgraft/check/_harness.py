@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -19,7 +20,7 @@ from ..aot._build import signature_label
 from . import _inputs
 from ._compile import COMPILABLE, Compiler, NotCompiled, compiler_message
 
-__all__ = ["Result", "CheckReport", "check_op"]
+__all__ = ["Result", "CheckReport", "CheckOptions", "Key", "Plan", "check_op", "iter_check"]
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,136 @@ def _opcheck(op, args, sample, variant) -> Result:
     return Result(**base, status="pass")
 
 
+# A step of an op's check, named the same in every process that runs it: (sample index, variant,
+# what runs: a candidate label, "reference", "meta" or "opcheck"). The isolated runner uses keys to
+# resume an op in a fresh process after a crash without re-running what already reported.
+Key = tuple[int, str, str]
+SAMPLES_KEY: Key = (-1, "-", "-")  # calling the op's sample_inputs
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckOptions:
+    """How to check an op (see ``check_op``); plain values, so a child process can receive it."""
+
+    device: str | None = None
+    noncontiguous: bool = True
+    opcheck: bool = True
+    opcheck_samples: int = 2
+    compile_arch: str | None = "sm_90"
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Which steps of an op's check to run: none in ``done``, none of a candidate (or "meta",
+    "opcheck") in ``excluded``, and only those in ``only`` when it is given."""
+
+    done: frozenset[Key] = frozenset()
+    excluded: frozenset[str] = frozenset()
+    only: frozenset[Key] | None = None
+
+    def wants(self, key: Key) -> bool:
+        return key not in self.done and key[2] not in self.excluded and (self.only is None or key in self.only)
+
+
+def _nondeterminism(op, args, ref: _verify.Reference) -> str | None:
+    """Run the reference once more on the same inputs; a difference the oracle would fail a kernel
+    for (native against native, so the rule's native-precision widening applies) is reported:
+    every candidate would be blamed for it otherwise."""
+    again = _verify.reference(op, args)
+    first = _verify.Reference(tuple(_verify.Expected(e.what, e.native, None) for e in ref.expected))
+    verdict = _verify.verify(first, [e.native for e in again.expected], op.tolerances)
+    if verdict.ok:
+        return None
+    worst = verdict.worst
+    return (f"the reference of {op.name} is not deterministic: two runs on the same inputs differ at "
+            f"{worst.problem if worst is not None else 'an output'} "
+            "(seed it, or make it a pure function of its inputs)")
+
+
+def _announce_nothing(key: Key, sample: str, variant: str) -> None:
+    pass
+
+
+def iter_check(
+    op: Any,
+    options: CheckOptions = CheckOptions(),
+    *,
+    plan: Plan = Plan(),
+    announce=_announce_nothing,
+) -> Iterator[tuple[Key, Result]]:
+    """The results of checking ``op``, each with its step's key, as they come.
+
+    ``announce(key, sample, variant)`` is called before each step that runs user code, so a
+    process watching this one knows what was running if it dies. ``plan`` says which steps to run
+    (the isolated runner resumes or re-runs part of an op with it).
+    """
+    device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    compiler = Compiler(op, options.compile_arch) if options.compile_arch else None
+    announce(SAMPLES_KEY, "-", "-")
+    try:
+        samples = _inputs.samples(op, device)
+    except Exception as exc:
+        yield SAMPLES_KEY, Result(op.name, "-", "-", "-", "fail", note=f"sample_inputs failed: {exc}")
+        return
+    if not samples:
+        yield SAMPLES_KEY, Result(op.name, "-", "-", "-", "fail",
+                                  note="no sample inputs; give kg.op(..., sample_inputs=fn) yielding argument tuples")
+        return
+    for index, args in enumerate(samples):
+        variants = [("contiguous", args)]
+        if options.noncontiguous:
+            strided = _inputs.noncontiguous(op, args)
+            if strided is not None:
+                variants.append(("noncontiguous", strided))
+        for variant, vargs in variants:
+            setup = (index, variant, "reference")
+            if setup in plan.done:
+                continue
+            sample = signature_label(vargs)
+            announce(setup, sample, variant)
+            try:
+                # the kernels: torch:eager/torch:compile are the reference itself (see _compete)
+                candidates = [c for c in op.candidates(*vargs) if not is_torch(c)]
+                out_specs = op.dispatcher.output_specs(vargs)
+                _verify.check_tolerances(op.tolerances, op.name)
+            except Exception as exc:  # meta or the op's spec raised: report it, check the other samples
+                yield setup, Result(op.name, "-", sample, variant, "fail", note=_exception_note(exc))
+                continue
+            todo = [c for c in candidates if plan.wants((index, variant, c.label))]
+            meta = ((any(c.supported for c in candidates) or variant == "contiguous")
+                    and plan.wants((index, variant, "meta")))
+            check = (options.opcheck and index < options.opcheck_samples and variant == "contiguous"
+                     and plan.wants((index, variant, "opcheck")))
+            if not (todo or meta or check):
+                continue
+            try:
+                ref = _verify.reference(op, vargs)
+                unstable = _nondeterminism(op, vargs, ref)
+            except Exception as exc:  # the reference raised: report it, check the other samples
+                yield setup, Result(op.name, "reference", sample, variant, "fail", note=_exception_note(exc))
+                continue
+            if unstable:  # one row for the op: every candidate would fail against a moving target
+                yield setup, Result(op.name, "reference", sample, variant, "fail", error=float("inf"),
+                                    note=unstable)
+                return
+            for candidate in todo:
+                key = (index, variant, candidate.label)
+                announce(key, sample, variant)
+                yield key, _check_candidate(op, candidate, vargs, out_specs, ref, sample, variant, compiler)
+            if meta:
+                announce((index, variant, "meta"), sample, variant)
+                yield (index, variant, "meta"), _check_metadata(op, vargs, sample, variant)
+            if check:
+                announce((index, variant, "opcheck"), sample, variant)
+                yield (index, variant, "opcheck"), _opcheck(op, vargs, sample, variant)
+
+
+def _exception_note(exc: BaseException) -> str:
+    if isinstance(exc, KernelgraftError):
+        return str(exc)[:300]
+    return f"{type(exc).__name__}: {exc}"[:300]
+
+
 def check_op(
     op: Any,
     *,
@@ -134,54 +265,23 @@ def check_op(
     opcheck: bool = True,
     opcheck_samples: int = 2,
     compile_arch: str | None = "sm_90",
+    isolate: bool = False,
 ) -> CheckReport:
     """Check every candidate of ``op`` on its sample inputs; see the module docstring.
 
     A candidate that cannot run here (no GPU, a GPU older than it needs) is compiled for
     ``compile_arch`` instead (or the newer arch it needs): status ``compiled``, or ``fail`` with the
     compiler's message. ``compile_arch=None`` skips such candidates without compiling.
+
+    ``isolate=True`` runs the candidates in a child process: one that crashes it (a segfault from
+    an out-of-bounds store, a CUDA illegal address that kills the context) becomes that
+    candidate's failure and the check goes on. Off by default: in-process, a debugger, a profiler
+    and the caller's state (tuning decisions, monkeypatches) see the kernels run, and nothing is
+    re-imported. ``kernelgraft check`` isolates unless given ``--no-isolate``.
     """
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    report = CheckReport()
-    compiler = Compiler(op, compile_arch) if compile_arch else None
-    try:
-        samples = _inputs.samples(op, device)
-    except Exception as exc:
-        report.results.append(Result(op.name, "-", "-", "-", "fail", note=f"sample_inputs failed: {exc}"))
-        return report
-    if not samples:
-        report.results.append(
-            Result(op.name, "-", "-", "-", "fail",
-                   note="no sample inputs; give kg.op(..., sample_inputs=fn) yielding argument tuples")
-        )
-        return report
-    for index, args in enumerate(samples):
-        variants = [("contiguous", args)]
-        if noncontiguous:
-            strided = _inputs.noncontiguous(op, args)
-            if strided is not None:
-                variants.append(("noncontiguous", strided))
-        for variant, vargs in variants:
-            sample = signature_label(vargs)
-            try:
-                # the kernels: torch:eager/torch:compile are the reference itself (see _compete)
-                candidates = [c for c in op.candidates(*vargs) if not is_torch(c)]
-                out_specs = op.dispatcher.output_specs(vargs)
-                _verify.check_tolerances(op.tolerances, op.name)
-                ref = _verify.reference(op, vargs)
-            except KernelgraftError as exc:
-                report.results.append(Result(op.name, "-", sample, variant, "fail", note=str(exc)[:300]))
-                continue
-            except Exception as exc:  # the reference or meta raised: report it, check the other ops
-                report.results.append(Result(op.name, "-", sample, variant, "fail",
-                                             note=f"{type(exc).__name__}: {exc}"[:300]))
-                continue
-            for candidate in candidates:
-                report.results.append(
-                    _check_candidate(op, candidate, vargs, out_specs, ref, sample, variant, compiler)
-                )
-            if any(c.supported for c in candidates) or variant == "contiguous":
-                report.results.append(_check_metadata(op, vargs, sample, variant))
-            if opcheck and index < opcheck_samples and variant == "contiguous":
-                report.results.append(_opcheck(op, vargs, sample, variant))
-    return report
+    options = CheckOptions(device, noncontiguous, opcheck, opcheck_samples, compile_arch)
+    if isolate:
+        from ._isolate import check_isolated
+
+        return check_isolated([op], options)
+    return CheckReport([result for _, result in iter_check(op, options)])

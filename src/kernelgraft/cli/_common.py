@@ -6,13 +6,14 @@ import importlib
 import importlib.util
 import os
 import sys
+import warnings
 from pathlib import Path
 from types import ModuleType
 
 from .._op._operator import KernelOp
 from ..check._report import table_console  # one rule for every command's tables
 
-__all__ = ["prepare_environment", "load_target", "ops_of", "table_console"]
+__all__ = ["prepare_environment", "quiet_third_party_warnings", "load_target", "ops_of", "table_console"]
 
 
 def prepare_environment() -> None:
@@ -21,6 +22,27 @@ def prepare_environment() -> None:
 
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+# Warnings that third-party code raises while a kernelgraft tool drives it, and that say nothing the
+# user can act on: (category, module the warning is attributed to, message). Only these: warnings
+# from kernelgraft and from the user's own modules (and any other from these packages) still show.
+THIRD_PARTY_NOISE: tuple[tuple[type[Warning], str, str], ...] = (
+    # numpy floating-point notes from Triton's CPU interpreter: outputs are poisoned with NaN before a
+    # kernel runs, and masked-off lanes compute on garbage by design
+    (RuntimeWarning, r"triton\.runtime\.interpreter", ""),
+    # Triton 3.9's notices of defaults changing in 3.10: the knob is Triton's, not the user's kernel's
+    (UserWarning, r"triton\.", r"TRITON_DEFAULT_FP_FUSION is unset|tl\.(cat|reshape)\(can_reorder=True\)"),
+    # torch deprecating its own pytree class, which torch's export machinery still uses
+    (FutureWarning, r"torch\.", r".*isinstance\(treespec, LeafSpec\)"),
+)
+
+
+def quiet_third_party_warnings() -> None:
+    """Hide ``THIRD_PARTY_NOISE`` in this process (the CLI only: a library leaves filters to its
+    user)."""
+    for category, module, message in THIRD_PARTY_NOISE:
+        warnings.filterwarnings("ignore", message=message, category=category, module=module)
 
 
 def load_target(target: str) -> ModuleType:
