@@ -125,12 +125,14 @@ class CompileState:
                 if self._compiled is None:
                     self._compiled = compile_reference(self.reference)
                 compiled = self._compiled
-        # One calling state whichever path calls (the op's eager fast path, or torch.ops below
-        # autograd with inputs that may require grad): Dynamo guards on each tensor's
-        # requires_grad and dispatch keys, so a call from the other path would recompile, maybe
-        # inside the user's CUDA-graph capture. Detached aliases share storage: mutations land.
+        # One calling state whichever path calls (the op's eager fast path with grad on, or
+        # torch.ops through the op's autograd kernel, whose forward runs with grad off): Dynamo
+        # guards on grad mode, each tensor's requires_grad and dispatch keys, so a call from the
+        # other path would recompile, maybe inside the user's CUDA-graph capture. The op's own
+        # autograd kernel owns gradients, so the reference runs without grad on detached aliases
+        # (they share storage: mutations land).
         args = tuple(_detached(a) for a in args)
-        with torch._C._AutoDispatchBelowAutograd():
+        with torch._C._AutoDispatchBelowAutograd(), torch.no_grad():
             return compiled(*args)
 
     def refused(self, exc: BaseException) -> None:
