@@ -12,11 +12,15 @@ torch.compile AOTAutograd traces it into the backward graph (its fake kernel onl
 gradient) so compiling inference code still works and a real backward still raises.
 
 The eager hot path never comes here: ``KernelOp.__call__`` goes through the dispatcher only when
-grad mode is on and an input requires grad.
+grad mode is on and an input requires grad, and that is where the kernel is registered (lazily:
+a Python autograd kernel would cost every ``torch.ops`` call of the op, see ``install``). Until
+then a ``torch.ops`` call with grad falls to torch's own autograd fallback, which warns at
+backward time.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +33,9 @@ from .._errors import UnsupportedError
 if TYPE_CHECKING:
     from ._operator import KernelOp
 
-__all__ = ["install", "set_backward"]
+__all__ = ["install", "ensure", "set_backward"]
+
+_LOCK = threading.Lock()
 
 _NS = "kernelgraft_autograd"
 _lib = torch.library.Library(_NS, "FRAGMENT")
@@ -76,18 +82,35 @@ def _no_backward_info(op: "KernelOp") -> tuple[Callable[..., Any], Callable[...,
 
 
 def install(op: "KernelOp", lib: torch.library.Library) -> None:
-    """Register the op's autograd kernel on ``lib`` (at definition, and again when the registry
-    rebuilds a namespace). Ops that mutate an argument keep torch's fallback: torch.library
-    gives them no autograd formula."""
+    """At definition (and again when the op is defined anew): note the op's library. The autograd
+    kernel itself is registered lazily (``ensure``): a Python autograd kernel costs every
+    ``torch.ops`` call (compiled graphs, exported programs) several microseconds even when no
+    gradient is wanted, so an op gets one only when it declares a backward or when an eager call
+    first meets grad mode with an input that requires grad. Ops that mutate an argument keep
+    torch's fallback: torch.library gives them no autograd formula."""
+    op._autograd_lib = lib
+    op._autograd_info = None
     overload = torch._library.utils.lookup_op(op.name)
-    if not _torch_utils.is_functional_schema(overload._schema):
-        op._autograd_info = None
+    op._autograd_functional = _torch_utils.is_functional_schema(overload._schema)
+    if op._autograd is not None:
+        ensure(op)
+
+
+def ensure(op: "KernelOp") -> None:
+    """Register the op's autograd kernel now if it has none yet: its declared backward, or the
+    refusal. Called on the eager slow path (grad on, an input requiring grad), so cheap there."""
+    if op._autograd_info is not None or not getattr(op, "_autograd_functional", False):
         return
-    info = _torch_autograd.Info(None, None)
-    op._autograd_info = info
-    set_backward(op)
-    _, name = op.name.split("::")
-    lib.impl(name, _torch_autograd.make_autograd_impl(overload, info), "Autograd", with_keyset=True)
+    with _LOCK:
+        if op._autograd_info is not None:
+            return
+        overload = torch._library.utils.lookup_op(op.name)
+        info = _torch_autograd.Info(None, None)
+        op._autograd_info = info
+        set_backward(op)
+        _, name = op.name.split("::")
+        op._autograd_lib.impl(name, _torch_autograd.make_autograd_impl(overload, info), "Autograd",
+                              with_keyset=True)
 
 
 def set_backward(op: "KernelOp") -> None:

@@ -261,6 +261,8 @@ class KernelOp:
         key = d.key(args, _grad_enabled())
         if key is None:
             self.signature.check_types(self.name, args)
+            if self._autograd_info is None:
+                _autograd.ensure(self)  # grad wanted: the op's backward, or its refusal (_autograd)
             return self._overload(*args)
         if d.epoch == _EPOCH[0]:  # the steady state, inlined: two dict lookups and the plan
             table = d.tables.get(_scope())
@@ -343,12 +345,11 @@ class KernelOp:
         if not callable(backward) or (setup_context is not None and not callable(setup_context)):
             raise SpecError(f"{self.name}: register_autograd needs functions, got backward="
                             f"{describe(backward)}, setup_context={describe(setup_context)}")
-        info = getattr(self, "_autograd_info", None)
-        if info is None:  # an op that mutates an argument: torch.library says why it cannot
+        if not getattr(self, "_autograd_functional", True):  # it mutates: torch.library says why not
             torch.library.register_autograd(self.name, backward, setup_context=setup_context, lib=self._lib)
         self._autograd = (backward, setup_context)  # re-applied if the registry re-defines the op
-        if info is not None:
-            _autograd.set_backward(self)
+        _autograd.ensure(self)
+        _autograd.set_backward(self)
 
     def candidates(self, *args: Any, **kwargs: Any) -> list[Candidate]:
         """Every (impl, config) with whether it supports these inputs and, if not, why; then

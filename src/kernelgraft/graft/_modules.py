@@ -46,9 +46,9 @@ _is_compiling = torch.compiler.is_compiling
 
 def has_backward(op: Any) -> bool:
     """Whether the op has a backward (``register_autograd`` or a torch.library autograd kernel).
-    A kernelgraft op always has an autograd kernel, whose backward refuses until one is declared
+    A kernelgraft op may carry an autograd kernel whose backward refuses until one is declared
     (``kernelgraft._op._autograd``), so its own record is asked first."""
-    if getattr(op, "_autograd_info", None) is not None:
+    if hasattr(op, "_autograd_functional"):
         return op._autograd is not None
     try:
         return bool(torch._C._dispatch_has_kernel_for_dispatch_key(op.name, "Autograd"))
