@@ -39,7 +39,7 @@ from .._op import _select
 from .._op._candidates import BUNDLED
 from .._errors import BundleError, KernelgraftError, KernelgraftWarning, RegistrationError
 from .._spec import Config
-from ._manifest import normalize_arch, read
+from ._manifest import normalize_arch, read, read_binary
 from ._runner import BundledRunner, Kernel
 from ._sign import verify_bundle
 
@@ -158,6 +158,7 @@ def load_bundle(
     try:
         if not isinstance(manifest["ops"], list):
             raise TypeError("'ops' is not a list")
+        _check_binaries(root, manifest["ops"], arch)
         prepared = [(entry, _runners(root, entry, arch)) for entry in manifest["ops"]]
         bundle.kernels = sum(len(r.kernels) for _, runners in prepared for r, _ in runners.values())
         found = [(entry, runners, _existing(entry, allowed)) for entry, runners in prepared]
@@ -200,6 +201,18 @@ def _allowed_modules(import_modules: bool | Collection[str]) -> bool | frozenset
         raise TypeError(f"load_bundle: import_modules is a bool or a collection of module names, got "
                         f"{import_modules!r}")
     return frozenset(import_modules)
+
+
+def _check_binaries(root: Path, ops: list, arch: str) -> None:
+    """Every binary of ``arch`` against its sha256, before any expression is compiled: a replaced
+    or corrupted file is refused in milliseconds, whatever the size of the manifest (each kernel
+    reads and checks its binary again when it is built, so nothing checked here is trusted later)."""
+    for entry in ops:
+        for cand in entry["candidates"]:
+            for k in cand["kernels"]:
+                if k["arch"] == arch:
+                    for image in k["images"].values():
+                        read_binary(root, image)
 
 
 def _runners(root: Path, entry: dict, arch: str) -> dict:

@@ -108,7 +108,8 @@ class Kernel:
         self.dtypes = [(index[n], _dtype(d)) for n, d in entry["dtypes"].items()]
         self.ranks = [(index[n], int(r)) for n, r in entry["ranks"].items()]
         inputs = list(names[:n_inputs])
-        self._guard = compile_exprs(inputs, [" and ".join(entry["guards"]) or "True"])
+        # each guard on its own: kernels of one candidate share most guards, compiled once (_expr)
+        self._guard = compile_exprs(inputs, list(entry["guards"]) or ["True"])
         params = entry["params"]
         if len(entry["grid"]) != 3:
             raise BundleError(f"{self.where}: grid {entry['grid']!r} does not have 3 dimensions")
@@ -169,7 +170,7 @@ class Kernel:
             if args[i].dim() != r:
                 return False
         try:
-            return bool(self._guard(*args[:n_inputs])[0])
+            return all(self._guard(*args[:n_inputs]))
         except Exception:  # a guard that cannot be evaluated does not hold
             return False
 
