@@ -156,6 +156,7 @@ def main() -> int:
     parser.add_argument("--settle", type=float, default=30.0)
     parser.add_argument("--out", default=None)
     parser.add_argument("--skip-decisions", action="store_true")
+    parser.add_argument("--modes", default="warm,fresh,off", help="which processes to run (comma-separated)")
     a = parser.parse_args()
     if a.child == "windows":
         print(json.dumps(_child_windows(a.seconds, a.gap)))
@@ -170,12 +171,16 @@ def main() -> int:
 
     root = Path(tempfile.mkdtemp(prefix="kg-first-seconds-"))
     warm = root / "warm"
-    subprocess.run([sys.executable, "-c", "import kernelgraft as kg; kg.native.build()"], env=_env(warm),
-                   check=False, timeout=600)
-    prime = _spawn(["--child", "windows", "--seconds", "0"], _env(warm), 600)  # tunes the shape into the cache
-    results = {"environment": environment(), "prime": prime}
+    modes = [m for m in a.modes.split(",") if m]
+    results = {"environment": environment()}
+    if "warm" in modes:
+        subprocess.run([sys.executable, "-c", "import kernelgraft as kg; kg.native.build()"], env=_env(warm),
+                       check=False, timeout=600)
+        results["prime"] = _spawn(["--child", "windows", "--seconds", "0"], _env(warm), 600)  # tunes the shape
     window_args = ["--child", "windows", "--seconds", str(a.seconds), "--gap", str(a.gap)]
     for name, env in (("warm", _env(warm)), ("fresh", _env(root / "fresh")), ("off", _env(root / "off", native=False))):
+        if name not in modes:
+            continue
         results[name] = _spawn(window_args, env, 900)
         print(name, json.dumps(results[name])[:2000], flush=True)
     lines = [f"# First seconds of a process: softmax bf16 {SHAPE[0]} x {SHAPE[1]}", "",
@@ -184,7 +189,8 @@ def main() -> int:
              "first window graph us | later graph us (median) | later do_bench range | windows with a build/load busy | winner |",
              "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |"]
     for name in ("warm", "fresh", "off"):
-        lines += _summary(name, results[name])
+        if name in results:
+            lines += _summary(name, results[name])
     if not a.skip_decisions:
         gpus = torch.cuda.device_count()
         now_env = _env(root / "now", gpu="0")

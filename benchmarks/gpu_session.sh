@@ -76,6 +76,7 @@ run_section() {
             step host_cost_old_1 90 env PYTHONPATH="${PYTHONPATH/$ROOT\/src/$ROOT/.carry/old/src}" python3 .carry/old/benchmarks/bench_backend_host_cost.py --out "$R/old1"
             step host_cost_new_1 90 python3 benchmarks/bench_backend_host_cost.py --out "$R/new1" ;;
     gputests_s7) step gpu_tests_s7 300 python3 -m pytest -q -s -p no:cacheprovider -m gpu -rs --tb=short ${GPU_TESTS:-tests/test_bad_input.py tests/test_fuzz.py tests/test_tune_gpu.py tests/test_compete.py tests/test_bench_suite.py tests/test_check_isolation.py tests/test_graft_pattern_generic.py tests/test_replace.py tests/test_gpu_core.py tests/test_gpu_runtime.py} ;;
+    firstfresh) step first_seconds_fresh 80 python3 benchmarks/bench_first_seconds.py --modes fresh --seconds 30 --gap 2 --skip-decisions --out "$R/fresh30" ;;  # past the moment the extension loads
     diagsmall) step diag_small_shapes 120 python3 research/diag_small_shapes.py ;;
     compete) step bench_compete 240 python3 benchmarks/bench_compete.py --out "$R" --limit 2 ;;
     firstsec) step first_seconds 420 python3 benchmarks/bench_first_seconds.py --out "$R" ;;  # issue 19; 2 GPUs: decisions side by side
