@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from ._operator import KernelOp
 
 __all__ = ["TorchImpl", "TORCH", "TORCH_INDEX", "NAMES", "normalize_compete", "offered",
-           "torch_candidates", "is_torch", "key_backends", "CompileState"]
+           "torch_candidates", "is_torch", "key_backends", "CompileState", "servable"]
 
 log = logging.getLogger(__name__)
 
@@ -178,8 +178,9 @@ def torch_candidates(op: "KernelOp", tensors: Sequence[tuple[str, torch.Tensor]]
     """``torch:eager`` and ``torch:compile`` with why each cannot compete here (None: it can).
 
     ``listing=False`` (what the tuner is offered) leaves out the compile error: a compile that
-    failed stays in the tuning key (so the decisions made before the failure still serve their
-    shapes) and the gate excludes it at once with the recorded error, without compiling again."""
+    failed stays in the tuning key (so the decisions made before the failure keep serving their
+    shapes, through their next-ranked candidate: see ``servable``) and the gate excludes it at
+    once with the recorded error, without compiling again."""
     device = tensors[0][1].device if tensors else torch.device("cpu")
     out = []
     for name in NAMES:
@@ -198,6 +199,15 @@ def offered(op: "KernelOp", kernels: Sequence[Candidate], tensors: Sequence[tupl
     if not supported:
         return []
     return supported + [c for c in torch_candidates(op, tensors, settings, listing=False) if c.supported]
+
+
+def servable(op: "KernelOp", candidates: Sequence[Candidate]) -> Sequence[Candidate]:
+    """``candidates`` less ``torch:compile`` once its compile failed (``CompileState.error``): it
+    stays offered, for the key, but a cached decision naming it must not serve it again (it would
+    fail again); the decision's next-ranked candidate serves instead."""
+    if op.dispatcher.compile_state.error is None:
+        return candidates
+    return [c for c in candidates if not (is_torch(c) and c.impl.name == "compile")]
 
 
 def bind(op: "KernelOp", candidate: Candidate) -> Callable[..., Any]:
@@ -224,8 +234,10 @@ def kernel_runner(op: "KernelOp", candidate: Candidate) -> Callable[..., Any]:
 
 
 def find(impl: Any) -> str | None:
-    """The torch candidate ``op.run(impl=...)`` names ('torch:eager', 'torch:compile', or its
-    index in decisions), else None."""
+    """The torch candidate ``op.run(impl=...)`` names ('torch:eager', 'torch:compile', its
+    index in decisions, or its ``TorchImpl`` as ``candidate.impl`` gives it), else None."""
+    if isinstance(impl, TorchImpl):
+        return impl.name
     if isinstance(impl, str) and impl.startswith("torch:") and impl[6:] in NAMES:
         return impl[6:]
     if isinstance(impl, int) and not isinstance(impl, bool):
