@@ -89,10 +89,13 @@ def key_backends(candidates: Iterable[Candidate]) -> list[str]:
 
 
 def normalize_compete(value: Any, where: str) -> tuple[str, ...]:
-    """``kg.op(..., compete=)`` as the names that may compete: True -> both, False -> none."""
+    """``kg.op(..., compete=)`` as the names that may compete: True -> both, False -> none.
+
+    None is refused: in ``kg.tune(compete=None)`` it means "the default" (on CUDA), and the op's
+    default is True, so an op's None would read as on there and off here (it meant off once)."""
     if value is True:
         return NAMES
-    if value is False or value is None:
+    if value is False:
         return ()
     if isinstance(value, str):
         value = (value,)
