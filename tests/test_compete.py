@@ -276,25 +276,58 @@ def test_stale_or_unknown_torch_entry_is_a_clean_miss(entry):
 
 
 # ---------------------------------------------------------------- bundles
-def test_aot_skips_torch_and_records_where_pytorch_won(tmp_path):
+def _cuda_tune_json(path: Path, op, x, ranking: list[dict]) -> Path:
+    """A tune.json as a GPU machine writes it: one decision for ``op`` at ``x``'s key, tuned on an
+    H200 (sm_90), with ``ranking``."""
+    with kg.tune(compete=True):
+        supported = [c for c in op.candidates(x) if c.supported]
+    key = kg.tune.build_key(op, (x,), _compete.key_backends(supported)).as_json()
+    key["env"] = {**key["env"], "device": "NVIDIA H200", "capability": "9.0"}
+    DiskCache(path).put({"gpu-decision": {"key": key, "ranking": ranking, "excluded": [], "created": 1.0}})
+    return path
+
+
+EAGER_WON = [{"impl": -1, "impl_name": "eager", "backend": "torch", "config": {}, "ms": 0.5},
+             {"impl": 0, "impl_name": "launch_scale", "backend": "triton", "config": {"BLOCK": 256}, "ms": 1.0}]
+
+
+def test_aot_records_where_pytorch_won_from_the_gpu_decisions(tmp_path):
+    """The wins come from --decisions (what the decision table reads), not from this process's
+    tuning cache: a GPU decision is keyed on the GPU and never matches a CPU sample here."""
     from kernelgraft.aot import build_bundle
-    from kernelgraft.aot._build import _torch_wins
 
     op = make_scale("tcp::aot")
-    small, large = torch.randn(1000), torch.randn(100_000)
-    with kg.tune("on", timer=timer_with({"eager": 0.5, "compile": 0.6}), compete=True):
-        assert served(op, small) == EAGER
+    small = torch.randn(1000)
+    tune_json = _cuda_tune_json(tmp_path / "tune.json", op, small, EAGER_WON)
     with kg.tune(compete=True):
-        wins = _torch_wins(op, [(small,), (large,)])  # the large one was never tuned
-    assert wins == [{"signature": "float32[1000]", "winner": EAGER, "ms": 0.5,
-                     "best_kernel": "triton:launch_scale[BLOCK=256]", "best_kernel_ms": 1.0}]
-    with kg.tune(compete=True):
-        (entry,) = build_bundle([op], tmp_path / "bundle", archs=["sm_90"], inputs={op.name: [(small,)]})["ops"]
-    assert json.loads((tmp_path / "bundle" / "manifest.json").read_text())["ops"][0]["torch_wins"] == wins
+        (entry,) = build_bundle([op], tmp_path / "bundle", archs=["sm_90"], inputs={op.name: [(small,)]},
+                                decisions=tune_json)["ops"]
+    (win,) = entry["torch_wins"]
+    assert win == {"signature": "float32[513..1024]", "arch": "sm_90", "device": "NVIDIA H200",
+                   "winner": EAGER, "ms": 0.5, "best_kernel": "triton:launch_scale[BLOCK=256]",
+                   "best_kernel_ms": 1.0}
+    assert json.loads((tmp_path / "bundle" / "manifest.json").read_text())["ops"][0]["torch_wins"] == [win]
     labels = [c["label"] for c in entry["candidates"]] + [s["candidate"] for s in entry["skipped"]]
     assert not any(label.startswith("torch") for label in labels)  # bundles hold kernels only
     assert all(c["index"] >= 0 for c in entry["candidates"])
-    assert entry["torch_wins"] == wins
+    # another arch, or no decisions: nothing to report
+    with kg.tune(compete=True):
+        (other,) = build_bundle([op], tmp_path / "b2", archs=["sm_100"], inputs={op.name: [(small,)]},
+                                decisions=tune_json)["ops"]
+        (none,) = build_bundle([op], tmp_path / "b3", archs=["sm_90"], inputs={op.name: [(small,)]})["ops"]
+    assert other["torch_wins"] == [] and none["torch_wins"] == []
+
+
+def test_aot_kernel_won_is_no_note(tmp_path):
+    from kernelgraft.aot import build_bundle
+
+    op = make_scale("tcp::aotkernel")
+    x = torch.randn(1000)
+    tune_json = _cuda_tune_json(tmp_path / "tune.json", op, x, EAGER_WON[::-1])
+    with kg.tune(compete=True):
+        (entry,) = build_bundle([op], tmp_path / "bundle", archs=["sm_90"], inputs={op.name: [(x,)]},
+                                decisions=tune_json)["ops"]
+    assert entry["torch_wins"] == []
 
 
 # ---------------------------------------------------------------- GPU
@@ -383,28 +416,13 @@ def test_aot_cli_notes_where_pytorch_won(tmp_path, capsys, monkeypatch):
         "from _tune_ops import make_scale\n"
         "op = make_scale('tcp::aotcli')\n"
         "op.sample_inputs = lambda: [(__import__('torch').randn(1000),)]\n" % str(Path(__file__).parent))
-    monkeypatch.setenv("KERNELGRAFT_COMPETE", "1")
     sys.path.insert(0, str(tmp_path))
     try:
-        import ops_aot_note  # the module the CLI loads: tune its op first, as a user would
+        import ops_aot_note  # the module the CLI loads
     finally:
         sys.path.remove(str(tmp_path))
-    with kg.tune("on", timer=timer_with({"eager": 0.5, "compile": 0.7})):
-        served(ops_aot_note.op, torch.randn(1000))
-    # The CLI turns the Triton interpreter off (it cross-compiles); on this CPU-only machine the
-    # kernels then cannot run here, and an op with no runnable kernel has no decision to report.
-    # On a GPU build machine they run; here the interpreter is put back for the build's lookups.
-    import kernelgraft.aot as aot
-
-    real = aot.build_bundle
-
-    def build(*a, **k):
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-        return real(*a, **k)
-
-    monkeypatch.setattr(aot, "build_bundle", build)
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    main(["aot", str(target), "-o", str(tmp_path / "bundle"), "--allow-partial"])
+    tune_json = _cuda_tune_json(tmp_path / "tune.json", ops_aot_note.op, torch.randn(1000), EAGER_WON)
+    main(["aot", str(target), "-o", str(tmp_path / "bundle"), "--allow-partial", "--decisions", str(tune_json)])
     out = capsys.readouterr().out
-    assert "note: on float32[1000] torch:eager won tuning (0.5 ms); bundles hold kernels only, so the " \
-           "bundle serves its best kernel triton:launch_scale[BLOCK=256] (1 ms) there" in out
+    assert "note: on float32[513..1024] torch:eager won tuning on NVIDIA H200 (0.5 ms); bundles hold " \
+           "kernels only, so the bundle serves its best kernel triton:launch_scale[BLOCK=256] (1 ms) there" in out
