@@ -16,6 +16,7 @@ import torch
 import kernelgraft as kg
 from kernelgraft._op import _compete
 from kernelgraft.tune._cache import DiskCache
+from kernelgraft.tune._modes import Settings
 from kernelgraft.tune._tuner import Decision
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -89,8 +90,9 @@ def test_per_op_switch_and_validation():
         assert by_label[EAGER].supported
         assert by_label[COMPILE].reason == "off: kg.op(..., compete=('eager',))"
         assert not any(c.supported for c in off.candidates(x) if _compete.is_torch(c))
-    with pytest.raises(kg.SpecError, match=r"compete must be True, False or a tuple of \('eager', 'compile'\)"):
-        kg.op(twice, name="tcp::bad", compete=("jit",))
+    for bad in (("jit",), None, 0):  # None: "the default" in kg.tune, so refused here
+        with pytest.raises(kg.SpecError, match=r"compete must be True, False or a tuple of \('eager', 'compile'\)"):
+            kg.op(twice, name="tcp::bad", compete=bad)
     # compete is part of the op's identity only when it is not the default
     assert "compete" in off.identity and "compete" not in make_scale("tcp::plain").identity
 
@@ -205,6 +207,99 @@ def test_mutating_reference_competes_judged_on_its_mutation():
     torch.testing.assert_close(x, before * 2)  # tuning ran on private copies: one doubling, the call's
 
 
+# ---------------------------------------------------------------- failing while serving
+def _failing_after_first_shape(calls: list):
+    """A compile_reference whose compiled function works on the first shape it sees and raises on
+    any other: a recompile that Dynamo/Inductor fails inside the user's call."""
+
+    def compile_reference(fn):
+        inner = torch.compile(fn, backend="eager")
+        first: list = []
+
+        def compiled(*args):
+            calls.append(tuple(args[0].shape))
+            first.append(first[0] if first else tuple(args[0].shape))
+            if tuple(args[0].shape) != first[0]:
+                raise RuntimeError("InductorError: boom at recompile")
+            return inner(*args)
+
+        return compiled
+
+    return compile_reference
+
+
+def test_compile_failing_while_serving_runs_eager_and_is_never_served_again(monkeypatch, caplog):
+    calls: list = []
+    monkeypatch.setattr(_compete, "compile_reference", _failing_after_first_shape(calls))
+    op = make_scale("tcp::servefail")
+    x, y = torch.randn(1000), torch.randn(1001)  # one bucket: one decision, two plans
+    with kg.tune("on", timer=timer_with({"eager": 0.9, "compile": 0.5}), compete=True):
+        assert served(op, x) == COMPILE
+        with caplog.at_level("WARNING", logger="kernelgraft._op._compete"):
+            torch.testing.assert_close(op(y), y * 2)  # the recompile fails: eager serves this call
+        assert "torch:compile no longer competes" in caplog.text
+        assert op.dispatcher.compile_state.error == "torch.compile failed: RuntimeError: InductorError: boom at recompile"
+        assert op.dispatcher.plan_for((x,)) is None  # every torch:compile plan dropped
+        n = len(calls)
+        # The cached decision still names torch:compile first: its next-ranked candidate serves.
+        assert served(op, y) == EAGER and served(op, x) == EAGER
+        assert len(calls) == n  # the failed compile is not called again
+        (compile_cand,) = [c for c in op.candidates(x) if c.label == COMPILE]
+        assert not compile_cand.supported and "boom at recompile" in compile_cand.reason
+
+
+def test_reference_failing_while_serving_names_the_op(monkeypatch):
+    calls: list = []
+    monkeypatch.setattr(_compete, "compile_reference", _failing_after_first_shape(calls))
+
+    from torch._subclasses.fake_tensor import is_fake
+
+    def picky(x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 1001 and not is_fake(x):  # the output shapes (fake tensors) are fine
+            raise ValueError("the reference refuses 1001 elements")
+        return x * 2
+
+    op = kg.op(picky, name="tcp::picky", impls=[kg.triton(launch_scale, configs=CONFIGS)])
+    with kg.tune("on", timer=timer_with({"eager": 0.9, "compile": 0.5}), compete=True):
+        assert served(op, torch.randn(1000)) == COMPILE
+        # Both fail on 1001: the reference's own error, named, and the compile is not blamed.
+        with pytest.raises(kg.LaunchError, match=r"tcp::picky: torch:compile failed: ValueError: the reference refuses"):
+            op(torch.randn(1001))
+        assert op.dispatcher.compile_state.error is None
+    eager_only = kg.op(picky, name="tcp::picky_eager", impls=[kg.triton(launch_scale, configs=CONFIGS)],
+                       compete=("eager",))
+    with kg.tune("on", timer=timer_with({"eager": 0.1}), compete=True):
+        assert served(eager_only, torch.randn(1000)) == EAGER
+        with pytest.raises(kg.LaunchError, match=r"tcp::picky_eager: torch:eager failed: ValueError"):
+            eager_only(torch.randn(1001))
+
+
+# ---------------------------------------------------------------- CUDA-graph capture
+def test_torch_candidate_that_cannot_be_captured_is_excluded():
+    """The timer raises CaptureRefused for a PyTorch candidate whose capture failed (the real one
+    does on the GPU: test_gpu_reference_that_syncs_never_wins_over_a_kernel): it is excluded with
+    kind 'capture', however fast, and a kernel serves."""
+    from kernelgraft.tune._timing import CaptureRefused
+
+    op = make_scale("tcp::capture")
+    x = torch.randn(1000)
+    base = timer_with({"eager": 0.1, "compile": 0.2})
+
+    def timer(trial, settings):
+        assert trial.must_capture == _compete.is_torch(trial.candidate)
+        if trial.candidate.label == EAGER:
+            raise CaptureRefused("RuntimeError: operation not permitted when stream is capturing")
+        return base(trial, settings)
+
+    with kg.tune("on", timer=timer, compete=True):
+        assert served(op, x) == COMPILE
+        d = kg.tune.decision(op, x)
+    (excluded,) = d.excluded
+    assert (excluded["impl_name"], excluded["kind"]) == ("eager", "capture")
+    assert excluded["reason"] == ("cannot be captured in a CUDA graph: RuntimeError: operation not "
+                                  "permitted when stream is capturing")
+
+
 # ---------------------------------------------------------------- switches
 def test_global_switch_off_in_a_block_and_by_env(monkeypatch):
     op = make_scale("tcp::switches")
@@ -222,6 +317,11 @@ def test_global_switch_off_in_a_block_and_by_env(monkeypatch):
     assert kg.tune.settings().compete is False
     with pytest.raises(kg.SpecError, match="kg.tune: compete must be True, False or None"):
         kg.tune(compete="eager")
+    for bad in (0, 1, "eager", ("eager",)):  # 0 == False: it turned competing on
+        with pytest.raises(kg.SpecError, match=f"compete must be True, False or None .*got {type(bad).__name__}"):
+            kg.tune(compete=bad)
+    with pytest.raises(kg.SpecError, match="compete must be True, False or None"):
+        Settings(compete=0)  # interned equal to compete=False otherwise
     with pytest.warns(kg.TuneWarning, match="KERNELGRAFT_COMPETE='maybe' is not 0 or 1"):
         monkeypatch.setenv("KERNELGRAFT_COMPETE", "maybe")
         assert kg.tune.settings().compete is None
@@ -373,6 +473,9 @@ def test_torch_candidates_run_like_any_candidate():
     out = torch.full_like(x, float("nan"))
     op.dispatcher.runner(compiled)(x, out)  # the kernels' protocol: outputs written in place
     torch.testing.assert_close(out, x * 2)
+    for c in (eager, compiled):  # as op.candidates() gives them: index or impl, with its config
+        torch.testing.assert_close(op.run(x, impl=c.index, config=c.config), x * 2)
+        torch.testing.assert_close(op.run(x, impl=c.impl, config=c.config), x * 2)
     with pytest.raises(kg.SpecError, match="torch:eager takes no config"):
         op.run(x, impl="torch:eager", config={"BLOCK": 64})
     with pytest.raises(kg.SpecError, match="'torch:eager' and 'torch:compile'"):
