@@ -462,6 +462,69 @@ def test_gpu_pytorch_competes_by_default_and_serves_its_shape():
     torch.testing.assert_close(captured, out)
 
 
+@pytest.mark.gpu
+def test_gpu_reference_that_syncs_never_wins_over_a_kernel():
+    """A reference that reads a value on the host (``.item()``) cannot be captured in a CUDA
+    graph: its torch candidates are excluded (kind 'capture'), however fast, and the kernel
+    serves, under capture too. The CUDA RNG still works after the failed captures."""
+    from kernelgraft.tune._timing import cuda_timer
+
+    def scale_synced(x: torch.Tensor) -> torch.Tensor:
+        return x * (2.0 if x.abs().max().item() >= 0 else 0.0)  # host sync: not capturable
+
+    op = kg.op(scale_synced, name="tcp::gpu_synced", impls=[kg.triton(launch_scale, configs=[{"BLOCK": 256}])])
+    x = torch.randn(4096, device="cuda")
+
+    def timer(trial, settings):  # the real timer (it captures), but PyTorch would win on time
+        ms = cuda_timer(trial, settings)
+        return ms / 1000 if _compete.is_torch(trial.candidate) else ms
+
+    with kg.tune("on", timer=timer, compete=True):
+        assert served(op, x) == "triton:launch_scale[BLOCK=256]"
+        d = kg.tune.decision(op, x)
+    by_name = {e["impl_name"]: e for e in d.excluded if e["backend"] == "torch"}
+    assert by_name["eager"]["kind"] == "capture"
+    assert "cannot be captured in a CUDA graph" in by_name["eager"]["reason"]
+    assert all(e["backend"] != "torch" for e in d.ranking)
+    torch.randn(8, device="cuda")  # the generators were restored after the failed captures
+    graph = torch.cuda.CUDAGraph()
+    with kg.tune("on", timer=timer, compete=True), torch.cuda.graph(graph):
+        captured = op(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(captured, x * 2)
+
+
+@pytest.mark.gpu
+def test_gpu_mutating_reference_that_syncs_is_probed_and_excluded():
+    """A mutating op is timed eagerly (its inputs restored before each launch), so no graph is
+    replayed: the capture is probed on its own, and the argument holds one doubling afterwards."""
+    from kernelgraft.tune._timing import cuda_timer
+
+    def launch_double(x, *, BLOCK):
+        launch_scale(x, x, BLOCK=BLOCK)
+
+    def double_synced_(x: torch.Tensor) -> None:
+        if x.numel() and x.abs().max().item() >= 0:  # host sync: not capturable
+            x.mul_(2)
+
+    op = kg.op(double_synced_, name="tcp::gpu_synced_inplace", mutates_args=("x",),
+               impls=[kg.triton(launch_double, configs=[{"BLOCK": 256}])])
+    x = torch.randn(4096, device="cuda")
+    before = x.clone()
+
+    def timer(trial, settings):
+        ms = cuda_timer(trial, settings)
+        return ms / 1000 if _compete.is_torch(trial.candidate) else ms
+
+    with kg.tune("on", timer=timer, compete=True):
+        op(x)
+        assert op.dispatcher.plan_for((x,)).candidate.label == "triton:launch_double[BLOCK=256]"
+        d = kg.tune.decision(op, x)
+    assert {e["impl_name"]: e["kind"] for e in d.excluded if e["backend"] == "torch"}["eager"] == "capture"
+    torch.testing.assert_close(x, before * 2)
+
+
 # ---------------------------------------------------------------- running one candidate
 def test_torch_candidates_run_like_any_candidate():
     op = make_scale("tcp::run")
@@ -525,6 +588,7 @@ def test_aot_cli_notes_where_pytorch_won(tmp_path, capsys, monkeypatch):
     finally:
         sys.path.remove(str(tmp_path))
     tune_json = _cuda_tune_json(tmp_path / "tune.json", ops_aot_note.op, torch.randn(1000), EAGER_WON)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the CLI turns it off: put back after the test
     main(["aot", str(target), "-o", str(tmp_path / "bundle"), "--allow-partial", "--decisions", str(tune_json)])
     out = capsys.readouterr().out
     assert "note: on float32[513..1024] torch:eager won tuning on NVIDIA H200 (0.5 ms); bundles hold " \
