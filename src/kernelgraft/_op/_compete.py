@@ -19,7 +19,14 @@ decision made with them never serves a call made without them, or the other way 
 static, a second shape recompiles with the dims that changed marked dynamic, so one compiled graph
 then serves every shape of a dim that varies, which is what the tuner's new shapes do. The compile
 happens in the gate, before any CUDA-graph capture of the timing. A reference Dynamo cannot compile
-gets ``torch:compile`` marked unsupported with the error as reason, found once per op.
+gets ``torch:compile`` marked unsupported with the error as reason, found once per op. Decisions are
+per bucket and plans per exact shape, so a new shape of a bucket ``torch:compile`` won recompiles
+inside the user's call; when that fails the eager reference serves the call, the error is recorded
+the same way and ``torch:compile`` is never served again (``_plan.torch_plan``, ``servable``).
+
+CUDA graphs: a torch candidate whose call cannot be captured (a reference that reads a value on the
+host, as ``.item()`` does) is excluded by the timer (kind ``capture``, see ``tune._timing``), so an
+op whose kernels can be captured stays capturable whatever PyTorch's timings.
 
 Under an outer ``torch.compile`` the op stays opaque, whatever won. Design, not built yet: when the
 decision for a shape is a torch candidate, the op's tracing path (``KernelOp.__call__`` under
@@ -139,10 +146,11 @@ class CompileState:
             return compiled(*args)
 
     def refused(self, exc: BaseException) -> None:
-        """Record that Dynamo/Inductor failed on the reference in the tuner's gate, where the
-        reference itself just ran on the same inputs (the oracle): the reference does not compile,
-        and ``torch:compile`` stops competing for this op (found once, not retried per shape).
-        Out-of-memory says nothing about compiling and is not recorded."""
+        """Record that Dynamo/Inductor failed on the reference, in the tuner's gate or in a
+        served call, where the reference itself ran on the same inputs (the oracle, or the eager
+        fallback): the reference does not compile, and ``torch:compile`` stops competing for this
+        op (found once, not retried per shape). Out-of-memory says nothing about compiling and is
+        not recorded."""
         if isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)) or self.error is not None:
             return
         text = str(exc).splitlines()[0][:300] if str(exc) else ""

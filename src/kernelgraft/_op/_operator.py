@@ -534,8 +534,9 @@ def op(
     handle that (they read each element before writing it, or the overlap is intended).
     ``compete`` (default True): the reference itself, eager (``torch:eager``) and under
     ``torch.compile`` (``torch:compile``), competes with the kernels in tuning on CUDA, so a shape
-    where PyTorch is faster runs PyTorch; False turns that off, ``("eager",)`` or ``("compile",)``
-    keeps one (``kg.tune(compete=False)`` / ``KERNELGRAFT_COMPETE=0`` turn it off for all ops).
+    where PyTorch is faster runs PyTorch (never a PyTorch run that cannot be captured in a CUDA
+    graph); False turns that off, ``("eager",)`` or ``("compile",)`` keeps one (None is refused:
+    ``kg.tune(compete=False)`` / ``KERNELGRAFT_COMPETE=0`` turn it off for all ops).
 
     Declaring the same op again (the same fingerprint: reference, impls, options) returns the op
     already registered, so re-importing a module or re-running a notebook cell is harmless. A
