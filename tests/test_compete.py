@@ -473,6 +473,7 @@ def test_gpu_reference_that_syncs_never_wins_over_a_kernel():
         return x * (2.0 if x.abs().max().item() >= 0 else 0.0)  # host sync: not capturable
 
     op = kg.op(scale_synced, name="tcp::gpu_synced", impls=[kg.triton(launch_scale, configs=[{"BLOCK": 256}])])
+    op.register_meta(torch.empty_like, shape_only=True)  # .item() cannot run on fake tensors
     x = torch.randn(4096, device="cuda")
 
     def timer(trial, settings):  # the real timer (it captures), but PyTorch would win on time
