@@ -16,6 +16,7 @@ import torch
 import kernelgraft as kg
 from kernelgraft._op import _compete
 from kernelgraft.tune._cache import DiskCache
+from kernelgraft.tune._modes import Settings
 from kernelgraft.tune._tuner import Decision
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -89,8 +90,9 @@ def test_per_op_switch_and_validation():
         assert by_label[EAGER].supported
         assert by_label[COMPILE].reason == "off: kg.op(..., compete=('eager',))"
         assert not any(c.supported for c in off.candidates(x) if _compete.is_torch(c))
-    with pytest.raises(kg.SpecError, match=r"compete must be True, False or a tuple of \('eager', 'compile'\)"):
-        kg.op(twice, name="tcp::bad", compete=("jit",))
+    for bad in (("jit",), None, 0):  # None: "the default" in kg.tune, so refused here
+        with pytest.raises(kg.SpecError, match=r"compete must be True, False or a tuple of \('eager', 'compile'\)"):
+            kg.op(twice, name="tcp::bad", compete=bad)
     # compete is part of the op's identity only when it is not the default
     assert "compete" in off.identity and "compete" not in make_scale("tcp::plain").identity
 
@@ -205,6 +207,99 @@ def test_mutating_reference_competes_judged_on_its_mutation():
     torch.testing.assert_close(x, before * 2)  # tuning ran on private copies: one doubling, the call's
 
 
+# ---------------------------------------------------------------- failing while serving
+def _failing_after_first_shape(calls: list):
+    """A compile_reference whose compiled function works on the first shape it sees and raises on
+    any other: a recompile that Dynamo/Inductor fails inside the user's call."""
+
+    def compile_reference(fn):
+        inner = torch.compile(fn, backend="eager")
+        first: list = []
+
+        def compiled(*args):
+            calls.append(tuple(args[0].shape))
+            first.append(first[0] if first else tuple(args[0].shape))
+            if tuple(args[0].shape) != first[0]:
+                raise RuntimeError("InductorError: boom at recompile")
+            return inner(*args)
+
+        return compiled
+
+    return compile_reference
+
+
+def test_compile_failing_while_serving_runs_eager_and_is_never_served_again(monkeypatch, caplog):
+    calls: list = []
+    monkeypatch.setattr(_compete, "compile_reference", _failing_after_first_shape(calls))
+    op = make_scale("tcp::servefail")
+    x, y = torch.randn(1000), torch.randn(1001)  # one bucket: one decision, two plans
+    with kg.tune("on", timer=timer_with({"eager": 0.9, "compile": 0.5}), compete=True):
+        assert served(op, x) == COMPILE
+        with caplog.at_level("WARNING", logger="kernelgraft._op._compete"):
+            torch.testing.assert_close(op(y), y * 2)  # the recompile fails: eager serves this call
+        assert "torch:compile no longer competes" in caplog.text
+        assert op.dispatcher.compile_state.error == "torch.compile failed: RuntimeError: InductorError: boom at recompile"
+        assert op.dispatcher.plan_for((x,)) is None  # every torch:compile plan dropped
+        n = len(calls)
+        # The cached decision still names torch:compile first: its next-ranked candidate serves.
+        assert served(op, y) == EAGER and served(op, x) == EAGER
+        assert len(calls) == n  # the failed compile is not called again
+        (compile_cand,) = [c for c in op.candidates(x) if c.label == COMPILE]
+        assert not compile_cand.supported and "boom at recompile" in compile_cand.reason
+
+
+def test_reference_failing_while_serving_names_the_op(monkeypatch):
+    calls: list = []
+    monkeypatch.setattr(_compete, "compile_reference", _failing_after_first_shape(calls))
+
+    from torch._subclasses.fake_tensor import is_fake
+
+    def picky(x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 1001 and not is_fake(x):  # the output shapes (fake tensors) are fine
+            raise ValueError("the reference refuses 1001 elements")
+        return x * 2
+
+    op = kg.op(picky, name="tcp::picky", impls=[kg.triton(launch_scale, configs=CONFIGS)])
+    with kg.tune("on", timer=timer_with({"eager": 0.9, "compile": 0.5}), compete=True):
+        assert served(op, torch.randn(1000)) == COMPILE
+        # Both fail on 1001: the reference's own error, named, and the compile is not blamed.
+        with pytest.raises(kg.LaunchError, match=r"tcp::picky: torch:compile failed: ValueError: the reference refuses"):
+            op(torch.randn(1001))
+        assert op.dispatcher.compile_state.error is None
+    eager_only = kg.op(picky, name="tcp::picky_eager", impls=[kg.triton(launch_scale, configs=CONFIGS)],
+                       compete=("eager",))
+    with kg.tune("on", timer=timer_with({"eager": 0.1}), compete=True):
+        assert served(eager_only, torch.randn(1000)) == EAGER
+        with pytest.raises(kg.LaunchError, match=r"tcp::picky_eager: torch:eager failed: ValueError"):
+            eager_only(torch.randn(1001))
+
+
+# ---------------------------------------------------------------- CUDA-graph capture
+def test_torch_candidate_that_cannot_be_captured_is_excluded():
+    """The timer raises CaptureRefused for a PyTorch candidate whose capture failed (the real one
+    does on the GPU: test_gpu_reference_that_syncs_never_wins_over_a_kernel): it is excluded with
+    kind 'capture', however fast, and a kernel serves."""
+    from kernelgraft.tune._timing import CaptureRefused
+
+    op = make_scale("tcp::capture")
+    x = torch.randn(1000)
+    base = timer_with({"eager": 0.1, "compile": 0.2})
+
+    def timer(trial, settings):
+        assert trial.must_capture == _compete.is_torch(trial.candidate)
+        if trial.candidate.label == EAGER:
+            raise CaptureRefused("RuntimeError: operation not permitted when stream is capturing")
+        return base(trial, settings)
+
+    with kg.tune("on", timer=timer, compete=True):
+        assert served(op, x) == COMPILE
+        d = kg.tune.decision(op, x)
+    (excluded,) = d.excluded
+    assert (excluded["impl_name"], excluded["kind"]) == ("eager", "capture")
+    assert excluded["reason"] == ("cannot be captured in a CUDA graph: RuntimeError: operation not "
+                                  "permitted when stream is capturing")
+
+
 # ---------------------------------------------------------------- switches
 def test_global_switch_off_in_a_block_and_by_env(monkeypatch):
     op = make_scale("tcp::switches")
@@ -222,6 +317,11 @@ def test_global_switch_off_in_a_block_and_by_env(monkeypatch):
     assert kg.tune.settings().compete is False
     with pytest.raises(kg.SpecError, match="kg.tune: compete must be True, False or None"):
         kg.tune(compete="eager")
+    for bad in (0, 1, "eager", ("eager",)):  # 0 == False: it turned competing on
+        with pytest.raises(kg.SpecError, match=f"compete must be True, False or None .*got {type(bad).__name__}"):
+            kg.tune(compete=bad)
+    with pytest.raises(kg.SpecError, match="compete must be True, False or None"):
+        Settings(compete=0)  # interned equal to compete=False otherwise
     with pytest.warns(kg.TuneWarning, match="KERNELGRAFT_COMPETE='maybe' is not 0 or 1"):
         monkeypatch.setenv("KERNELGRAFT_COMPETE", "maybe")
         assert kg.tune.settings().compete is None
@@ -276,25 +376,58 @@ def test_stale_or_unknown_torch_entry_is_a_clean_miss(entry):
 
 
 # ---------------------------------------------------------------- bundles
-def test_aot_skips_torch_and_records_where_pytorch_won(tmp_path):
+def _cuda_tune_json(path: Path, op, x, ranking: list[dict]) -> Path:
+    """A tune.json as a GPU machine writes it: one decision for ``op`` at ``x``'s key, tuned on an
+    H200 (sm_90), with ``ranking``."""
+    with kg.tune(compete=True):
+        supported = [c for c in op.candidates(x) if c.supported]
+    key = kg.tune.build_key(op, (x,), _compete.key_backends(supported)).as_json()
+    key["env"] = {**key["env"], "device": "NVIDIA H200", "capability": "9.0"}
+    DiskCache(path).put({"gpu-decision": {"key": key, "ranking": ranking, "excluded": [], "created": 1.0}})
+    return path
+
+
+EAGER_WON = [{"impl": -1, "impl_name": "eager", "backend": "torch", "config": {}, "ms": 0.5},
+             {"impl": 0, "impl_name": "launch_scale", "backend": "triton", "config": {"BLOCK": 256}, "ms": 1.0}]
+
+
+def test_aot_records_where_pytorch_won_from_the_gpu_decisions(tmp_path):
+    """The wins come from --decisions (what the decision table reads), not from this process's
+    tuning cache: a GPU decision is keyed on the GPU and never matches a CPU sample here."""
     from kernelgraft.aot import build_bundle
-    from kernelgraft.aot._build import _torch_wins
 
     op = make_scale("tcp::aot")
-    small, large = torch.randn(1000), torch.randn(100_000)
-    with kg.tune("on", timer=timer_with({"eager": 0.5, "compile": 0.6}), compete=True):
-        assert served(op, small) == EAGER
+    small = torch.randn(1000)
+    tune_json = _cuda_tune_json(tmp_path / "tune.json", op, small, EAGER_WON)
     with kg.tune(compete=True):
-        wins = _torch_wins(op, [(small,), (large,)])  # the large one was never tuned
-    assert wins == [{"signature": "float32[1000]", "winner": EAGER, "ms": 0.5,
-                     "best_kernel": "triton:launch_scale[BLOCK=256]", "best_kernel_ms": 1.0}]
-    with kg.tune(compete=True):
-        (entry,) = build_bundle([op], tmp_path / "bundle", archs=["sm_90"], inputs={op.name: [(small,)]})["ops"]
-    assert json.loads((tmp_path / "bundle" / "manifest.json").read_text())["ops"][0]["torch_wins"] == wins
+        (entry,) = build_bundle([op], tmp_path / "bundle", archs=["sm_90"], inputs={op.name: [(small,)]},
+                                decisions=tune_json)["ops"]
+    (win,) = entry["torch_wins"]
+    assert win == {"signature": "float32[513..1024]", "arch": "sm_90", "device": "NVIDIA H200",
+                   "winner": EAGER, "ms": 0.5, "best_kernel": "triton:launch_scale[BLOCK=256]",
+                   "best_kernel_ms": 1.0}
+    assert json.loads((tmp_path / "bundle" / "manifest.json").read_text())["ops"][0]["torch_wins"] == [win]
     labels = [c["label"] for c in entry["candidates"]] + [s["candidate"] for s in entry["skipped"]]
     assert not any(label.startswith("torch") for label in labels)  # bundles hold kernels only
     assert all(c["index"] >= 0 for c in entry["candidates"])
-    assert entry["torch_wins"] == wins
+    # another arch, or no decisions: nothing to report
+    with kg.tune(compete=True):
+        (other,) = build_bundle([op], tmp_path / "b2", archs=["sm_100"], inputs={op.name: [(small,)]},
+                                decisions=tune_json)["ops"]
+        (none,) = build_bundle([op], tmp_path / "b3", archs=["sm_90"], inputs={op.name: [(small,)]})["ops"]
+    assert other["torch_wins"] == [] and none["torch_wins"] == []
+
+
+def test_aot_kernel_won_is_no_note(tmp_path):
+    from kernelgraft.aot import build_bundle
+
+    op = make_scale("tcp::aotkernel")
+    x = torch.randn(1000)
+    tune_json = _cuda_tune_json(tmp_path / "tune.json", op, x, EAGER_WON[::-1])
+    with kg.tune(compete=True):
+        (entry,) = build_bundle([op], tmp_path / "bundle", archs=["sm_90"], inputs={op.name: [(x,)]},
+                                decisions=tune_json)["ops"]
+    assert entry["torch_wins"] == []
 
 
 # ---------------------------------------------------------------- GPU
@@ -329,6 +462,70 @@ def test_gpu_pytorch_competes_by_default_and_serves_its_shape():
     torch.testing.assert_close(captured, out)
 
 
+@pytest.mark.gpu
+def test_gpu_reference_that_syncs_never_wins_over_a_kernel():
+    """A reference that reads a value on the host (``.item()``) cannot be captured in a CUDA
+    graph: its torch candidates are excluded (kind 'capture'), however fast, and the kernel
+    serves, under capture too. The CUDA RNG still works after the failed captures."""
+    from kernelgraft.tune._timing import cuda_timer
+
+    def scale_synced(x: torch.Tensor) -> torch.Tensor:
+        return x * (2.0 if x.abs().max().item() >= 0 else 0.0)  # host sync: not capturable
+
+    op = kg.op(scale_synced, name="tcp::gpu_synced", impls=[kg.triton(launch_scale, configs=[{"BLOCK": 256}])])
+    op.register_meta(torch.empty_like, shape_only=True)  # .item() cannot run on fake tensors
+    x = torch.randn(4096, device="cuda")
+
+    def timer(trial, settings):  # the real timer (it captures), but PyTorch would win on time
+        ms = cuda_timer(trial, settings)
+        return ms / 1000 if _compete.is_torch(trial.candidate) else ms
+
+    with kg.tune("on", timer=timer, compete=True):
+        assert served(op, x) == "triton:launch_scale[BLOCK=256]"
+        d = kg.tune.decision(op, x)
+    by_name = {e["impl_name"]: e for e in d.excluded if e["backend"] == "torch"}
+    assert by_name["eager"]["kind"] == "capture"
+    assert "cannot be captured in a CUDA graph" in by_name["eager"]["reason"]
+    assert all(e["backend"] != "torch" for e in d.ranking)
+    torch.randn(8, device="cuda")  # the generators were restored after the failed captures
+    graph = torch.cuda.CUDAGraph()
+    with kg.tune("on", timer=timer, compete=True), torch.cuda.graph(graph):
+        captured = op(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(captured, x * 2)
+
+
+@pytest.mark.gpu
+def test_gpu_mutating_reference_that_syncs_is_probed_and_excluded():
+    """A mutating op is timed eagerly (its inputs restored before each launch), so no graph is
+    replayed: the capture is probed on its own, and the argument holds one doubling afterwards."""
+    from kernelgraft.tune._timing import cuda_timer
+
+    def launch_double(x, *, BLOCK):
+        launch_scale(x, x, BLOCK=BLOCK)
+
+    def double_synced_(x: torch.Tensor) -> None:
+        if x.numel() and x.abs().max().item() >= 0:  # host sync: not capturable
+            x.mul_(2)
+
+    op = kg.op(double_synced_, name="tcp::gpu_synced_inplace", mutates_args=("x",),
+               impls=[kg.triton(launch_double, configs=[{"BLOCK": 256}])])
+    x = torch.randn(4096, device="cuda")
+    before = x.clone()
+
+    def timer(trial, settings):
+        ms = cuda_timer(trial, settings)
+        return ms / 1000 if _compete.is_torch(trial.candidate) else ms
+
+    with kg.tune("on", timer=timer, compete=True):
+        op(x)
+        assert op.dispatcher.plan_for((x,)).candidate.label == "triton:launch_double[BLOCK=256]"
+        d = kg.tune.decision(op, x)
+    assert {e["impl_name"]: e["kind"] for e in d.excluded if e["backend"] == "torch"}["eager"] == "capture"
+    torch.testing.assert_close(x, before * 2)
+
+
 # ---------------------------------------------------------------- running one candidate
 def test_torch_candidates_run_like_any_candidate():
     op = make_scale("tcp::run")
@@ -340,6 +537,9 @@ def test_torch_candidates_run_like_any_candidate():
     out = torch.full_like(x, float("nan"))
     op.dispatcher.runner(compiled)(x, out)  # the kernels' protocol: outputs written in place
     torch.testing.assert_close(out, x * 2)
+    for c in (eager, compiled):  # as op.candidates() gives them: index or impl, with its config
+        torch.testing.assert_close(op.run(x, impl=c.index, config=c.config), x * 2)
+        torch.testing.assert_close(op.run(x, impl=c.impl, config=c.config), x * 2)
     with pytest.raises(kg.SpecError, match="torch:eager takes no config"):
         op.run(x, impl="torch:eager", config={"BLOCK": 64})
     with pytest.raises(kg.SpecError, match="'torch:eager' and 'torch:compile'"):
@@ -383,28 +583,14 @@ def test_aot_cli_notes_where_pytorch_won(tmp_path, capsys, monkeypatch):
         "from _tune_ops import make_scale\n"
         "op = make_scale('tcp::aotcli')\n"
         "op.sample_inputs = lambda: [(__import__('torch').randn(1000),)]\n" % str(Path(__file__).parent))
-    monkeypatch.setenv("KERNELGRAFT_COMPETE", "1")
     sys.path.insert(0, str(tmp_path))
     try:
-        import ops_aot_note  # the module the CLI loads: tune its op first, as a user would
+        import ops_aot_note  # the module the CLI loads
     finally:
         sys.path.remove(str(tmp_path))
-    with kg.tune("on", timer=timer_with({"eager": 0.5, "compile": 0.7})):
-        served(ops_aot_note.op, torch.randn(1000))
-    # The CLI turns the Triton interpreter off (it cross-compiles); on this CPU-only machine the
-    # kernels then cannot run here, and an op with no runnable kernel has no decision to report.
-    # On a GPU build machine they run; here the interpreter is put back for the build's lookups.
-    import kernelgraft.aot as aot
-
-    real = aot.build_bundle
-
-    def build(*a, **k):
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-        return real(*a, **k)
-
-    monkeypatch.setattr(aot, "build_bundle", build)
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    main(["aot", str(target), "-o", str(tmp_path / "bundle"), "--allow-partial"])
+    tune_json = _cuda_tune_json(tmp_path / "tune.json", ops_aot_note.op, torch.randn(1000), EAGER_WON)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the CLI turns it off: put back after the test
+    main(["aot", str(target), "-o", str(tmp_path / "bundle"), "--allow-partial", "--decisions", str(tune_json)])
     out = capsys.readouterr().out
-    assert "note: on float32[1000] torch:eager won tuning (0.5 ms); bundles hold kernels only, so the " \
-           "bundle serves its best kernel triton:launch_scale[BLOCK=256] (1 ms) there" in out
+    assert "note: on float32[513..1024] torch:eager won tuning on NVIDIA H200 (0.5 ms); bundles hold " \
+           "kernels only, so the bundle serves its best kernel triton:launch_scale[BLOCK=256] (1 ms) there" in out

@@ -199,3 +199,71 @@ def test_tuple_pattern_in_inductor_ir_counts_and_runs():
 def test_tuple_pattern_output_count_must_match_the_op():
     with pytest.raises(kg.SpecError, match="returns 2 tensor"):
         kg.graft(torch.nn.Identity(), pattern=lambda x, y: (torch.relu(x + y), x + y), replacement=add_relu)
+
+
+# ---------------------------------------------------------------- checks run kernels, not PyTorch
+def _wrong_in_float64_op(name: str):
+    """An op whose reference is right and whose one kernel is wrong on float64 (3x, not 2x)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _tune_ops import CONFIGS, _scale_kernel
+
+    def launch(x, out, *, BLOCK):
+        factor = 3.0 if x.dtype == torch.float64 else 2.0
+        _scale_kernel[(-(-x.numel() // BLOCK),)](x, out, x.numel(), factor, BLOCK=BLOCK)
+
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    return kg.op(double, name=name, impls=[kg.triton(launch, configs=CONFIGS)])
+
+
+def _eager_wins(trial, settings):
+    trial.run(0)
+    return 0.1 if trial.candidate.label == "torch:eager" else 1.0
+
+
+@pytest.fixture
+def _competing(tmp_path, monkeypatch):
+    """PyTorch competes and wins every key it can (fake timer); compiles and tuning-cache writes are
+    recorded. Yields the list of compiles."""
+    from kernelgraft._op import _compete
+
+    if not __import__("os").environ.get("TRITON_INTERPRET"):
+        pytest.skip("the kernel runs on the CPU through Triton's interpreter")
+    compiles: list = []
+    monkeypatch.setattr(_compete, "compile_reference", lambda fn: compiles.append(fn) or fn)
+    monkeypatch.setenv("KERNELGRAFT_CACHE_DIR", str(tmp_path / "cache"))
+    kg.tune.clear()
+    with kg.tune("on", timer=_eager_wins, compete=True):
+        yield compiles
+    kg.tune.clear()
+
+
+def test_pattern_check_runs_a_kernel_even_where_pytorch_would_win(_competing):
+    op = _wrong_in_float64_op("kgtest::graft_wrong_check")
+    x = torch.randn(64, 32, dtype=torch.float64)
+    with pytest.raises(kg.VerificationError, match="differ"):
+        kg.graft(torch.nn.Identity(), pattern=lambda t: t * 2, replacement=op, pattern_inputs=(x,))
+    assert _competing == []  # no torch.compile of the reference
+    assert not (kg.tune.TUNER.disk.path and kg.tune.TUNER.disk.path.exists())  # nothing tuned to disk
+
+
+def test_admission_runs_a_kernel_even_where_pytorch_would_win(_competing):
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.tanh(x * 2)
+
+    op = _wrong_in_float64_op("kgtest::graft_wrong_admit")
+    x = torch.randn(8, 16, dtype=torch.float64)  # the pattern's float32 example is right
+    ep = torch.export.export(M(), (x,))
+    with pytest.warns(kg.GraftWarning):
+        report = kg.graft(ep, pattern=lambda t: t * 2, replacement=op,
+                          pattern_inputs=(torch.randn(8, 16),), example_inputs=(x,))
+    assert report.count == 0
+    assert any("differ" in why for why in report.kept.values()), report.kept
+    assert "kgtest.graft_wrong_admit.default" not in _targets(ep)
+    assert _competing == []
+    assert not (kg.tune.TUNER.disk.path and kg.tune.TUNER.disk.path.exists())

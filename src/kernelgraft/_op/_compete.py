@@ -19,7 +19,14 @@ decision made with them never serves a call made without them, or the other way 
 static, a second shape recompiles with the dims that changed marked dynamic, so one compiled graph
 then serves every shape of a dim that varies, which is what the tuner's new shapes do. The compile
 happens in the gate, before any CUDA-graph capture of the timing. A reference Dynamo cannot compile
-gets ``torch:compile`` marked unsupported with the error as reason, found once per op.
+gets ``torch:compile`` marked unsupported with the error as reason, found once per op. Decisions are
+per bucket and plans per exact shape, so a new shape of a bucket ``torch:compile`` won recompiles
+inside the user's call; when that fails the eager reference serves the call, the error is recorded
+the same way and ``torch:compile`` is never served again (``_plan.torch_plan``, ``servable``).
+
+CUDA graphs: a torch candidate whose call cannot be captured (a reference that reads a value on the
+host, as ``.item()`` does) is excluded by the timer (kind ``capture``, see ``tune._timing``), so an
+op whose kernels can be captured stays capturable whatever PyTorch's timings.
 
 Under an outer ``torch.compile`` the op stays opaque, whatever won. Design, not built yet: when the
 decision for a shape is a torch candidate, the op's tracing path (``KernelOp.__call__`` under
@@ -54,7 +61,7 @@ if TYPE_CHECKING:
     from ._operator import KernelOp
 
 __all__ = ["TorchImpl", "TORCH", "TORCH_INDEX", "NAMES", "normalize_compete", "offered",
-           "torch_candidates", "is_torch", "key_backends", "CompileState"]
+           "torch_candidates", "is_torch", "key_backends", "CompileState", "servable"]
 
 log = logging.getLogger(__name__)
 
@@ -89,10 +96,13 @@ def key_backends(candidates: Iterable[Candidate]) -> list[str]:
 
 
 def normalize_compete(value: Any, where: str) -> tuple[str, ...]:
-    """``kg.op(..., compete=)`` as the names that may compete: True -> both, False -> none."""
+    """``kg.op(..., compete=)`` as the names that may compete: True -> both, False -> none.
+
+    None is refused: in ``kg.tune(compete=None)`` it means "the default" (on CUDA), and the op's
+    default is True, so an op's None would read as on there and off here (it meant off once)."""
     if value is True:
         return NAMES
-    if value is False or value is None:
+    if value is False:
         return ()
     if isinstance(value, str):
         value = (value,)
@@ -136,10 +146,11 @@ class CompileState:
             return compiled(*args)
 
     def refused(self, exc: BaseException) -> None:
-        """Record that Dynamo/Inductor failed on the reference in the tuner's gate, where the
-        reference itself just ran on the same inputs (the oracle): the reference does not compile,
-        and ``torch:compile`` stops competing for this op (found once, not retried per shape).
-        Out-of-memory says nothing about compiling and is not recorded."""
+        """Record that Dynamo/Inductor failed on the reference, in the tuner's gate or in a
+        served call, where the reference itself ran on the same inputs (the oracle, or the eager
+        fallback): the reference does not compile, and ``torch:compile`` stops competing for this
+        op (found once, not retried per shape). Out-of-memory says nothing about compiling and is
+        not recorded."""
         if isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)) or self.error is not None:
             return
         text = str(exc).splitlines()[0][:300] if str(exc) else ""
@@ -178,8 +189,9 @@ def torch_candidates(op: "KernelOp", tensors: Sequence[tuple[str, torch.Tensor]]
     """``torch:eager`` and ``torch:compile`` with why each cannot compete here (None: it can).
 
     ``listing=False`` (what the tuner is offered) leaves out the compile error: a compile that
-    failed stays in the tuning key (so the decisions made before the failure still serve their
-    shapes) and the gate excludes it at once with the recorded error, without compiling again."""
+    failed stays in the tuning key (so the decisions made before the failure keep serving their
+    shapes, through their next-ranked candidate: see ``servable``) and the gate excludes it at
+    once with the recorded error, without compiling again."""
     device = tensors[0][1].device if tensors else torch.device("cpu")
     out = []
     for name in NAMES:
@@ -198,6 +210,15 @@ def offered(op: "KernelOp", kernels: Sequence[Candidate], tensors: Sequence[tupl
     if not supported:
         return []
     return supported + [c for c in torch_candidates(op, tensors, settings, listing=False) if c.supported]
+
+
+def servable(op: "KernelOp", candidates: Sequence[Candidate]) -> Sequence[Candidate]:
+    """``candidates`` less ``torch:compile`` once its compile failed (``CompileState.error``): it
+    stays offered, for the key, but a cached decision naming it must not serve it again (it would
+    fail again); the decision's next-ranked candidate serves instead."""
+    if op.dispatcher.compile_state.error is None:
+        return candidates
+    return [c for c in candidates if not (is_torch(c) and c.impl.name == "compile")]
 
 
 def bind(op: "KernelOp", candidate: Candidate) -> Callable[..., Any]:
@@ -224,8 +245,10 @@ def kernel_runner(op: "KernelOp", candidate: Candidate) -> Callable[..., Any]:
 
 
 def find(impl: Any) -> str | None:
-    """The torch candidate ``op.run(impl=...)`` names ('torch:eager', 'torch:compile', or its
-    index in decisions), else None."""
+    """The torch candidate ``op.run(impl=...)`` names ('torch:eager', 'torch:compile', its
+    index in decisions, or its ``TorchImpl`` as ``candidate.impl`` gives it), else None."""
+    if isinstance(impl, TorchImpl):
+        return impl.name
     if isinstance(impl, str) and impl.startswith("torch:") and impl[6:] in NAMES:
         return impl[6:]
     if isinstance(impl, int) and not isinstance(impl, bool):

@@ -214,6 +214,16 @@ class Dispatcher:
                 if state is not None:
                     state["replay"], state["done"] = None, True
 
+    def drop_torch_plans(self, name: str) -> None:
+        """Forget the plans that serve ``torch:<name>`` in every scope (``torch:compile`` failed
+        while serving): their next call chooses again. New dicts, as ``_renew`` makes them."""
+        def keep(plan: Plan) -> bool:
+            c = plan.candidate
+            return not (c is not None and _compete.is_torch(c) and c.impl.name == name)
+
+        self.tables = {scope: {k: p for k, p in table.items() if keep(p)}
+                       for scope, table in list(self.tables.items())}
+
     def install_replay(self, replay: Any, scope: Any, epoch: int) -> bool:
         """Make ``replay`` the one the next call tries first, unless plans moved on since."""
         if epoch != _EPOCH[0] or epoch != self.epoch:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from .._errors import InputError, RegistrationError, SpecError, UnsupportedError, describe
-from .._spec import ImplSpec
+from .._spec import Config, ImplSpec
 from .._verify import check_tolerances
 from ..tune._key import normalize_buckets
 from ..tune._modes import scope as _scope
@@ -381,7 +381,9 @@ class KernelOp:
             return self._fresh_outputs(self.reference(*args), empty=False, args=args)
         torch_name = _compete.find(impl)
         if torch_name is not None:  # 'torch:eager' / 'torch:compile', or their index in candidates()
-            if config not in (None, 0, {}):
+            # What its candidate carries (an empty Config), None, 0 or {}: it has no config.
+            if not (config is None or (type(config) is int and config == 0)
+                    or (isinstance(config, (Mapping, Config)) and len(config) == 0)):
                 raise SpecError(f"{self.name}: torch:{torch_name} takes no config, got {config!r}")
             self._d.check(args)
             call = _compete.bind(self, _compete.candidate(torch_name))
@@ -532,8 +534,9 @@ def op(
     handle that (they read each element before writing it, or the overlap is intended).
     ``compete`` (default True): the reference itself, eager (``torch:eager``) and under
     ``torch.compile`` (``torch:compile``), competes with the kernels in tuning on CUDA, so a shape
-    where PyTorch is faster runs PyTorch; False turns that off, ``("eager",)`` or ``("compile",)``
-    keeps one (``kg.tune(compete=False)`` / ``KERNELGRAFT_COMPETE=0`` turn it off for all ops).
+    where PyTorch is faster runs PyTorch (never a PyTorch run that cannot be captured in a CUDA
+    graph); False turns that off, ``("eager",)`` or ``("compile",)`` keeps one (None is refused:
+    ``kg.tune(compete=False)`` / ``KERNELGRAFT_COMPETE=0`` turn it off for all ops).
 
     Declaring the same op again (the same fingerprint: reference, impls, options) returns the op
     already registered, so re-importing a module or re-running a notebook cell is harmless. A

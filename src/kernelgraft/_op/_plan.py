@@ -121,11 +121,36 @@ def reference_plan(op: "KernelOp") -> Plan:
 def torch_plan(op: "KernelOp", candidate: Candidate, call: Callable[..., Any]) -> Plan:
     """The plan of a PyTorch candidate that won the tuning (``torch:eager``/``torch:compile``):
     the reference's outputs made fresh as the op promises them. Never given a native replay (a
-    replay re-launches recorded kernels; a torch function is not one)."""
+    replay re-launches recorded kernels; a torch function is not one).
+
+    Failures are named as a kernel plan's are. ``torch:compile`` can fail while serving: decisions
+    are per bucket, plans per exact shape, so a new shape of a bucket it won recompiles inside the
+    user's call. Then the eager reference serves that call; if it succeeds the compile was at
+    fault: recorded (``CompileState.refused``, after which ``torch:compile`` is never served
+    again) and the op's ``torch:compile`` plans dropped, so the next call chooses again."""
     fresh = op._fresh_outputs
+    compiled = candidate.impl.name == "compile"
 
     def plan(args: tuple) -> Any:
-        return fresh(call(*args), empty=False, args=args)
+        try:
+            return fresh(call(*args), empty=False, args=args)
+        except KernelgraftError as exc:
+            raise _named(op, exc) from exc
+        except Exception as exc:
+            if not compiled or isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)):
+                raise _fail(op, candidate, exc) from exc
+            return _compile_failed(op, candidate, args, exc)
 
     plan.candidate = candidate  # type: ignore[attr-defined]
     return plan
+
+
+def _compile_failed(op: "KernelOp", candidate: Candidate, args: tuple, exc: Exception) -> Any:
+    """``torch:compile`` raised on ``args``: the eager reference serves the call instead."""
+    try:
+        out = op._fresh_outputs(op.reference(*args), empty=False, args=args)
+    except Exception as eager_exc:  # the reference itself fails here: its error, not the compile's
+        raise _fail(op, candidate, eager_exc) from eager_exc
+    op.dispatcher.compile_state.refused(exc)
+    op.dispatcher.drop_torch_plans("compile")
+    return out

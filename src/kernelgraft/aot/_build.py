@@ -24,7 +24,7 @@ import torch
 from .._errors import BundleError
 from . import _cuda_aot, _manifest, _triton_aot
 from ._expr import Unsupported
-from ._program import decision_table, kernel_program, meta_rules, read_decisions
+from ._program import decision_table, kernel_program, key_label, meta_rules, read_decisions, tuned_entries
 from ._sign import SIGNATURE, load_key, sign_bundle
 from ._trace import trace
 
@@ -112,6 +112,7 @@ def build_bundle(
     for op in ops:
         entry = _build_op(op, archs, out, inputs, dynamic, progress)
         entry["decisions"] = decision_table(op, entry["candidates"], tuned, archs)
+        entry["torch_wins"] = _torch_wins(op, tuned, archs)
         manifest_ops.append(entry)
     from .. import __version__
 
@@ -238,34 +239,29 @@ def _build_op(op, archs, out: Path, inputs, dynamic, progress) -> dict:
         "mutates_args": list(op.mutates_args), "fingerprint": op.fingerprint,
         "doc": (op.reference.__doc__ or "").strip()[:500],
         "candidates": candidates, "meta": meta_rules(candidates), "skipped": skipped, "dropped": dropped,
-        "torch_wins": _torch_wins(op, samples),
     }
 
 
-def _torch_wins(op, samples) -> list[dict]:
-    """Signatures whose tuning decision (in this process's tuning cache) was won by PyTorch
-    (``torch:eager``/``torch:compile``, see ``kernelgraft._op._compete``). A bundle holds kernels
-    only, so where PyTorch won, the bundle serves its best kernel, which is slower: recorded here
-    (and printed by ``kernelgraft aot``) so the user knows. Empty where no decision exists (a build
-    machine without a GPU has tuned nothing)."""
-    from ..tune._api import decision
-
+def _torch_wins(op, entries: Sequence[dict], archs: Sequence[str]) -> list[dict]:
+    """The tuned decisions (``--decisions``: the entries ``decision_table`` reads, made on a GPU
+    of one of ``archs``) whose ranking PyTorch tops (``torch:eager``/``torch:compile``, see
+    ``kernelgraft._op._compete``). A bundle holds kernels only, so where PyTorch won, the bundle
+    serves its best kernel, which is slower: recorded here (and printed by ``kernelgraft aot``) so
+    the user knows. Empty without decisions."""
     wins = []
-    for sample in samples:
-        try:
-            found = decision(op, *sample)
-        except Exception as exc:  # a sample the op refuses has no decision to report
-            log.debug("%s: no tuning decision for %s: %s", op.name, signature_label(sample), exc)
+    for arch, entry in tuned_entries(op, entries, archs):
+        ranking = [r for r in entry.get("ranking", []) if isinstance(r, dict)]
+        if not ranking or ranking[0].get("backend") != "torch":
             continue
-        winner = found.winner if found is not None else None
-        if not winner or winner.get("backend") != "torch":
-            continue
-        kernel = next((e for e in found.ranking if e.get("backend") != "torch"), None)
+        winner, key = ranking[0], entry.get("key", {})
+        kernel = next((r for r in ranking if r.get("backend") != "torch"), None)
+        config = kernel.get("config") if kernel and isinstance(kernel.get("config"), dict) else {}
         wins.append({
-            "signature": signature_label(sample), "winner": f"torch:{winner.get('impl_name')}",
-            "ms": winner.get("ms"),
-            "best_kernel": (f"{kernel['backend']}:{kernel['impl_name']}"
-                            f"[{','.join(f'{k}={v}' for k, v in kernel['config'].items()) or '-'}]"
+            "signature": key_label(op, key), "arch": arch,
+            "device": key.get("env", {}).get("device"),
+            "winner": f"torch:{winner.get('impl_name')}", "ms": winner.get("ms"),
+            "best_kernel": (f"{kernel.get('backend')}:{kernel.get('impl_name')}"
+                            f"[{','.join(f'{k}={v}' for k, v in config.items()) or '-'}]"
                             if kernel else None),
             "best_kernel_ms": kernel.get("ms") if kernel else None,
         })

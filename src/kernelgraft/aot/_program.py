@@ -24,7 +24,7 @@ from typing import Any
 from .._errors import BundleError
 from ._rpn import compile_rpn
 
-__all__ = ["kernel_program", "meta_rules", "decision_table", "read_decisions"]
+__all__ = ["kernel_program", "meta_rules", "decision_table", "read_decisions", "tuned_entries", "key_label"]
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +99,42 @@ def _arch_of(capability: Any) -> str | None:
         return None
 
 
+def tuned_entries(op: Any, entries: Sequence[dict], archs: Sequence[str]) -> list[tuple[str, dict]]:
+    """(arch, entry) of the tuning-cache ``entries`` made for ``op`` (its name and fingerprint)
+    on a device of one of ``archs``."""
+    found = []
+    for entry in entries:
+        key = entry.get("key", {})
+        if key.get("op") != op.name or key.get("fingerprint") != op.fingerprint:
+            continue
+        arch = _arch_of(key.get("env", {}).get("capability"))
+        if arch in archs:
+            found.append((arch, entry))
+    return found
+
+
+def key_label(op: Any, key: dict) -> str:
+    """A tuning key's arguments as users read them, each tensor dim as the sizes its bucket
+    covers: ``float32[513..1024] 2``."""
+    from ..tune._key import Buckets
+
+    buckets = getattr(op, "buckets", None) or Buckets()
+    parts = []
+    for p, desc in zip(op.signature.params, key.get("args", [])):
+        tag = desc[0] if isinstance(desc, list) and desc else None
+        if tag == "T":
+            dims = []
+            for d, size in enumerate(desc[2]):
+                lo, hi = _range(buckets.rule(p.name, d), int(size))
+                dims.append(str(hi) if lo == hi else f"{lo}..{hi}")
+            parts.append(f"{str(desc[1]).removeprefix('torch.')}[{','.join(dims)}]")
+        elif tag == "L":
+            parts.append(f"[{len(desc[1])} tensors]")
+        else:
+            parts.append(str(desc[-1]) if isinstance(desc, list) and desc else str(desc))
+    return " ".join(parts)
+
+
 def decision_table(op: Any, candidates: Sequence[dict], entries: Sequence[dict], archs: Sequence[str]) -> list[dict]:
     """The decision rows of ``op`` from tuning-cache ``entries`` (tuned for this op's fingerprint
     on a device of one of ``archs``); rows naming no bundled candidate are left out."""
@@ -108,13 +144,8 @@ def decision_table(op: Any, candidates: Sequence[dict], entries: Sequence[dict],
     buckets = getattr(op, "buckets", None) or Buckets()
     params = op.signature.params
     rows: dict[str, dict] = {}
-    for entry in entries:
+    for arch, entry in tuned_entries(op, entries, archs):
         key = entry.get("key", {})
-        if key.get("op") != op.name or key.get("fingerprint") != op.fingerprint:
-            continue
-        arch = _arch_of(key.get("env", {}).get("capability"))
-        if arch not in archs:
-            continue
         ranking = [position.get((r.get("impl"), json.dumps(r.get("config"), sort_keys=True)))
                    for r in entry.get("ranking", [])]
         ranking = [r for r in dict.fromkeys(ranking) if r is not None]

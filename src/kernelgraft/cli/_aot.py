@@ -73,7 +73,8 @@ def run(args) -> int:
             kernel = (f"its best kernel {w['best_kernel']} ({w['best_kernel_ms']:.4g} ms)"
                       if w.get("best_kernel") and w.get("best_kernel_ms") is not None else "a kernel")
             took = f" ({w['ms']:.4g} ms)" if isinstance(w.get("ms"), (int, float)) else ""
-            print(f"  note: on {w['signature']} {w['winner']} won tuning{took}; bundles hold "
+            where = f" on {w['device']}" if w.get("device") else ""
+            print(f"  note: on {w['signature']} {w['winner']} won tuning{where}{took}; bundles hold "
                   f"kernels only, so the bundle serves {kernel} there")
     print(f"wrote {args.out}/manifest.json ({total} kernels for {', '.join(manifest['archs'])}, "
           f"{manifest['build_seconds']} s{', signed' if args.sign else ''})")

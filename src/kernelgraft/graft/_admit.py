@@ -7,7 +7,8 @@ The matcher compares targets and literals; a match is replaced only when, in add
 - each scalar bound from the model has the op's kind, and the pattern traced at those values is
   the graph that matched (a scalar may change a trace's structure),
 - with ``verify``, the op equals the pattern on the variant's example tensors in the model's
-  dtypes, with the model's scalars, on the model's device where it is available.
+  dtypes, with the model's scalars, on the model's device where it is available (the op runs
+  a kernel there, not PyTorch competing: ``graft._verify.kernels_only``).
 Checks are cached per pattern: a model with 32 identical layers pays once.
 """
 
@@ -127,7 +128,7 @@ def _run_check(pattern: Any, v, dtypes, device, scalars) -> str | None:
 
 def _run_check_real(pattern: Any, v, dtypes, device, scalars) -> str | None:
     from .._verify import clone
-    from ._verify import compare
+    from ._verify import compare, kernels_only
 
     tensors = [(t.to(d) if d is not None and t.is_floating_point() and d.is_floating_point else t)
                .to(device) for t, d in zip(v.tensors, dtypes)]
@@ -142,7 +143,8 @@ def _run_check_real(pattern: Any, v, dtypes, device, scalars) -> str | None:
     for i, x in scalars.items():
         args[i] = x
     try:
-        got = pattern.op(*args)
+        with kernels_only():  # a kernel is what is checked, never the reference against itself
+            got = pattern.op(*args)
     except Exception as exc:
         return f"{pattern.op.name} raised {where}: {_variants.first_line(exc)}"
     problem = compare(expected, got, ops=[pattern.op], override=pattern.tolerance)

@@ -216,7 +216,7 @@ def _verify_module(module, inputs: list[tuple[tuple, dict]], binding, tolerance)
         except Exception as exc:  # a sample this module does not take (shape): skip it
             log.debug("kg.graft: sample skipped for %s: %s", type(module).__name__, exc)
             continue
-        with torch.no_grad():
+        with torch.no_grad(), _verify.kernels_only():
             got = module.forward(*_verify.clone_inputs(args), **_verify.clone_inputs(kwargs))
         problem = _verify.compare(expected, got, ops=[binding.op], override=tolerance)
         checked = True
@@ -253,7 +253,7 @@ def _graft_modules(model, rules, mode, report, verify, example_inputs, tolerance
                 "example_inputs=(...) to check them", GraftWarning, stacklevel=3,
             )
         if have_inputs and report.replaced:
-            with torch.no_grad():
+            with torch.no_grad(), _verify.kernels_only():
                 got = model(*_verify.clone_inputs(args), **_verify.clone_inputs(kwargs))
             problem = _verify.compare(expected, got, ops=ops, override=tolerance)
             if problem is not None:
@@ -307,7 +307,8 @@ def _check_pattern_vs_op(pattern: _pattern.Pattern, tolerance) -> None:
         if not scalars_match:
             continue
         expected = pattern.fn(*_verify.clone_inputs(sample))
-        got = op(*_verify.clone_inputs(sample))
+        with _verify.kernels_only():
+            got = op(*_verify.clone_inputs(sample))
         problem = _verify.compare(expected, got, ops=[op], override=tolerance)
         if problem is not None:
             raise VerificationError(
@@ -382,7 +383,8 @@ def _count_and_verify_traced(model, pat, args, kwargs, verify, tolerance, misses
     with torch.no_grad(), torch._dynamo.config.patch(specialize_float=True):
         expected = model(*_verify.clone_inputs(args), **_verify.clone_inputs(kwargs))
         compiled = torch.compile(model, backend=backend)
-        got = compiled(*_verify.clone_inputs(args), **_verify.clone_inputs(kwargs))
+        with _verify.kernels_only():
+            got = compiled(*_verify.clone_inputs(args), **_verify.clone_inputs(kwargs))
     n = sum(counts)
     pat.replaced["inductor"] = pat.replaced.get("inductor", 0) - n  # count real compiles only
     if verify and n:
@@ -420,7 +422,7 @@ def _graft_exported(ep, pat, report, verify, have_inputs, args, kwargs, toleranc
         return
     _warn_kept(report, 5)
     if expected is not None:
-        with torch.no_grad():
+        with torch.no_grad(), _verify.kernels_only():
             got = ep.module()(*_verify.clone_inputs(args), **_verify.clone_inputs(kwargs))
         problem = _verify.compare(expected, got, ops=[pat.op], override=tolerance)
         if problem is not None:

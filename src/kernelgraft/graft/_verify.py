@@ -6,6 +6,9 @@ both sides are native-precision computations. Outputs may be nested (tuples, dic
 ``ModelOutput``). The tolerances are the library's defaults, then the grafted ops' own
 ``tolerances``, then the caller's ``tolerance=``: one ``rtol`` for every floating dtype wider than
 8 bits, or a ``{dtype: rtol}`` dict (0 means bit-exact).
+
+The grafted side runs under ``kernels_only()``: what is checked is a kernel, never the reference
+compared with itself.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import torch
 from .. import _verify
 from .._errors import SpecError, describe
 
-__all__ = ["check_override", "tolerances", "compare", "clone_inputs"]
+__all__ = ["check_override", "tolerances", "compare", "clone_inputs", "kernels_only"]
 
 _WIDE = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128)
 
@@ -62,3 +65,18 @@ def compare(expected: Any, got: Any, *, ops: Iterable[Any] = (),
 def clone_inputs(value: Any) -> Any:
     """A copy of nested inputs with tensors cloned (so an in-place op cannot skew a comparison)."""
     return _verify.clone(value)
+
+
+def kernels_only() -> Any:
+    """The tuning settings the graft's checks run the ops under: ``kg.tune("off", compete=False)``.
+
+    With PyTorch competing, an op's plan for the example's shape may be ``torch:eager`` or
+    ``torch:compile``, i.e. the reference, and a check would compare the pattern with itself
+    while a wrong kernel went in. Off, the op runs its default kernel (the first that supports
+    the inputs: what serves when tuning is off or cached without a decision; any other kernel has
+    to pass the tuner's correctness gate before it serves), and a check tunes nothing into the
+    user's tuning cache and compiles nothing with ``torch.compile``. With no kernel for the
+    inputs (CPU tensors outside the Triton interpreter) the reference runs, as it will in use."""
+    from ..tune._modes import tune
+
+    return tune("off", compete=False)

@@ -78,6 +78,13 @@ class Settings:
     compete: bool | None = None  # None: PyTorch competes on CUDA tensors; False: never; True: always
     timer: Callable[..., float] | None = None
 
+    def __post_init__(self) -> None:
+        # Settings are interned by equality, and 0 == False hashes alike: Settings(compete=0)
+        # would be the scope of compete=False while code testing ``is False`` reads it as unset.
+        if not (type(self.compete) is bool or self.compete is None):
+            raise SpecError(f"kernelgraft tune settings: compete must be True, False or None, "
+                            f"got {type(self.compete).__name__} {self.compete!r}")
+
 
 def _env_tristate(name: str) -> bool | None:
     """True/False for 1/on/true/yes and 0/off/false/no; None when unset (or unreadable, warned)."""
@@ -170,9 +177,10 @@ class tune(contextlib.ContextDecorator):
         unknown = sorted(set(options) - names)
         if unknown:
             raise SpecError(f"kg.tune: unknown option {unknown[0]!r}; options are {sorted(names - {'mode'})}")
-        if options.get("compete", None) not in (True, False, None):
-            raise SpecError(f"kg.tune: compete must be True, False or None (on CUDA only), got "
-                            f"{options['compete']!r}; to keep one PyTorch candidate use kg.op(..., compete=('eager',))")
+        compete = options.get("compete", None)
+        if not (type(compete) is bool or compete is None):  # 0 == False: an int must not pass
+            raise SpecError(f"kg.tune: compete must be True, False or None (the default: on CUDA), got "
+                            f"{type(compete).__name__} {compete!r}; to keep one PyTorch candidate use kg.op(..., compete=('eager',))")
         self._mode = mode
         self._options = options
 

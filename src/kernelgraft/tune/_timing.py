@@ -20,7 +20,18 @@ caller has current: events, the capture stream and graph, the L2 flush, the busy
 synchronisations all use torch's current device, so ``cuda_timer`` makes the trial's device current
 for its duration (``kernelgraft._timing.on_device``).
 
-A timer is any callable ``timer(trial, settings) -> milliseconds``; tests inject a fake one.
+A trial with ``must_capture`` (a PyTorch candidate: ``torch:eager``/``torch:compile``) must be
+capturable in a CUDA graph: the timer raises ``CaptureRefused`` when it is not, and the tuner
+excludes it (kind ``capture``). A user who captures the op's calls (``torch.cuda.graph``, or
+``torch.compile(mode="reduce-overhead")``) would otherwise get a reference that syncs with the host
+(``.item()``, the fp8 scatter's bounds check) chosen where a capturable kernel was offered. Kernels
+that cannot be captured keep the eager timing (some launches legitimately cannot be captured, and
+their op is then never captured by its user either); a PyTorch candidate can never outrank a
+capturable kernel this way. The capture is tried even where timing does not replay a graph
+(mutating ops, cold L2): once, its inputs restored after the warm-up it needs.
+
+A timer is any callable ``timer(trial, settings) -> milliseconds``; tests inject a fake one (which
+raises ``CaptureRefused`` to stand for a failed capture).
 """
 
 from __future__ import annotations
@@ -40,7 +51,7 @@ from .._timing._capture import capture
 from .._timing._gpu_busy import cover
 from .._timing._l2 import flush
 
-__all__ = ["Trial", "Timer", "cuda_timer", "default_timer"]
+__all__ = ["Trial", "Timer", "CaptureRefused", "cuda_timer", "default_timer"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +70,11 @@ class Trial:
     budget_s: float = math.inf  # time this trial may take
     cold: bool = False  # cold-L2 timing asked for: evict the L2 before each timed launch
     device: torch.device | None = None  # the tensors' device (None: the current one)
+    must_capture: bool = False  # a CUDA-graph capture of run() must succeed (else CaptureRefused)
+
+
+class CaptureRefused(Exception):
+    """A ``must_capture`` trial could not be captured in a CUDA graph; the message says why."""
 
 
 Timer = Callable[[Trial, Any], float]
@@ -96,9 +112,8 @@ def _eager(trial: Trial, reps: int, host_us: float | None = None) -> tuple[list[
     return _elapsed(pairs), statistics.median(host) * 1e6
 
 
-def _graphed(trial: Trial, reps: int, est_ms: float) -> list[float] | None:
-    inner = max(1, min(200, int(_REPLAY_TARGET_MS / max(est_ms, 1e-4))))
-    graph = torch.cuda.CUDAGraph()
+def _captured(trial: Trial, graph: "torch.cuda.CUDAGraph", inner: int) -> str | None:
+    """Capture ``inner`` launches of ``trial`` into ``graph``; None, or why the capture failed."""
     try:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -113,10 +128,34 @@ def _graphed(trial: Trial, reps: int, est_ms: float) -> list[float] | None:
         with capture(graph, stream):
             for j in range(inner):
                 trial.run(j % trial.n_sets)
-    except Exception as exc:  # some launches cannot be captured; fall back to eager timing
-        log.debug("graph capture of %s failed (%s); timing eagerly", trial.candidate, exc)
+    except Exception as exc:  # some launches cannot be captured
         torch.cuda.synchronize()
-        return None
+        text = str(exc).splitlines()[0][:300] if str(exc) else ""
+        return f"{type(exc).__name__}: {text}"
+    return None
+
+
+def _probe(trial: Trial) -> str | None:
+    """Whether ``trial`` can be captured, for a timing that replays no graph (mutating ops, cold
+    L2): one launch captured and thrown away; the warm-up's mutation undone."""
+    if trial.restore is not None:
+        trial.restore(0)
+    graph = torch.cuda.CUDAGraph()
+    failed = _captured(trial, graph, 1)
+    del graph
+    if trial.restore is not None:
+        trial.restore(0)
+    return failed
+
+
+def _graphed(trial: Trial, reps: int, est_ms: float) -> tuple[list[float] | None, str | None]:
+    """Per-launch times from graph replay, or (None, why the capture failed)."""
+    inner = max(1, min(200, int(_REPLAY_TARGET_MS / max(est_ms, 1e-4))))
+    graph = torch.cuda.CUDAGraph()
+    failed = _captured(trial, graph, inner)
+    if failed is not None:
+        log.debug("graph capture of %s failed (%s); timing eagerly", trial.candidate, failed)
+        return None, failed
     graph.replay()
     pairs = _events(reps)
     for start, end in pairs:
@@ -125,7 +164,7 @@ def _graphed(trial: Trial, reps: int, est_ms: float) -> list[float] | None:
         end.record()
     times = [t / inner for t in _elapsed(pairs)]
     del graph
-    return times
+    return times, None
 
 
 def cuda_timer(trial: Trial, settings: Any) -> float:
@@ -150,10 +189,15 @@ def _cuda_timer(trial: Trial, settings: Any) -> float:
     # Every candidate of a key is timed the same way: mixing graph replay (no launch gaps) for
     # some with eager events (launch latency included) for others misranks kernels near the
     # cut-off (seen on the H200: a 25 us GEMM timed eagerly lost to a 49 us one timed by replay).
+    failed = None
     if use_graph and trial.restore is None and not trial.cold:
-        times = _graphed(trial, reps, est)
+        times, failed = _graphed(trial, reps, est)
         if times is not None:
             return statistics.median(times)
+    elif trial.must_capture:
+        failed = _probe(trial)
+    if failed is not None and trial.must_capture:
+        raise CaptureRefused(failed)
     return statistics.median(_eager(trial, reps, host_us)[0])
 
 

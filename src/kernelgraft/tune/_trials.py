@@ -33,7 +33,7 @@ from .. import _verify
 from .._op import _compete
 from .._timing import on_device
 from ._gate import classify_error, expected, judge
-from ._timing import Trial, cuda_timer
+from ._timing import CaptureRefused, Trial, cuda_timer
 
 __all__ = ["Result", "run_trials"]
 
@@ -53,7 +53,7 @@ class Result:
 
     candidate: Any
     ms: float | None = None
-    kind: str | None = None  # compile | launch | wrong | budget | crash | timing
+    kind: str | None = None  # compile | launch | wrong | budget | crash | timing | capture
     reason: str | None = None
 
 
@@ -228,13 +228,16 @@ def _gate_torch(op, cand, call, own, restore, reference, device) -> Result | Tri
     def run(_: int) -> None:
         fresh(call(*own), empty=False, args=args)
 
-    return Trial(cand, run, restore=restore, device=device)
+    # A reference that cannot be captured must not win over kernels that can (see _timing).
+    return Trial(cand, run, restore=restore, device=device, must_capture=True)
 
 
 def _time(trial: Trial, timer: Any, settings: Any) -> float | Result:
     cand = trial.candidate
     try:
         ms = float(timer(trial, settings))
+    except CaptureRefused as exc:
+        return Result(cand, kind="capture", reason=f"cannot be captured in a CUDA graph: {exc}")
     except Exception as exc:
         return Result(cand, kind="timing", reason=f"timing failed: {type(exc).__name__}: {str(exc)[:300]}")
     finally:

@@ -21,7 +21,7 @@ import torch
 
 from .. import _native
 from .._op import _select
-from .._op._compete import TORCH, TORCH_INDEX, is_torch, key_backends
+from .._op._compete import TORCH, TORCH_INDEX, is_torch, key_backends, servable
 from .._errors import FallbackWarning, TuneWarning
 from .._spec import Config
 from . import _dist
@@ -195,7 +195,8 @@ class Tuner:
             decision = self._resolve(op, candidates, args, key, s)
         else:
             self.stats["memory_hit"] += 1
-        return self._pick(op, decision, candidates)
+        # Not torch:compile once it failed (it stays in the key: see _compete.servable).
+        return self._pick(op, decision, servable(op, candidates))
 
     def _may_measure(self, op: Any, args: tuple, s: Settings) -> bool:
         if s.mode != "on":
