@@ -29,8 +29,20 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     import os
 
-    # Compiling needs Triton's real JIT objects: keep the interpreter off while TARGET imports.
+    # Compiling needs Triton's real JIT objects: keep the interpreter off while TARGET imports and
+    # compiles, and put the caller's setting back afterwards (main() may run inside a test process).
+    saved = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "0"
+    try:
+        return _run(args)
+    finally:
+        if saved is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+
+
+def _run(args) -> int:
     from .._errors import BundleError
     from ..aot import build_bundle
     from ..aot._sign import load_key
