@@ -49,7 +49,7 @@ Io read_io(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
   TORCH_CHECK(file, "cannot read the IO file ", path);
   std::vector<char> bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-  c10::IValue value = torch::pickle_load(bytes);
+  c10::IValue value = torch::jit::pickle_load(bytes);
   TORCH_CHECK(value.isGenericDict(), "IO file ", path, ": expected a dict {'inputs': [...], 'outputs': [...]}, got ",
               value.tagKind());
   auto dict = value.toGenericDict();
