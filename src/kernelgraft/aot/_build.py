@@ -33,6 +33,11 @@ __all__ = ["build_bundle", "record_call", "compile_recorded", "call_identity", "
 log = logging.getLogger(__name__)
 _BACKENDS = {"triton": _triton_aot, "cuda": _cuda_aot, "cutile": _cutile_aot}
 AOT_BACKENDS = tuple(_BACKENDS)  # the backends this path records and compiles (check reuses it)
+# Why a backend has no AOT path, as `kernelgraft aot` prints it for each of its candidates.
+_NO_AOT = {
+    "cutedsl": "CuTe DSL compiles each launch (grid, block, argument structs) into host code, and "
+               "export_to_c gives that host code as an object file, not a cubin with a launch description",
+}
 # Backends whose toolchain is an optional extra: without it their candidates are skipped (with the
 # reason) instead of dropped, so a machine without tileiras still builds a bundle of the others.
 _OPTIONAL = ("cutile",)
@@ -171,7 +176,8 @@ def _build_op(op, archs, out: Path, inputs, dynamic, progress, missing: Mapping[
         for config in impl.configs:
             label = f"{impl.backend}:{impl.display_name}[{config.label()}]"
             if impl.backend not in _BACKENDS:
-                skipped.append({"candidate": label, "reason": f"backend {impl.backend} has no AOT path yet"})
+                why = _NO_AOT.get(impl.backend, "not yet")
+                skipped.append({"candidate": label, "reason": f"backend {impl.backend} has no AOT path: {why}"})
                 continue
             if impl.backend in missing:
                 skipped.append({"candidate": label, "reason": f"no {impl.backend} toolchain here: {missing[impl.backend]}"})
