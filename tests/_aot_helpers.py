@@ -32,3 +32,12 @@ def run_child(bundle: Path, mode: str, out: Path, timeout: int) -> dict:
                           capture_output=True, text=True, env=env(), timeout=timeout)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(out.read_text())
+
+
+def bundled_configs(op) -> int:
+    """How many (candidate, config) pairs of ``op`` a bundle built here holds: Triton and CUDA C++,
+    and cuTile where its toolchain (tileiras) works (elsewhere its candidates are skipped)."""
+    from kernelgraft.backends._cutile import toolchain_reason
+
+    backends = ("triton", "cuda") + (("cutile",) if toolchain_reason() is None else ())
+    return sum(len(i.configs) for i in op.impls if i.backend in backends)

@@ -15,6 +15,7 @@ import torch
 import kernelgraft as kg
 from kernelgraft.aot import _manifest
 from kernelgraft.aot._expr import compile_exprs, to_text
+from kernelgraft.backends import _cutile
 from kernelgraft.examples import add_relu, rmsnorm  # registered before the per-test registry snapshot
 
 from _aot_helpers import build_bundle, run_child
@@ -25,6 +26,10 @@ from _aot_helpers import build_bundle, run_child
 def bundle(tmp_path_factory) -> Path:
     pytest.importorskip("cuda.bindings")
     return build_bundle(tmp_path_factory.mktemp("bundle"), "sm_90", timeout=600)
+
+
+# cuTile kernels are bundled where its toolchain (tileiras) works, skipped with the reason elsewhere
+AOT = ("triton", "cuda") + (("cutile",) if _cutile.toolchain_reason() is None else ())
 
 
 def _copy(bundle: Path, tmp_path: Path) -> Path:
@@ -46,7 +51,7 @@ def test_every_triton_and_cuda_candidate_is_bundled_as_elf_cubins(bundle):
     assert manifest["toolchain"]["triton"] and manifest["toolchain"]["torch"] == torch.__version__
     for op in (add_relu.add_relu, rmsnorm.rmsnorm):
         entry = next(e for e in manifest["ops"] if e["name"] == op.name)
-        want = {f"{i.backend}:{i.display_name}[{c.label()}]" for i in op.impls if i.backend in ("triton", "cuda")
+        want = {f"{i.backend}:{i.display_name}[{c.label()}]" for i in op.impls if i.backend in AOT
                 for c in i.configs}
         assert {c["label"] for c in entry["candidates"]} == want
         assert entry["schema"] == op.signature.schema
@@ -195,6 +200,19 @@ def test_loads_without_triton_up_to_the_launch(bundle, tmp_path):
         assert r["error"] is None, r
         call, shape = r["call"], r["shape"]
         n_ptrs = len(r["ptrs"])
+        if r["label"].startswith("cutile"):  # each array: pointer, sizes, strides (of the flat/2-d views)
+            assert [v for v, k in zip(call["values"], call["kinds"]) if k == "ptr"] == r["ptrs"]
+            assert call["block"] == [1, 1, 1]
+            p = r["ptrs"]
+            if r["op"] == "kgexamples::add_relu":
+                n, tile = math.prod(shape), int(r["label"].split("TILE=")[1].split("]")[0])
+                assert call["values"] == [p[0], n, 1, p[1], n, 1, p[2], n, 1]
+                assert call["grid"] == [(n + tile - 1) // tile, 1, 1]
+            else:
+                rows, cols = math.prod(shape[:-1]), shape[-1]
+                assert call["values"][:-1] == [p[0], rows, cols, cols, 1, p[1], cols, 1, p[2], rows, cols, cols, 1]
+                assert call["values"][-1] == pytest.approx(1e-6) and call["grid"] == [rows, 1, 1]
+            continue
         assert call["values"][:n_ptrs] == r["ptrs"]
         if r["op"] == "kgexamples::add_relu":
             n = 1
@@ -233,7 +251,8 @@ def test_attaches_to_ops_in_this_process(bundle):
     op = add_relu.add_relu
     loaded = kg.load_bundle(bundle, arch="sm_90")
     try:
-        assert loaded.rebuilt == [] and len(loaded.attached["kgexamples::add_relu"]) == 5
+        want = sum(len(i.configs) for i in op.impls if i.backend in AOT)
+        assert loaded.rebuilt == [] and len(loaded.attached["kgexamples::add_relu"]) == want
         cand = next(c for c in op.candidates(torch.randn(8), torch.randn(8)) if c.impl.backend == "triton")
         assert isinstance(op.dispatcher.runner(cand), BundledRunner)
         x, y = torch.randn(300), torch.randn(300)  # CPU tensors still run (Triton's interpreter)

@@ -1,11 +1,15 @@
 """The C++ runtime on a GPU: bundled ops launched by the runtime equal the Python ops, inside CUDA
-graphs too, and in a process where neither kernelgraft nor triton imports.
+graphs too, and in a process where neither kernelgraft nor triton imports; cuTile kernels too.
 
-Run on the GPU machine: ``pytest -m gpu tests/test_gpu_runtime.py`` (TRITON_INTERPRET unset)."""
+Run on the GPU machine: ``pytest -m gpu tests/test_gpu_runtime.py`` (TRITON_INTERPRET unset).
+A GPU machine without tileiras builds no cuTile kernels: build the bundle on a machine that has it
+(``kernelgraft aot kernelgraft.examples.add_relu kernelgraft.examples.rmsnorm --arch sm_90 -o DIR``)
+and name it in ``$KERNELGRAFT_TEST_BUNDLE``."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import zlib
 import subprocess
@@ -47,6 +51,9 @@ def so() -> Path:
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory) -> Path:
+    given = os.environ.get("KERNELGRAFT_TEST_BUNDLE")
+    if given:
+        return Path(given)
     return build_bundle(tmp_path_factory.mktemp("bundle"), _arch(), timeout=900)
 
 
@@ -139,3 +146,31 @@ def test_runs_where_kernelgraft_and_triton_do_not_import(so, bundle, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"add_relu_equal": True, "rmsnorm_close": True,
                                                                 "modules": []}
+
+
+def test_cutile_kernels_through_the_runtime_equal_the_python_ops(so, bundle, tmp_path):
+    dst = tmp_path / "cutile"
+    shutil.copytree(bundle, dst)
+    manifest = _manifest.read(dst)
+    for op in manifest["ops"]:
+        op["name"] = "kgrt_gpu_ct::" + op["name"].split("::")[1]
+        op["candidates"] = [c for c in op["candidates"] if c["backend"] == "cutile"]
+        op["decisions"] = []
+    if not all(op["candidates"] for op in manifest["ops"]):
+        pytest.skip("the bundle holds no cuTile kernels (built without tileiras: see the module doc)")
+    _manifest.write(dst, manifest)
+    torch.ops.kernelgraft.load_bundle(str(dst), None, None)
+    served = 0
+    for short, cases in CASES.items():
+        for shape, dtype in cases:
+            args = _inputs(short, shape, dtype)
+            try:
+                got = getattr(torch.ops.kgrt_gpu_ct, short)(*args)
+            except RuntimeError as exc:  # cuTile's rmsnorm kernels are compiled per row length
+                assert "no bundled kernel serves these inputs" in str(exc)
+                continue
+            want = PYTHON_OPS[short](*args)
+            tol = {"atol": 0, "rtol": 0} if short == "add_relu" else {"atol": 2e-2, "rtol": 2e-2}
+            torch.testing.assert_close(got, want, **tol, msg=f"cutile {short} {shape} {dtype}")
+            served += 1
+    assert served >= 8

@@ -4,7 +4,7 @@ A signature is one sample input tuple (default: the op's ``sample_inputs()``). W
 ``dynamic=True`` (the default) every dimension becomes a symbol and the launch parameters become
 expressions of the sizes, valid wherever the recorded guards hold; when a launch function does
 something the expression grammar cannot hold, that signature is compiled for its static shapes
-instead. Other backends than Triton and CUDA C++ are listed under ``skipped`` with the reason; every
+instead. Other backends than Triton, CUDA C++ and cuTile are listed under ``skipped`` with the reason; every
 (candidate, signature, arch) that fails to record or compile is listed under ``dropped`` with the
 compiler's message (``kernelgraft aot`` prints them and fails unless ``--allow-partial``).
 """
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from .._errors import BundleError
-from . import _cuda_aot, _manifest, _triton_aot
+from . import _cuda_aot, _cutile_aot, _manifest, _triton_aot
 from ._expr import Unsupported
 from ._program import decision_table, kernel_program, key_label, meta_rules, read_decisions, tuned_entries
 from ._sign import SIGNATURE, load_key, sign_bundle
@@ -31,8 +31,16 @@ from ._trace import trace
 __all__ = ["build_bundle", "record_call", "compile_recorded", "call_identity", "AOT_BACKENDS"]
 
 log = logging.getLogger(__name__)
-_BACKENDS = {"triton": _triton_aot, "cuda": _cuda_aot}
+_BACKENDS = {"triton": _triton_aot, "cuda": _cuda_aot, "cutile": _cutile_aot}
 AOT_BACKENDS = tuple(_BACKENDS)  # the backends this path records and compiles (check reuses it)
+# Why a backend has no AOT path, as `kernelgraft aot` prints it for each of its candidates.
+_NO_AOT = {
+    "cutedsl": "CuTe DSL compiles each launch (grid, block, argument structs) into host code, and "
+               "export_to_c gives that host code as an object file, not a cubin with a launch description",
+}
+# Backends whose toolchain is an optional extra: without it their candidates are skipped (with the
+# reason) instead of dropped, so a machine without tileiras still builds a bundle of the others.
+_OPTIONAL = ("cutile",)
 
 
 def _param_entry(p) -> dict:
@@ -107,10 +115,12 @@ def build_bundle(
             toolchain[name] = module.toolchain_version()
         except Exception as exc:  # a missing toolchain only matters if an op needs it
             toolchain[name] = f"unavailable: {exc}"
+    missing = {b: toolchain[b].removeprefix("unavailable: ") for b in _OPTIONAL
+               if toolchain[b].startswith("unavailable: ")}
     manifest_ops = []
     started = time.perf_counter()
     for op in ops:
-        entry = _build_op(op, archs, out, inputs, dynamic, progress)
+        entry = _build_op(op, archs, out, inputs, dynamic, progress, missing)
         entry["decisions"] = decision_table(op, entry["candidates"], tuned, archs)
         entry["torch_wins"] = _torch_wins(op, tuned, archs)
         manifest_ops.append(entry)
@@ -157,7 +167,7 @@ def signature_label(sample: tuple) -> str:
     return " ".join(parts)
 
 
-def _build_op(op, archs, out: Path, inputs, dynamic, progress) -> dict:
+def _build_op(op, archs, out: Path, inputs, dynamic, progress, missing: Mapping[str, str]) -> dict:
     """The op's manifest entry. ``skipped``: candidates with no AOT path or no supported sample;
     ``dropped``: every (candidate, signature, arch) that failed to record or compile, with why."""
     samples = _samples(op, inputs)
@@ -167,7 +177,11 @@ def _build_op(op, archs, out: Path, inputs, dynamic, progress) -> dict:
         for config in impl.configs:
             label = f"{impl.backend}:{impl.display_name}[{config.label()}]"
             if impl.backend not in _BACKENDS:
-                skipped.append({"candidate": label, "reason": f"backend {impl.backend} has no AOT path yet"})
+                why = _NO_AOT.get(impl.backend, "not yet")
+                skipped.append({"candidate": label, "reason": f"backend {impl.backend} has no AOT path: {why}"})
+                continue
+            if impl.backend in missing:
+                skipped.append({"candidate": label, "reason": f"no {impl.backend} toolchain here: {missing[impl.backend]}"})
                 continue
             variants: dict[str, dict] = {}
             reasons: list[str] = []

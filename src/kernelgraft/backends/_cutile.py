@@ -47,7 +47,7 @@ from ._base import on_tensor_device, register, tensor_device
 
 __all__ = [
     "CuTileBackend", "CubinArtifact", "toolchain_reason", "build_cubin", "add_cubin",
-    "load_cubin_dir", "kernel_key",
+    "load_cubin_dir", "kernel_key", "describe_args", "signature_of", "export_cubin",
 ]
 
 log = logging.getLogger(__name__)
@@ -191,48 +191,70 @@ def _arg_key(args: Sequence[Any], constants: tuple[bool, ...]) -> tuple:
     return tuple(parts)
 
 
-def _signature(kernel: Any, args: Sequence[Any], where: str):
-    """The cuTile ``KernelSignature`` kernelgraft compiles ``kernel`` for, given its arguments."""
-    ct = _ct()
-    from cuda.tile.compilation import (
-        ArrayConstraint, CallingConvention, ConstantConstraint, KernelSignature, ScalarConstraint,
-    )
-
+def describe_args(kernel: Any, args: Sequence[Any], where: str) -> list[tuple]:
+    """What of each launch argument the kernel signature depends on: ``("const", value)``,
+    ``("array", dtype, ndim, wide, unit_last_stride, aligned16)``, ``("int",)`` or ``("float",)``.
+    ``kernelgraft aot`` records the same description on fake tensors (``aot/_cutile_aot.py``)."""
     constants = _constant_params(kernel)
     if len(args) != len(constants):
         raise LaunchError(
             f"{where}: the kernel takes {len(constants)} arguments, launch returned {len(args)}"
         )
-    dtypes = _dtype_map()
-    params = []
+    out: list[tuple] = []
     for i, (a, const) in enumerate(zip(args, constants)):
         if const:
-            params.append(ConstantConstraint(a))
+            out.append(("const", a))
         elif isinstance(a, _Tensor):
-            if a.dtype not in dtypes:
-                raise LaunchError(f"{where}: argument {i} has dtype {a.dtype}, which cuTile lacks")
             stride = a.stride()
             wide = a.numel() >= _INT32_LIMIT or any(s >= _INT32_LIMIT for s in stride)
-            params.append(ArrayConstraint(
-                dtypes[a.dtype], a.dim(),
-                index_dtype=ct.int64 if wide else ct.int32,
-                stride_lower_bound_incl=0,
-                alias_groups=(),
-                may_alias_internally=False,
-                stride_constant=(None,) * (a.dim() - 1) + (1,) if a.dim() and stride[-1] == 1 else None,
-                base_addr_divisible_by=16 if a.data_ptr() % 16 == 0 else 1,
-            ))
+            out.append(("array", a.dtype, a.dim(), wide, bool(a.dim()) and stride[-1] == 1, a.data_ptr() % 16 == 0))
         elif isinstance(a, bool):
             raise LaunchError(f"{where}: argument {i} is a bool; make it a ct.Constant parameter")
         elif isinstance(a, int):
-            params.append(ScalarConstraint(ct.int32))
+            out.append(("int",))
         elif isinstance(a, float):
-            params.append(ScalarConstraint(ct.float32))
+            out.append(("float",))
         else:
             raise LaunchError(
                 f"{where}: argument {i} is {describe(a)}; cuTile launches take tensors, ints, floats "
                 "and ct.Constant values"
             )
+    return out
+
+
+def _signature(kernel: Any, args: Sequence[Any], where: str):
+    """The cuTile ``KernelSignature`` kernelgraft compiles ``kernel`` for, given its arguments."""
+    return signature_of(kernel, describe_args(kernel, args, where), where)
+
+
+def signature_of(kernel: Any, described: Sequence[tuple], where: str):
+    """The ``KernelSignature`` of arguments as ``describe_args`` describes them (its mangled
+    symbol is the cubin's kernel name, the same at build time and at run time)."""
+    ct = _ct()
+    from cuda.tile.compilation import (
+        ArrayConstraint, CallingConvention, ConstantConstraint, KernelSignature, ScalarConstraint,
+    )
+
+    dtypes = _dtype_map()
+    params = []
+    for i, d in enumerate(described):
+        if d[0] == "const":
+            params.append(ConstantConstraint(d[1]))
+        elif d[0] == "array":
+            _, dtype, ndim, wide, unit_last, aligned = d
+            if dtype not in dtypes:
+                raise LaunchError(f"{where}: argument {i} has dtype {dtype}, which cuTile lacks")
+            params.append(ArrayConstraint(
+                dtypes[dtype], ndim,
+                index_dtype=ct.int64 if wide else ct.int32,
+                stride_lower_bound_incl=0,
+                alias_groups=(),
+                may_alias_internally=False,
+                stride_constant=(None,) * (ndim - 1) + (1,) if unit_last else None,
+                base_addr_divisible_by=16 if aligned else 1,
+            ))
+        else:
+            params.append(ScalarConstraint(ct.int32 if d[0] == "int" else ct.float32))
     sig = KernelSignature(params, CallingConvention.cutile_python_v2())
     return sig.with_mangled_symbol(kernel._annotated_function.pyfunc.__name__)
 
@@ -266,6 +288,12 @@ def build_cubin(
         raise CompileError(f"{where}: cannot build a cubin here: {reason}")
     grid, kernel, kargs = _unpack(spec.launch(*args, **config.as_dict()), where)  # type: ignore[misc]
     sig = _signature(kernel, kargs, where)
+    image = export_cubin(kernel, sig, arch, where)
+    return CubinArtifact(kernel_key(kernel), sig.symbol, arch, image)
+
+
+def export_cubin(kernel: Any, sig: Any, arch: str, where: str) -> bytes:
+    """The cubin of ``kernel`` compiled for ``sig`` and ``arch`` (tileiras; no GPU needed)."""
     from cuda.tile.compilation import export_kernel
 
     buf = io.BytesIO()
@@ -275,7 +303,7 @@ def build_cubin(
         raise CompileError(f"{where}: cuTile export of {sig.symbol} for {arch} failed: {exc}") from exc
     image = buf.getvalue()
     log.info("built cuTile cubin %s for %s (%d bytes)", sig.symbol, arch, len(image))
-    return CubinArtifact(kernel_key(kernel), sig.symbol, arch, image)
+    return image
 
 
 def add_cubin(artifact: CubinArtifact) -> None:

@@ -67,10 +67,10 @@ class Compiler:
         backend = candidate.impl.backend
         from ..aot._build import AOT_BACKENDS
 
-        if backend in AOT_BACKENDS:
-            what = self._aot(candidate, args, arch)
-        elif backend == "cutile":
+        if backend == "cutile":  # bundles hold cuTile too; check exports the sample's own cubin
             what = self._cutile(candidate, args, out_specs, arch)
+        elif backend in AOT_BACKENDS:
+            what = self._aot(candidate, args, arch)
         elif backend == "cutedsl":
             what = self._cutedsl(candidate, args, out_specs, arch)
         else:

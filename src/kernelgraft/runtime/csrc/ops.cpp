@@ -21,6 +21,7 @@
 #include "bundle.h"
 #include "driver.h"
 #include "select.h"
+#include "symbolic.h"
 
 namespace kgrt {
 namespace {
@@ -88,9 +89,20 @@ std::vector<ArgView> views(const OpEntry& op, c10::ArrayRef<c10::IValue> args, b
       }
       a.is_tensor = true;
       a.dtype = dtype_name(t.scalar_type());
-      a.sizes = t.sizes().vec();
-      a.contiguous = t.is_contiguous();
-      a.aligned16 = meta || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+      if (meta) {  // sizes may be symbolic (export, fake tensors); the Meta kernel reads them as SymInts
+        bool symbolic = false;
+        for (const c10::SymInt& s : t.sym_sizes()) {
+          auto c = s.maybe_as_int();
+          symbolic |= !c.has_value();
+          a.sizes.push_back(c.has_value() ? *c : -1);
+          a.size_text.push_back(c10::str(s));
+        }
+        if (!symbolic) a.size_text.clear();
+      } else {
+        a.sizes = t.sizes().vec();
+        a.contiguous = t.is_contiguous();
+        a.aligned16 = reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+      }
     } else if (v.isBool()) {
       a.value = Json(v.toBool());
     } else if (v.isInt()) {
@@ -197,14 +209,23 @@ class MetaKernel : public c10::OperatorKernel {
     auto args = torch::jit::last(*stack, n);
     c10::Device device(c10::kMeta);
     std::vector<ArgView> views_ = views(op, args, true, &device);
-    std::vector<Input> inputs = inputs_of(views_);
-    std::vector<std::vector<int64_t>> shapes;
+    std::vector<Input> scalars = inputs_of(views_);
+    std::vector<SymInput> inputs(n);
+    for (size_t i = 0; i < n; ++i) {
+      if (views_[i].is_tensor) {
+        inputs[i].is_tensor = true;
+        inputs[i].sizes = args[i].toTensor().sym_sizes().vec();
+      } else {
+        inputs[i].scalar = scalars[i].scalar;
+      }
+    }
+    std::vector<std::vector<c10::SymInt>> shapes;
     std::vector<std::string> names;
     std::string why;
     TORCH_CHECK(meta_shapes(op, views_, inputs, &shapes, &names, &why), why);
     std::vector<at::Tensor> outs;
     for (size_t i = 0; i < shapes.size(); ++i)
-      outs.push_back(at::empty(shapes[i], at::TensorOptions().dtype(dtype_named(names[i], op.qualified)).device(device)));
+      outs.push_back(at::empty_symint(shapes[i], at::TensorOptions().dtype(dtype_named(names[i], op.qualified)).device(device)));
     torch::jit::drop(*stack, n);
     for (auto& t : outs) stack->emplace_back(std::move(t));
   }

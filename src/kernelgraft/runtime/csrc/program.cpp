@@ -173,6 +173,8 @@ Token::Op op_of(const std::string& name, bool* ok) {
 
 }  // namespace
 
+Value apply_binary(Token::Op op, const Value& a, const Value& b) { return binary(op, a, b); }
+
 Program::Program(const Json& json, size_t n_inputs, const std::string& where) {
   const auto& list = as_array(json, where);
   if (list.size() > 65536) throw BundleError(where + " has more than 65536 tokens");

@@ -52,11 +52,15 @@ class Program {
   Program(const Json& tokens, size_t n_inputs, const std::string& where);
   Value run(const std::vector<Input>& inputs) const;
   bool empty() const { return tokens_.empty(); }
+  const std::vector<Token>& tokens() const { return tokens_; }  // for symbolic.cpp's interpreter
 
  private:
   std::vector<Token> tokens_;
   size_t depth_ = 0;  // the most values on the stack
 };
+
+// A binary operator (Add ... Ge) on two values, as Python computes it (errors propagate).
+Value apply_binary(Token::Op op, const Value& a, const Value& b);
 
 // "5", "1e-06", "error: division by zero": what tests compare with Python's values.
 std::string describe(const Value& v);

@@ -9,15 +9,6 @@ namespace {
 constexpr int64_t kMaxGrid[3] = {2147483647LL, 65535, 65535};
 constexpr int64_t kMaxShared = 228 * 1024;
 
-bool typed_fit(const std::vector<std::pair<int, std::string>>& dtypes,
-               const std::vector<std::pair<int, int64_t>>& ranks, const std::vector<ArgView>& args) {
-  for (const auto& d : dtypes)
-    if (!args[d.first].is_tensor || args[d.first].dtype != d.second) return false;
-  for (const auto& r : ranks)
-    if (!args[r.first].is_tensor || static_cast<int64_t>(args[r.first].sizes.size()) != r.second) return false;
-  return true;
-}
-
 bool fits(const Kernel& k, const std::vector<ArgView>& args, const std::vector<Input>& inputs) {
   if (!typed_fit(k.dtypes, k.ranks, args)) return false;
   for (const auto& d : k.dtypes)
@@ -94,6 +85,15 @@ bool row_matches(const DecisionRow& row, const std::vector<ArgView>& args) {
 
 }  // namespace
 
+bool typed_fit(const std::vector<std::pair<int, std::string>>& dtypes,
+               const std::vector<std::pair<int, int64_t>>& ranks, const std::vector<ArgView>& args) {
+  for (const auto& d : dtypes)
+    if (!args[d.first].is_tensor || args[d.first].dtype != d.second) return false;
+  for (const auto& r : ranks)
+    if (!args[r.first].is_tensor || static_cast<int64_t>(args[r.first].sizes.size()) != r.second) return false;
+  return true;
+}
+
 std::vector<Input> inputs_of(const std::vector<ArgView>& args) {
   std::vector<Input> out(args.size());
   for (size_t i = 0; i < args.size(); ++i) {
@@ -154,21 +154,6 @@ bool choose(const OpEntry& op, const std::vector<ArgView>& args, const std::vect
   return false;
 }
 
-bool meta_shapes(const OpEntry& op, const std::vector<ArgView>& args, const std::vector<Input>& inputs,
-                 std::vector<std::vector<int64_t>>* shapes, std::vector<std::string>* dtypes, std::string* why) {
-  for (const auto& rule : op.meta) {
-    if (!typed_fit(rule.dtypes, rule.ranks, args)) continue;
-    Value g = rule.guard.run(inputs);
-    if (g.kind == Value::Error || !g.truthy()) continue;
-    if (!shapes_of(rule.shapes, inputs, shapes)) continue;
-    *dtypes = rule.out_dtypes;
-    return true;
-  }
-  *why = op.qualified + ": no output rule of the bundle holds for these inputs (" + describe_args(op, args) +
-         "), so its output shapes are unknown; no bundled kernel could run them either";
-  return false;
-}
-
 std::string describe_args(const OpEntry& op, const std::vector<ArgView>& args) {
   std::string out;
   for (size_t i = 0; i < args.size() && i < op.params.size(); ++i) {
@@ -177,7 +162,8 @@ std::string describe_args(const OpEntry& op, const std::vector<ArgView>& args) {
     const ArgView& a = args[i];
     if (a.is_tensor) {
       out += a.dtype + "[";
-      for (size_t d = 0; d < a.sizes.size(); ++d) out += (d ? ", " : "") + std::to_string(a.sizes[d]);
+      for (size_t d = 0; d < a.sizes.size(); ++d)
+        out += (d ? ", " : "") + (d < a.size_text.size() ? a.size_text[d] : std::to_string(a.sizes[d]));
       out += "]";
       if (!a.contiguous) out += " (not contiguous)";
       else if (!a.aligned16) out += " (not 16-byte aligned)";

@@ -15,7 +15,8 @@ namespace kgrt {
 struct ArgView {
   bool is_tensor = false;
   std::string dtype;             // a tensor's dtype as the manifest names it ("float16")
-  std::vector<int64_t> sizes;
+  std::vector<int64_t> sizes;     // a symbolic size (export, fake tensors): -1, its text in size_text
+  std::vector<std::string> size_text;
   bool contiguous = true;
   bool aligned16 = true;         // its data pointer is a multiple of 16 bytes
   Json value;                    // a scalar: its value (null for None)
@@ -38,9 +39,9 @@ struct Plan {
 bool choose(const OpEntry& op, const std::vector<ArgView>& args, const std::vector<Input>& inputs, Plan* plan,
             std::string* why);
 
-// Output shapes and dtypes from the op's meta rules (the first that holds), or false with `why`.
-bool meta_shapes(const OpEntry& op, const std::vector<ArgView>& args, const std::vector<Input>& inputs,
-                 std::vector<std::vector<int64_t>>* shapes, std::vector<std::string>* dtypes, std::string* why);
+// Whether the arguments have these dtypes and ranks (a kernel's or a meta rule's).
+bool typed_fit(const std::vector<std::pair<int, std::string>>& dtypes,
+               const std::vector<std::pair<int, int64_t>>& ranks, const std::vector<ArgView>& args);
 
 // "x: float16[3, 5], eps: 1e-06": what an error shows of a call.
 std::string describe_args(const OpEntry& op, const std::vector<ArgView>& args);

@@ -1,0 +1,138 @@
+// Runs an AOTInductor package whose graph calls kernelgraft ops, with no Python: the runtime
+// library (linked in) serves the ops from a bundle, and AOTInductor's proxy executor reaches them
+// through the dispatcher like any other custom op.
+//
+//   ./run_aoti BUNDLE_DIR PACKAGE.pt2 [IO.pt] [--arch sm_90] [--atol A] [--rtol R] [--runs N]
+//
+// IO.pt (torch.save of {"inputs": [tensors], "outputs": [tensors]}, as benchmarks/build_llama_aoti.py
+// writes it) gives the inputs, and the outputs the results must match; without it the program
+// only loads the bundle and the package and prints the package's metadata. --arch loads a bundle
+// where no GPU can be asked its arch (a CPU machine: the ops then refuse CPU tensors, by name).
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+#include <torch/script.h>
+
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+std::vector<at::Tensor> tensors(const c10::IValue& list, const char* what) {
+  TORCH_CHECK(list.isList() || list.isTuple(), "IO file: '", what, "' must be a list of tensors, got ",
+              list.tagKind());
+  std::vector<at::Tensor> out;
+  if (list.isTuple()) {
+    for (const auto& v : list.toTupleRef().elements()) out.push_back(v.toTensor());
+  } else {
+    for (const auto& v : list.toListRef()) out.push_back(v.toTensor());
+  }
+  return out;
+}
+
+struct Io {
+  std::vector<at::Tensor> inputs, outputs;
+};
+
+Io read_io(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  TORCH_CHECK(file, "cannot read the IO file ", path);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  c10::IValue value = torch::jit::pickle_load(bytes);
+  TORCH_CHECK(value.isGenericDict(), "IO file ", path, ": expected a dict {'inputs': [...], 'outputs': [...]}, got ",
+              value.tagKind());
+  auto dict = value.toGenericDict();
+  Io io;
+  io.inputs = tensors(dict.at("inputs"), "inputs");
+  if (dict.contains("outputs")) io.outputs = tensors(dict.at("outputs"), "outputs");
+  return io;
+}
+
+int run(int argc, char** argv) {
+  Clock::time_point start = Clock::now();
+  std::vector<std::string> positional;
+  std::optional<std::string> arch;
+  double atol = 1e-2, rtol = 1e-2;
+  int runs = 1;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if ((a == "--arch" || a == "--atol" || a == "--rtol" || a == "--runs") && i + 1 < argc) {
+      std::string v = argv[++i];
+      if (a == "--arch") arch = v;
+      else if (a == "--atol") atol = std::stod(v);
+      else if (a == "--rtol") rtol = std::stod(v);
+      else runs = std::stoi(v);
+    } else {
+      positional.push_back(a);
+    }
+  }
+  if (positional.size() < 2) {
+    std::cerr << "usage: " << argv[0] << " BUNDLE_DIR PACKAGE.pt2 [IO.pt] [--arch sm_90] [--atol A] [--rtol R] [--runs N]\n";
+    return 2;
+  }
+  auto load = c10::Dispatcher::singleton()
+                  .findSchemaOrThrow("kernelgraft::load_bundle", "")
+                  .typed<std::vector<std::string>(const std::string&, const std::optional<std::string>&,
+                                                  const std::optional<std::string>&)>();
+  for (const auto& name : load.call(positional[0], std::nullopt, arch)) std::cout << "serving " << name << "\n";
+  double bundle_ms = ms_since(start);
+
+  Clock::time_point t = Clock::now();
+  torch::inductor::AOTIModelPackageLoader loader(positional[1]);
+  double package_ms = ms_since(t);
+  auto metadata = loader.get_metadata();
+  std::string device = metadata.count("AOTI_DEVICE_KEY") ? metadata["AOTI_DEVICE_KEY"] : "cpu";
+  std::cout << "package " << positional[1] << " (device " << device << ") loaded in " << package_ms << " ms; bundle in "
+            << bundle_ms << " ms\n";
+  if (positional.size() < 3) return 0;
+
+  Io io = read_io(positional[2]);
+  for (auto& x : io.inputs) x = x.to(c10::Device(device));
+  t = Clock::now();
+  std::vector<at::Tensor> got = loader.run(io.inputs);
+  if (!got.empty()) (void)got[0].cpu();  // waits for the GPU
+  double first_ms = ms_since(t);
+  std::cout << "first run " << first_ms << " ms; process start to first result " << ms_since(start) << " ms\n";
+  if (runs > 1) {
+    t = Clock::now();
+    for (int i = 1; i < runs; ++i) got = loader.run(io.inputs);
+    if (!got.empty()) (void)got[0].cpu();
+    std::cout << "mean of " << runs - 1 << " more runs: " << ms_since(t) / (runs - 1) << " ms\n";
+  }
+  bool ok = got.size() == io.outputs.size() || io.outputs.empty();
+  for (size_t i = 0; i < io.outputs.size() && i < got.size(); ++i) {
+    at::Tensor a = got[i].cpu().to(at::kFloat), b = io.outputs[i].cpu().to(at::kFloat);
+    bool same_shape = a.sizes() == b.sizes();
+    bool close = same_shape && at::allclose(a, b, rtol, atol);
+    double diff = same_shape ? (a - b).abs().max().item<double>() : -1.0;
+    std::cout << "output " << i << " " << a.sizes() << ": " << (close ? "matches" : "DIFFERS") << " (max abs diff "
+              << diff << ", atol " << atol << ", rtol " << rtol << ")\n";
+    ok &= close;
+  }
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const c10::Error& e) {  // no GPU, a bundle that does not verify, an op that refuses its inputs
+    std::cerr << "run_aoti: " << e.what_without_backtrace() << "\n";
+    return 1;
+  } catch (const std::exception& e) {  // AOTInductor's loader throws std::runtime_error
+    std::cerr << "run_aoti: " << e.what() << "\n";
+    return 1;
+  }
+}
