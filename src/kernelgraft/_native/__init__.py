@@ -101,9 +101,7 @@ def _refuse(why: str) -> None:
 def _open(library: Path, fd: int | None = None) -> ModuleType:
     """Import the extension; through ``/proc/self/fd/<fd>`` when given (and the platform has it),
     so the loader maps the very file whose bytes were hashed, not whatever the path names now."""
-    origin = str(library)
-    if fd is not None and os.path.isdir("/proc/self/fd"):
-        origin = f"/proc/self/fd/{fd}"
+    origin = str(library) if fd is None else _build.fd_path(fd, library)
     loader = importlib.machinery.ExtensionFileLoader(_build.NAME, origin)
     spec = importlib.util.spec_from_file_location(_build.NAME, origin, loader=loader)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]

@@ -124,6 +124,12 @@ def open_verified(directory: Path) -> tuple[int, Path] | None | str:
     return fd, library
 
 
+def fd_path(fd: int, library: Path) -> str:
+    """The path that loads the file open as ``fd`` (``/proc/self/fd/<fd>``: the inode that was
+    hashed, whatever ``library`` names now), or ``library`` where the platform has no /proc."""
+    return f"/proc/self/fd/{fd}" if os.path.isdir("/proc/self/fd") else str(library)
+
+
 def _write_atomically(directory: Path, name: str, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
     try:

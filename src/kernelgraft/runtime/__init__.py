@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import subprocess
 import sys
 import tempfile
@@ -101,8 +102,17 @@ def load() -> Path:
     import torch
 
     so = library()
-    torch.ops.load_library(str(so))
-    return so
+    found = _build.open_verified(so.parent)  # the bytes hashed are the bytes loaded (see _native)
+    if not isinstance(found, tuple):
+        from .._errors import CompileError
+
+        raise CompileError(f"the kernelgraft runtime at {so} cannot be loaded: {found or 'no build record'}")
+    fd, checked = found
+    try:
+        torch.ops.load_library(_build.fd_path(fd, checked))
+    finally:
+        os.close(fd)
+    return checked
 
 
 def load_bundle(path: str | Path, *, key: str | Path | None = None, arch: str | None = None) -> list[str]:
