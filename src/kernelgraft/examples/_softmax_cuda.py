@@ -53,10 +53,14 @@ _CUDA_SOURCE = r"""
 #define NEG_INF (-__int_as_float(0x7f800000))
 // One block of THREADS threads per row. Pass 1: each thread keeps an online (max, sum of exp);
 // the block merges them. Pass 2 writes exp(x - max) / sum. All arithmetic in float32.
+// While every element seen is -inf, subtract 0 rather than the max (exp(-inf) = 0, not
+// exp(-inf - -inf) = nan). A NaN still adds NaN: fmaxf skips it, so a NaN among -inf leaves the max
+// at -inf, and a shortcut on the max alone ("all -inf so far: the sum is 0") dropped it, leaving a
+// row with one NaN finite everywhere else.
 __device__ __forceinline__ void merge(float& m, float& d, float m2, float d2) {
-    float mn = fmaxf(m, m2);
-    if (mn == NEG_INF) { d = 0.0f; m = mn; return; }
-    d = d * expf(m - mn) + d2 * expf(m2 - mn);
+    const float mn = fmaxf(m, m2);
+    const float shift = mn == NEG_INF ? 0.0f : mn;
+    d = d * expf(m - shift) + d2 * expf(m2 - shift);
     m = mn;
 }
 
