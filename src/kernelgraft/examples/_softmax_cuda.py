@@ -11,8 +11,8 @@
 - ``CUDA_ROW_TMA``: one block per row in shared memory, loaded by Hopper bulk copies (TMA) that
   complete on an mbarrier (vocab-wide rows; explore_round7.txt there).
 
-All compute in float32 and return the input's dtype; an all ``-inf`` row gives nan, as the
-reference does.
+All compute in float32 and return the input's dtype; a row that is all ``-inf``, or holds a NaN or
+``+inf``, gives NaN throughout, as the reference does.
 """
 
 from __future__ import annotations
