@@ -94,6 +94,31 @@ def test_a_backward_registered_later_replaces_the_refusal():
     assert torch.equal(x.grad, torch.full((4,), 2.0))
 
 
+def test_backward_through_a_tensor_list_argument_raises_naming_the_elements():
+    # the refusal's gradient for a Tensor[] argument is a list (torch checks the structure); it
+    # once passed None as the refused gradient's size and torch raised a bare RuntimeError
+    @kg.op("fuzztest::cat_scaled")
+    def cat_scaled(xs: list[torch.Tensor], w: torch.Tensor) -> torch.Tensor:
+        return torch.cat(xs) * w
+
+    a, b = torch.randn(4), torch.randn(4, requires_grad=True)
+    w = torch.randn(8)
+    refused = r"fuzztest::cat_scaled has no backward, and its argument 'xs\[1\]' requires"
+    with pytest.raises(kg.UnsupportedError, match=refused):
+        cat_scaled([a, b], w).sum().backward()
+    w.requires_grad_()
+    with pytest.raises(kg.UnsupportedError, match=r"arguments 'xs\[1\]', 'w' require grad"):
+        cat_scaled([a, b], w).sum().backward()
+    assert b.grad is None and w.grad is None
+    # compiled: the refusal is traced into the backward graph (its fake kernel shapes a list
+    # element's gradient) and raises when that runs
+    f = torch.compile(lambda a, b, w: cat_scaled([a, b], w) * 2, backend="aot_eager", fullgraph=True)
+    out = f(a, b, w.detach())
+    assert torch.equal(out.detach(), torch.cat([a, b.detach()]) * w.detach() * 2)
+    with pytest.raises(kg.UnsupportedError, match=r"argument 'xs\[1\]' requires grad"):
+        out.sum().backward()
+
+
 def test_shape_mismatch_is_an_input_error_without_error_logs(caplog):
     with caplog.at_level(logging.DEBUG):
         with pytest.raises(kg.InputError, match=r"kgexamples::add_relu: .*\(5,\).*shapes do not fit together"):

@@ -55,6 +55,20 @@ def test_softmax_triton_kernels_on_masked_rows(impl):
     torch.testing.assert_close(got, torch.softmax(x.double(), -1).float(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("impl", ["softmax_rows", "softmax_online", "softmax_split"])
+def test_softmax_triton_kernels_propagate_nan_and_inf_like_the_reference(impl):
+    from kernelgraft.examples.softmax import wide_nan_inf
+
+    x = wide_nan_inf()
+    want = torch.softmax(x.double(), -1).float()
+    assert want[:4].isnan().all() and not want[4].isnan().any()  # the sample means what it says
+    configs = [c.config for c in softmax.candidates(x) if c.supported and c.impl.display_name == impl]
+    assert configs
+    for config in configs:
+        got = softmax.run(x, impl=impl, config=config.as_dict())
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, equal_nan=True, msg=lambda m: f"{config}: {m}")
+
+
 def test_fp8_scatter_triton_is_byte_exact_and_touches_only_its_bytes():
     for k, cache, slots, qbs, fmt in fp8.sample_inputs():
         want, got = cache.clone(), cache.clone()

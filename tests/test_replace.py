@@ -135,6 +135,19 @@ def test_unregister_removes_the_op_and_old_references_say_so(nb):
     assert torch.equal(op(torch.ones(2)), torch.full((2,), 4.0)) and new is not op
 
 
+def test_unregister_of_a_replaced_op_object_leaves_the_new_op(nb):
+    x = torch.ones(2)
+    old = nb.run(cell(2))["cell"]
+    new = nb.run(cell(3))["cell"]  # replace=True: old is retired and forwards to new
+    assert kg.unregister(old) is False  # it no longer holds the name: nothing removed
+    assert _registry.lookup("kgnotebook::cell") is new
+    assert torch.equal(torch.ops.kgnotebook.cell(x), x * 3) and torch.equal(new(x), x * 3)
+    assert kg.unregister(new) is True and _registry.lookup("kgnotebook::cell") is None
+    assert kg.unregister(new) is False  # twice: harmless
+    again = nb.run(cell(4, replace=False))["cell"]
+    assert kg.unregister(new) is False and _registry.lookup("kgnotebook::cell") is again
+
+
 def test_replace_and_unregister_reject_wrong_types():
     with pytest.raises(kg.SpecError, match="replace must be True or False"):
         kg.op("kgnotebook::bad", replace="yes")

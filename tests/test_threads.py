@@ -200,12 +200,13 @@ def test_same_key_from_many_threads_is_tuned_once():
     assert kg.tune.stats().get("tuned") == 1
 
 
-def test_a_failed_tuning_is_not_redone_by_each_waiting_thread(monkeypatch):
+@pytest.mark.parametrize("error", [RuntimeError("the trials broke"), torch.OutOfMemoryError("CUDA out of memory")])
+def test_a_failed_tuning_is_not_redone_by_each_waiting_thread(monkeypatch, error):
     """Tuning that raises gives the default candidate; the threads that waited on the same key
-    use that outcome instead of each failing the same tuning again."""
+    use that outcome instead of each failing the same tuning again (a transient failure too)."""
     from kernelgraft.tune import _tuner
 
-    op = _double_op("tthreads::failonce")
+    op = _double_op(f"tthreads::failonce_{type(error).__name__}")
     barrier = threading.Barrier(5)
     x = torch.randn(517)
     attempts = []
@@ -213,7 +214,7 @@ def test_a_failed_tuning_is_not_redone_by_each_waiting_thread(monkeypatch):
     def broken(*args, **kwargs):
         attempts.append(threading.get_ident())
         time.sleep(0.05)
-        raise RuntimeError("the trials broke")
+        raise error
 
     monkeypatch.setattr(_tuner, "run_trials", broken)
 
@@ -265,11 +266,20 @@ def test_nested_tuning_on_two_devices_in_opposite_orders_does_not_deadlock(monke
     inner.update(a=a, b=b, done=set())
     errors: list = []
 
+    later: dict = {}
+
     def work(op):
         try:
             with kg.tune("on", timer=_timer_preferring(1)):
                 x = torch.randn(77)
                 assert torch.equal(op(x), x * 2)
+                # the nested call served the default for that call only: the other op's next call
+                # here (same scope, same key) gets the tuned choice, K=1, not a pinned default K=0
+                me = threading.current_thread().name
+                inner["done"].update({(me, "a"), (me, "b")})
+                other = b if op is a else a
+                assert torch.equal(other(x), x * 2)
+                later[op.name] = _chosen(other, x)
         except Exception as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
@@ -280,6 +290,106 @@ def test_nested_tuning_on_two_devices_in_opposite_orders_does_not_deadlock(monke
         t.join(30)
     assert not any(t.is_alive() for t in threads), "deadlock: both threads still wait"
     assert not errors, errors
+    # the first nested attempt finds the other lock held (neither thread has released its own)
+    assert kg.tune.stats().get("nested_busy", 0) >= 1
+    assert later == {"tthreads::abba_a": 1, "tthreads::abba_b": 1}
+
+
+def test_a_nested_tuning_that_meets_a_busy_device_keeps_no_plan(monkeypatch):
+    """Nested inside another device's tuning, with this op's device busy: the default candidate
+    serves that call, no plan is kept and nothing is remembered, and the next call tunes."""
+    from kernelgraft.tune import _tuner
+
+    mine, busy = threading.RLock(), threading.RLock()
+    monkeypatch.setattr(kg.tune.TUNER, "_device_lock", lambda op, args: busy)
+    op = _double_op("tthreads::nested_busy")
+    x = torch.randn(91)
+    held, release = threading.Event(), threading.Event()
+
+    def holder():  # another thread tuning on this op's device
+        with busy:
+            held.set()
+            release.wait(30)
+
+    t = threading.Thread(target=holder, daemon=True)
+    t.start()
+    assert held.wait(10)
+    with kg.tune("on", timer=_timer_preferring(1)):
+        _tuner.TUNER._held.locks = [mine]  # this thread is inside a tuning on another device
+        try:
+            assert torch.equal(op(x), x * 2)
+        finally:
+            _tuner.TUNER._held.locks = []
+        assert op.dispatcher.plan_for((x,)) is None
+        assert kg.tune.stats().get("nested_busy") == 1 and not kg.tune.stats().get("tuned")
+        release.set()
+        t.join(10)
+        assert torch.equal(op(x), x * 2)
+        assert _chosen(op, x) == 1 and kg.tune.stats().get("tuned") == 1
+        assert not busy._is_owned()  # the lock taken for tuning was released
+
+
+def test_a_transient_tuning_failure_is_tuned_again_after_a_backoff(monkeypatch):
+    """Out of memory while tuning: the default serves until the backoff passes, then the key is
+    tuned again (the tuner's and the dispatcher's deadlines read time.monotonic: a fake clock)."""
+    from kernelgraft.tune import _tuner
+
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    real = _tuner.run_trials
+    errors = [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+              torch.OutOfMemoryError("CUDA out of memory")]
+    attempts = []
+
+    def flaky(*args, **kwargs):
+        attempts.append(time.monotonic())
+        if errors:
+            raise errors.pop(0)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_tuner, "run_trials", flaky)
+    op = _double_op("tthreads::oom")
+    x = torch.randn(301)
+    with kg.tune("on", timer=_timer_preferring(1)):
+        with pytest.warns(kg.TuneWarning, match=r"OutOfMemoryError.*tuning again in 2 s"):
+            assert torch.equal(op(x), x * 2)
+        now[0] += 1.9
+        assert _chosen(op, x) == 0 and torch.equal(op(x), x * 2) and len(attempts) == 1
+        now[0] += 0.2
+        with pytest.warns(kg.TuneWarning, match="tuning again in 4 s"):  # the backoff doubles
+            assert torch.equal(op(x), x * 2)
+        assert len(attempts) == 2 and _chosen(op, x) == 0
+        now[0] += 4.1
+        assert torch.equal(op(x), x * 2)  # the backoff passed: this call tunes, and succeeds
+        assert len(attempts) == 3 and _chosen(op, x) == 1 and kg.tune.stats().get("tuned") == 1
+        assert not _tuner.TUNER._retry
+
+
+def test_a_lasting_tuning_failure_is_not_retried(monkeypatch):
+    from kernelgraft.tune import _tuner
+
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    attempts = []
+
+    def broken(*args, **kwargs):
+        attempts.append(1)
+        raise ValueError("a bug in a trial")
+
+    monkeypatch.setattr(_tuner, "run_trials", broken)
+    op = _double_op("tthreads::broken")
+    x = torch.randn(303)
+    with kg.tune("on", timer=_timer_preferring(1)):
+        with pytest.warns(kg.TuneWarning, match="for this process"):
+            op(x)
+        now[0] += 3600.0
+        for _ in range(3):
+            assert torch.equal(op(x), x * 2)
+        assert len(attempts) == 1 and _chosen(op, x) == 0
+    kg.tune.clear()  # forgets it: the next call tunes again
+    with kg.tune("on", timer=_timer_preferring(1)), pytest.warns(kg.TuneWarning):
+        op(x)
+    assert len(attempts) == 2
 
 
 def test_a_replay_is_not_installed_after_plans_moved_on():

@@ -60,22 +60,42 @@ def _no_backward_fake(grad, op, inputs, size):
     return grad.new_empty(size)
 
 
+def _shape(t: Any) -> Any:
+    """A tensor's shape; for a ``Tensor[]`` argument, one per element (None for a non-tensor)."""
+    if isinstance(t, torch.Tensor):
+        return list(t.shape)
+    if isinstance(t, (list, tuple)):
+        return [_shape(e) for e in t]
+    return None
+
+
 def _no_backward_info(op: "KernelOp") -> tuple[Callable[..., Any], Callable[..., Any]]:
     names = [p.name for p in op.signature.params]
 
     def setup_context(ctx, inputs, output):
-        ctx.kg_sizes = [list(t.shape) if isinstance(t, torch.Tensor) else None for t in inputs]
+        ctx.kg_sizes = [_shape(t) for t in inputs]
 
     def backward(ctx, *grads):
+        # needs_input_grad holds a bool per argument, and a list of bools for a Tensor[] argument,
+        # whose gradient must be a list of the same length (torch checks the structure)
         need = list(ctx.needs_input_grad)
-        wanted = [i for i, n in enumerate(need) if n]
-        out: list[Any] = [None] * len(need)
+        out: list[Any] = [[None] * len(n) if isinstance(n, (list, tuple)) else None for n in need]
+        wanted = [(i, None) if not isinstance(n, (list, tuple)) else (i, k)
+                  for i, n in enumerate(need) for k in (range(len(n)) if isinstance(n, (list, tuple)) else [None])
+                  if (n[k] if k is not None else n)]
         if not wanted:
             return tuple(out)
         grad = next((g for g in grads if g is not None), None)
-        first = wanted[0]
-        inputs = ", ".join(repr(names[i]) for i in wanted)
-        out[first] = torch.ops.kernelgraft_autograd.no_backward(grad, op.name, inputs, ctx.kg_sizes[first])
+        inputs = ", ".join(repr(names[i] if k is None else f"{names[i]}[{k}]") for i, k in wanted)
+        # one refusing gradient is enough: it raises when the backward runs (eagerly) or when the
+        # compiled backward graph runs
+        i, k = wanted[0]
+        size = ctx.kg_sizes[i] if k is None else ctx.kg_sizes[i][k]
+        refusal = torch.ops.kernelgraft_autograd.no_backward(grad, op.name, inputs, size)
+        if k is None:
+            out[i] = refusal
+        else:
+            out[i][k] = refusal
         return tuple(out)
 
     return backward, setup_context

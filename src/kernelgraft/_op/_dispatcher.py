@@ -18,6 +18,7 @@ import logging
 import os
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -102,6 +103,22 @@ def guarded(plan: Plan, guard: Callable[[tuple], None] | None) -> Plan:
     return checked
 
 
+def _expiring(plan: Plan, table: dict[tuple, Plan], key: tuple, until: float,
+              replan: Callable[[tuple, tuple], Any]) -> Plan:
+    """``plan`` kept in ``table`` until ``time.monotonic()`` reaches ``until``; the call that finds
+    it expired takes it out and plans again (asking the tuner again)."""
+
+    def expiring(args: tuple) -> Any:
+        if time.monotonic() < until:
+            return plan(args)
+        if table.get(key) is expiring:
+            table.pop(key, None)
+        return replan(args, key)
+
+    expiring.candidate = getattr(plan, "candidate", None)  # type: ignore[attr-defined]
+    return expiring
+
+
 class Dispatcher:
     """Plans, runners, bundles and replays of one op (``op.dispatcher``)."""
 
@@ -180,7 +197,11 @@ class Dispatcher:
             table = tables.setdefault(scope, {})
         plan = table.get(key)
         if plan is None:
-            plan = self._make_plan(args, scope, epoch)
+            plan, until = self._make_plan(args, scope, epoch)
+            if until is not None:  # a provisional choice: not kept, or kept until its deadline
+                if until <= time.monotonic():
+                    return plan(args)
+                plan = _expiring(plan, table, key, until, self.execute)
             if len(table) >= _MAX_PLANS:
                 table.clear()
             table[key] = plan
@@ -273,7 +294,9 @@ class Dispatcher:
                 )
         return tensors
 
-    def _make_plan(self, args: tuple, scope: Any, epoch: int) -> Plan:
+    def _make_plan(self, args: tuple, scope: Any, epoch: int) -> tuple[Plan, float | None]:
+        """The plan for these arguments, and None, or the ``time.monotonic()`` deadline of a
+        provisional choice (see ``_select.provisional``) after which the call plans again."""
         op = self.op
         tensors = self.check(args)
         candidates = evaluate(op.impls, tensors, args)
@@ -282,25 +305,28 @@ class Dispatcher:
         if supported:
             self._accept_dtypes(args, tensors)
             chosen = _select.choose(op, supported, args)
+            until = _select.take_provisional()
             if chosen is None:  # the tuner found no candidate that computes the right result
-                return reference_plan(op)
-            log.debug("%s: chose %s", op.name, chosen.label)
+                return reference_plan(op), until
+            log.debug("%s: chose %s%s", op.name, chosen.label, "" if until is None else " (provisional)")
             if _compete.is_torch(chosen):  # PyTorch won this shape: the Python path, no replay
-                return guarded(torch_plan(op, chosen, _compete.bind(op, chosen)), self.overlap_guard(args))
+                return guarded(torch_plan(op, chosen, _compete.bind(op, chosen)), self.overlap_guard(args)), until
             runner = self.runner(chosen)
             plan = kernel_plan(op, chosen, runner, out_specs, args)
             guard = self.overlap_guard(args)
-            return attach(self, guarded(plan, guard), chosen, runner, PLAIN, scope, epoch, guard)
+            if until is not None:  # no native replay: its calls would skip the deadline's check
+                return guarded(plan, guard), until
+            return attach(self, guarded(plan, guard), chosen, runner, PLAIN, scope, epoch, guard), None
         device = tensors[0][1].device if tensors else torch.device("cpu")
         if not candidates or (device.type == "cpu" and not interpreting()):
-            return guarded(reference_plan(op), self.overlap_guard(args))
+            return guarded(reference_plan(op), self.overlap_guard(args)), None
         if all(c.category == LAYOUT for c in candidates):
             raise InputError(
                 f"{op.name}: every kernel {candidates[0].reason}; pass contiguous tensors "
                 "(.contiguous()) or declare an impl with contiguous=False"
             )
         self._no_candidate(candidates, device)
-        return guarded(reference_plan(op), self.overlap_guard(args))
+        return guarded(reference_plan(op), self.overlap_guard(args)), None
 
     def overlap_guard(self, args: tuple) -> Callable[[tuple], None] | None:
         """The per-call check that no tensor argument shares memory with one the op mutates, or

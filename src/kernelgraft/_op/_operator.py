@@ -475,7 +475,9 @@ class _RetiredOp(KernelOp):
 def unregister(name: str | KernelOp) -> bool:
     """Remove an op from kernelgraft and ``torch.ops`` (a notebook that drops or renames an op).
 
-    Returns whether an op was registered under the name. The removed op object stops serving:
+    Returns whether an op was removed. Given an op object, it is removed only while it holds its
+    name: an op since replaced (``kg.op(..., replace=True)``) or unregistered returns False and
+    leaves the name's current op alone. The removed op object stops serving:
     calling it raises ``kg.RegistrationError`` until an op of that name is declared again, and then
     forwards to that op. Compiled graphs that call ``torch.ops.<ns>.<name>`` need the name
     declared again too (or ``torch._dynamo.reset()``).
@@ -487,11 +489,12 @@ def unregister(name: str | KernelOp) -> bool:
     >>> kg.unregister("doctest::gone"), hasattr(torch.ops.doctest, "gone")
     (True, False)
     """
+    only = None
     if isinstance(name, KernelOp):
-        name = name.name
+        name, only = name.name, name
     if not isinstance(name, str):
         raise SpecError(f"kg.unregister: give an op name like 'ns::name' or the op, got {describe(name)}")
-    removed = _registry.unregister(name)
+    removed = _registry.unregister(name, only)
     if removed is None:
         return False
     _registry.retire(removed, "unregistered")

@@ -220,13 +220,15 @@ def _has_schema(qualname: str) -> bool:
         return False
 
 
-def unregister(qualname: str) -> "KernelOp | None":
-    """Forget an op and remove it from torch.ops; returns it (None if the name was free). The op
-    object still runs eagerly and can be registered again; ``retire`` makes it forward instead."""
+def unregister(qualname: str, only: "KernelOp | None" = None) -> "KernelOp | None":
+    """Forget an op and remove it from torch.ops; returns it (None if the name was free, or held by
+    another op than ``only`` when given). The op object still runs eagerly and can be registered
+    again; ``retire`` makes it forward instead."""
     with _LOCK:
-        op = _OPS.pop(qualname, None)
-        if op is None:
+        op = _OPS.get(qualname)
+        if op is None or (only is not None and op is not only):
             return None
+        del _OPS[qualname]
         # The op's torch.ops overload is about to dangle: calling it would crash the process.
         op._bind_overload(_Unregistered(qualname), None)
         lib = _LIBS.pop(qualname, None)

@@ -3,12 +3,13 @@ without it the first supported candidate runs."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._candidates import Candidate
 
-__all__ = ["choose", "set_chooser", "epoch", "bump_epoch"]
+__all__ = ["choose", "set_chooser", "epoch", "bump_epoch", "provisional", "take_provisional"]
 
 Chooser = Callable[[Any, Sequence[Candidate], tuple], Candidate]
 
@@ -23,8 +24,29 @@ _chooser: Chooser = _first
 _epoch = [0]
 
 
+# A chooser that could not decide yet (the tuner, when its device is busy or a tuning failed for a
+# reason that may pass) marks its choice provisional: the op serves it without keeping the plan
+# for good, so a later call asks again. Per thread: choices are made on the calling thread.
+_local = threading.local()
+
+
 def choose(op: Any, candidates: Sequence[Candidate], args: tuple) -> Candidate:
+    """The chooser's pick; read ``take_provisional()`` right after (nested ops choose in between)."""
+    _local.until = None
     return _chooser(op, candidates, args)
+
+
+def provisional(until: float = 0.0) -> None:
+    """Called by a chooser: its choice serves calls until ``time.monotonic()`` reaches ``until``
+    (0: this call only), then the op plans again and asks the chooser again."""
+    _local.until = until
+
+
+def take_provisional() -> float | None:
+    """The deadline of the choice just made on this thread (None: a lasting choice); resets it."""
+    until = getattr(_local, "until", None)
+    _local.until = None
+    return until
 
 
 def set_chooser(chooser: Chooser | None) -> None:

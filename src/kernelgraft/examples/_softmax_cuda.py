@@ -11,8 +11,8 @@
 - ``CUDA_ROW_TMA``: one block per row in shared memory, loaded by Hopper bulk copies (TMA) that
   complete on an mbarrier (vocab-wide rows; explore_round7.txt there).
 
-All compute in float32 and return the input's dtype; an all ``-inf`` row gives nan, as the
-reference does.
+All compute in float32 and return the input's dtype; a row that is all ``-inf``, or holds a NaN or
+``+inf``, gives NaN throughout, as the reference does.
 """
 
 from __future__ import annotations
@@ -53,10 +53,14 @@ _CUDA_SOURCE = r"""
 #define NEG_INF (-__int_as_float(0x7f800000))
 // One block of THREADS threads per row. Pass 1: each thread keeps an online (max, sum of exp);
 // the block merges them. Pass 2 writes exp(x - max) / sum. All arithmetic in float32.
+// While every element seen is -inf, subtract 0 rather than the max (exp(-inf) = 0, not
+// exp(-inf - -inf) = nan). A NaN still adds NaN: fmaxf skips it, so a NaN among -inf leaves the max
+// at -inf, and a shortcut on the max alone ("all -inf so far: the sum is 0") dropped it, leaving a
+// row with one NaN finite everywhere else.
 __device__ __forceinline__ void merge(float& m, float& d, float m2, float d2) {
-    float mn = fmaxf(m, m2);
-    if (mn == NEG_INF) { d = 0.0f; m = mn; return; }
-    d = d * expf(m - mn) + d2 * expf(m2 - mn);
+    const float mn = fmaxf(m, m2);
+    const float shift = mn == NEG_INF ? 0.0f : mn;
+    d = d * expf(m - shift) + d2 * expf(m2 - shift);
     m = mn;
 }
 

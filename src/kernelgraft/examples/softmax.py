@@ -28,6 +28,15 @@ from ._special import nan_inf
 
 
 @triton.jit
+def _shift(m):
+    # The max to subtract while accumulating sum(exp(x - max)): 0 while every element seen is -inf,
+    # so those add exp(-inf) = 0 instead of exp(-inf - -inf) = nan. A NaN still adds NaN: tl.max
+    # and tl.maximum skip NaN (on the GPU and in the interpreter), so a NaN among -inf leaves the
+    # max at -inf, and a test of the max alone ("all seen are -inf, add 0") drops it.
+    return tl.where(m == -float("inf"), 0.0, m)
+
+
+@triton.jit
 def _softmax_rows_kernel(x_ptr, out_ptr, n_rows, n_cols, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
@@ -55,10 +64,8 @@ def _softmax_online_kernel(x_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
         mask = start + cols < n_cols
         x = tl.load(x_ptr + base + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
         m_new = tl.maximum(m, tl.max(x, axis=0))
-        # While every element seen is -inf, the sums stay 0 (avoid exp(-inf - -inf) = nan).
-        alive = m_new != -float("inf")
-        scale = tl.where(alive, tl.exp(m - m_new), 0.0)
-        d = d * scale + tl.where(alive, tl.exp(x - m_new), 0.0)
+        shift = _shift(m_new)
+        d = d * tl.exp(m - shift) + tl.exp(x - shift)
         m = m_new
     # an all -inf row: 1 / 0 and exp(nan) give nan, as the reference does
     inv = 1.0 / tl.sum(d, axis=0)
@@ -83,8 +90,8 @@ def _softmax_split_stats_kernel(x_ptr, stats_ptr, n_cols, CHUNK, SPLITS: tl.cons
         mask = start + cols < n_cols
         x = tl.load(x_ptr + base + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
         m_new = tl.maximum(m, tl.max(x, axis=0))
-        alive = m_new != -float("inf")  # while all seen are -inf the sum stays 0 (not nan)
-        d = d * tl.where(alive, tl.exp(m - m_new), 0.0) + tl.where(alive, tl.exp(x - m_new), 0.0)
+        shift = _shift(m_new)
+        d = d * tl.exp(m - shift) + tl.exp(x - shift)
         m = m_new
     # stats[row, split] = (m, sum): a split past the row's end stores (-inf, 0)
     tl.store(stats_ptr + (row * SPLITS + split) * 2, m)
@@ -103,8 +110,10 @@ def _softmax_split_write_kernel(x_ptr, stats_ptr, out_ptr, n_cols, CHUNK, SPLITS
     pm = tl.load(stats_ptr + (row * SPLITS + parts) * 2)
     ps = tl.load(stats_ptr + (row * SPLITS + parts) * 2 + 1)
     m = tl.max(pm, axis=0)
-    # an all -inf row gives m = -inf and 0 / 0 = nan below, as the reference does
-    inv = 1.0 / tl.sum(tl.where(ps > 0, ps * tl.exp(pm - m), 0.0), axis=0)
+    # A split of only -inf (or past the row's end) has the sum 0 and adds 0; a split with a NaN has
+    # the sum NaN and must add it (a `ps > 0` test dropped it). An all -inf row gives m = -inf,
+    # the sum 0 and exp(-inf - -inf) = nan below, as the reference does.
+    inv = 1.0 / tl.sum(tl.where(ps == 0, 0.0, ps * tl.exp(pm - m)), axis=0)
     base = row * n_cols
     cols = tl.arange(0, BLOCK)
     for start in range(split * CHUNK, tl.minimum((split + 1) * CHUNK, n_cols), BLOCK):
@@ -208,7 +217,8 @@ IMPLS = [TRITON_ROWS, TRITON_ONLINE, CUDA, CUDA_CLUSTER, CUDA_STREAM, CUDA_ROW_T
 
 
 def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
-    """Edge shapes: one element, odd widths, rows longer than one chunk, large magnitudes, -inf."""
+    """Edge shapes: one element, odd widths, rows longer than one chunk, large magnitudes, -inf,
+    NaN and Inf (in narrow rows and in rows wide enough for every kernel)."""
     for rows, cols in [(1, 1), (1, 7), (5, 64), (3, 1000), (17, 4097), (2, 131)]:
         yield (torch.randn(rows, cols, device=device, dtype=dtype),)
     yield (torch.randn(2, 3, 256, device=device, dtype=dtype) * 30,)
@@ -228,6 +238,22 @@ def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
     yield (torch.randn(4, 6144, device=device, dtype=torch.float16) * 10,)
     # more rows than an H200 has SMs: the streaming kernel's blocks each walk several rows
     yield (torch.randn(140, 8200, device=device, dtype=torch.float32),)
+    yield (wide_nan_inf(device, dtype),)
+
+
+def wide_nan_inf(device: str = "cpu", dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Rows wide enough for every kernel (the split, streaming, cluster and register ones too) with
+    the reference's NaN cases: a row with one NaN, or a +inf, or only -inf is NaN throughout.
+    Row 2 hides its NaN among -inf: a max that skips NaN (tl.max, fmaxf) stays -inf there, so a
+    kernel that adds nothing while the max is -inf drops the NaN. Row 4 stays finite."""
+    x = torch.randn(5, 8192, device=device, dtype=dtype) * 5
+    x[0, 5000] = float("nan")  # in a later split than the first
+    x[1, 7] = float("inf")
+    x[2, :2048] = float("-inf")
+    x[2, 5] = float("nan")
+    x[3] = float("-inf")
+    x[4, 4096:] = float("-inf")
+    return x
 
 
 # Shapes for ``kernelgraft bench`` (kernelgraft.bench._suite): (rows, cols) bf16.

@@ -148,6 +148,21 @@ class _Progress:
             self.bar.stop()
 
 
+# A tuning that failed for want of memory is retried after RETRY_S, doubling per failure in a row up
+# to RETRY_MAX_S: long enough that the threads that waited for the failed tuning are served the
+# default first, short enough that a passing shortage costs seconds of untuned calls.
+RETRY_S = 2.0
+RETRY_MAX_S = 600.0
+
+
+def _transient(exc: BaseException) -> bool:
+    """A tuning failure that may pass: running out of GPU or host memory (the trials clone inputs
+    and allocate outputs for every candidate, on top of the workload's own tensors)."""
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
 class Tuner:
     """Chooses per key; ``TUNER`` is the instance installed as kernelgraft's chooser."""
 
@@ -160,6 +175,9 @@ class Tuner:
         self._device_locks: dict[str, threading.RLock] = {}
         self._locks_guard = threading.Lock()
         self._held = _Held()  # the device tuning locks the calling thread holds, innermost last
+        # key digest -> (time.monotonic() from which it is tuned again, failures in a row, the
+        # failed decision in memory): keys whose tuning failed for a reason that may pass
+        self._retry: dict[str, tuple[float, int, Decision]] = {}
 
     def forget(self, fingerprint: str) -> None:
         """Drop the in-memory decisions of one op (it was replaced or unregistered); the disk
@@ -167,6 +185,7 @@ class Tuner:
         for digest, decision in list(self.memory.items()):
             if decision.key.get("fingerprint") == fingerprint:
                 self.memory.pop(digest, None)
+                self._retry.pop(digest, None)
 
     def _device_lock(self, op: Any, args: tuple) -> threading.RLock:
         first = next(iter(op.signature.tensors(args)), None)
@@ -189,14 +208,25 @@ class Tuner:
         except Exception as exc:  # a key we cannot build: no tuning, but the op still runs
             log.warning("%s: cannot build a tuning key (%s); using the default candidate", op.name, exc)
             return candidates[0]
-        decision = self.memory.get(key.digest)
+        decision = self._remembered(key)
         if decision is None:
             self.stats["memory_miss"] += 1
             decision = self._resolve(op, candidates, args, key, s)
         else:
             self.stats["memory_hit"] += 1
+        retry = self._retry.get(key.digest)
+        if retry is not None and time.monotonic() < retry[0] and self.memory.get(key.digest) is retry[2]:
+            _select.provisional(retry[0])  # the default serves until the key is tuned again
         # Not torch:compile once it failed (it stays in the key: see _compete.servable).
         return self._pick(op, decision, servable(op, candidates))
+
+    def _remembered(self, key: TuneKey) -> Decision | None:
+        """The key's decision in memory; a failed tuning whose retry time came counts as none."""
+        decision = self.memory.get(key.digest)
+        retry = self._retry.get(key.digest)
+        if decision is not None and retry is not None and decision is retry[2] and time.monotonic() >= retry[0]:
+            return None
+        return decision
 
     def _may_measure(self, op: Any, args: tuple, s: Settings) -> bool:
         if s.mode != "on":
@@ -218,21 +248,25 @@ class Tuner:
         if self._held.locks and not any(held is lock for held in self._held.locks):
             # Tuning nested inside another device's tuning (an op whose reference or candidate
             # calls an op on a second GPU): waiting for that device's lock while holding ours can
-            # deadlock against a thread doing the opposite, so wait only if it is free at once;
-            # otherwise the default candidate serves this call and the key is tuned later.
+            # deadlock against a thread doing the opposite, so take it only if it is free at once.
+            # Otherwise the default candidate serves this one call (provisional: the op keeps no
+            # plan for it, nothing is remembered) and a later call tunes the key.
             if not lock.acquire(blocking=False):
+                self.stats["nested_busy"] += 1
+                _select.provisional(0.0)
                 return Decision(key.as_json(), [], [], source="default")
+        else:
+            lock.acquire()
+        self._held.locks = [*self._held.locks, lock]
+        try:
+            found = self._remembered(key)  # another thread may have tuned it while we waited
+            if found is not None:
+                self.stats["memory_hit"] += 1
+                return found
+            return self._resolve_locked(op, candidates, args, key, s, measure)
+        finally:
+            self._held.locks = self._held.locks[:-1]
             lock.release()
-        with lock:
-            self._held.locks = [*self._held.locks, lock]
-            try:
-                found = self.memory.get(key.digest)  # another thread may have tuned it while we waited
-                if found is not None:
-                    self.stats["memory_hit"] += 1
-                    return found
-                return self._resolve_locked(op, candidates, args, key, s, measure)
-            finally:
-                self._held.locks = self._held.locks[:-1]
 
     def _resolve_locked(self, op: Any, candidates: Sequence[Any], args: tuple, key: TuneKey, s: Settings,
                         measure: bool) -> Decision:
@@ -322,14 +356,27 @@ class Tuner:
             else:
                 results = run_trials(op, chosen, args, s, progress)
         except Exception as exc:
-            warnings.warn(f"{op.name}: tuning failed ({type(exc).__name__}: {exc}); using the default "
-                          "candidate", TuneWarning, stacklevel=5)
-            log.debug("tuning failure", exc_info=True)
             failed = Decision(key.as_json(), [], [], source="default")
             # Kept in memory (not on disk): the threads that waited for this key, and later
             # calls, use the default candidate instead of each failing the same tuning again.
             self.memory[key.digest] = failed
+            if _transient(exc):
+                # Out of memory may pass (the workload's peak moves on): tune the key again after
+                # a backoff that doubles with each failure in a row, and keep no plan for good
+                # meanwhile. Any other failure would recur with the same inputs and candidates: it
+                # stays for the process (kg.tune.clear() forgets it).
+                failures = self._retry[key.digest][1] + 1 if key.digest in self._retry else 1
+                delay = min(RETRY_S * 2 ** (failures - 1), RETRY_MAX_S)
+                self._retry[key.digest] = (time.monotonic() + delay, failures, failed)
+                then = f"; tuning again in {delay:.0f} s"
+            else:
+                self._retry.pop(key.digest, None)
+                then = " for this process (kernelgraft.tune.clear() retries)"
+            warnings.warn(f"{op.name}: tuning failed ({type(exc).__name__}: {exc}); using the default "
+                          f"candidate{then}", TuneWarning, stacklevel=5)
+            log.debug("tuning failure", exc_info=True)
             return failed
+        self._retry.pop(key.digest, None)
         decision = self._decision(key, results, started, len(candidates))
         self.stats["tuned"] += 1
         self.disk.put({key.digest: decision.to_json()})
@@ -362,6 +409,7 @@ class Tuner:
 
     def clear(self, *, disk: bool = False) -> None:
         self.memory.clear()
+        self._retry.clear()
         if disk:
             self.disk.remove()
         _select.bump_epoch()
