@@ -13,7 +13,9 @@ STAMP=".venv/.kernelgraft-installed"
 WANT="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
     python -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
-    # The CPU build of torch first: a plain 'torch' requirement would pull the multi-GB CUDA build.
+    # torch 2.13.0, the version the tests target. pip takes the CPU build where one is offered (this
+    # project's machines keep it in a local wheel directory, PIP_FIND_LINKS); from PyPI alone, Linux
+    # gets the multi-GB CUDA build: set PIP_INDEX_URL=https://download.pytorch.org/whl/cpu to avoid it.
     python -m pip install -q "torch==2.13.0" 2>&1 | grep -v '^WARNING: Location' || true
     python -m pip install -q -e ".[ci]" 2>&1 | grep -v '^WARNING: Location' || true
     python -c "import kernelgraft, torch, triton" 
