@@ -90,12 +90,13 @@ class Compiler:
 
     def _aot(self, candidate: Candidate, args: tuple, arch: str) -> str:
         from ..aot._build import call_identity, compile_recorded, record_call
+        from .._errors import UnsupportedError
         from ..aot._expr import Unsupported
 
         impl, config = candidate.impl, candidate.config
         try:
             result, _ = record_call(self.op, impl, config, args, True)
-        except Unsupported as exc:
+        except (Unsupported, UnsupportedError) as exc:  # UnsupportedError: the launch itself needs a GPU
             raise NotCompiled(f"the AOT path cannot record this launch: {exc}") from exc
         if isinstance(result, str):
             raise NotCompiled(f"supports() refused this sample: {result}")
