@@ -22,6 +22,7 @@ import torch
 from kernelgraft.aot import _manifest
 from kernelgraft.examples import add_relu, rmsnorm  # registered before the per-test registry snapshot
 
+from _runtime_helpers import so  # noqa: F401 (a fixture)
 from _aot_helpers import build_bundle, env
 
 pytestmark = pytest.mark.gpu
@@ -38,15 +39,6 @@ PYTHON_OPS = {"add_relu": add_relu.add_relu, "rmsnorm": rmsnorm.rmsnorm}
 def _arch() -> str:
     major, minor = torch.cuda.get_device_capability()
     return f"sm_{major}{minor}"
-
-
-@pytest.fixture(scope="module")
-def so() -> Path:
-    from kernelgraft import runtime
-
-    library = runtime.library()
-    torch.ops.load_library(str(library))
-    return library
 
 
 @pytest.fixture(scope="module")

@@ -24,36 +24,15 @@ from kernelgraft.aot._sign import sign_bundle
 from kernelgraft.examples import add_relu, rmsnorm  # registered before the per-test registry snapshot
 
 from _aot_helpers import build_bundle, env
+from _runtime_helpers import so, variant  # noqa: F401 (so: a fixture)
 
 PYTHON_OPS = {"add_relu": add_relu.add_relu, "rmsnorm": rmsnorm.rmsnorm}
-
-
-@pytest.fixture(scope="module")
-def so() -> Path:
-    from kernelgraft import runtime
-
-    library = runtime.library()  # minutes the first time on a small machine, then cached
-    torch.ops.load_library(str(library))
-    return library
 
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory) -> Path:
     pytest.importorskip("cuda.bindings")
     return build_bundle(tmp_path_factory.mktemp("bundle"), "sm_90", timeout=600)
-
-
-def _variant(bundle: Path, dst: Path, namespace: str, edit=None) -> Path:
-    """A copy of ``bundle`` whose ops live in ``namespace``, edited by ``edit(manifest)``, with a
-    valid checksum (what a careless edit that recomputes it looks like)."""
-    shutil.copytree(bundle, dst)
-    manifest = _manifest.read(dst)
-    for op in manifest["ops"]:
-        op["name"] = namespace + "::" + op["name"].split("::")[1]
-    if edit is not None:
-        edit(manifest)
-    _manifest.write(dst, manifest)
-    return dst
 
 
 def _load(path: Path, key=None, arch="sm_90") -> list[str]:
@@ -63,7 +42,7 @@ def _load(path: Path, key=None, arch="sm_90") -> list[str]:
 @pytest.fixture(scope="module")
 def served(so, bundle, tmp_path_factory) -> dict:
     """The bundle served by the C++ runtime under namespace kgrt_test."""
-    path = _variant(bundle, tmp_path_factory.mktemp("served") / "b", "kgrt_test")
+    path = variant(bundle, tmp_path_factory.mktemp("served") / "b", "kgrt_test")
     assert _load(path) == ["kgrt_test::add_relu", "kgrt_test::rmsnorm"]
     return _manifest.read(path)
 
@@ -230,7 +209,7 @@ def test_decision_rows_choose_the_tuned_candidate(so, bundle, tmp_path):
                                "tensors": {"x": {"dtype": "float32", "dims": [[2049, 4096]]},
                                            "y": {"dtype": "float32", "dims": [[2049, 4096]]}}}]
 
-    path = _variant(bundle, tmp_path / "b", "kgrt_decide", edit)
+    path = variant(bundle, tmp_path / "b", "kgrt_decide", edit)
     _load(path)
     inside = [{"shape": [3000], "dtype": "float32"}] * 2
     outside = [{"shape": [5000], "dtype": "float32"}] * 2
@@ -305,7 +284,7 @@ def test_meta_error_for_a_dtype_the_bundle_lacks(served):
 
 
 def test_loading_again_is_a_no_op_and_a_python_op_is_left_alone(served, bundle, tmp_path, capfd):
-    path = _variant(bundle, tmp_path / "again", "kgrt_test")
+    path = variant(bundle, tmp_path / "again", "kgrt_test")
     assert _load(path) == ["kgrt_test::add_relu", "kgrt_test::rmsnorm"]
     assert _load(bundle) == ["kgexamples::add_relu", "kgexamples::rmsnorm"]
     assert "op kgexamples::add_relu is already registered in this process" in capfd.readouterr().err
@@ -317,7 +296,7 @@ def test_an_op_of_the_same_name_from_other_code_is_refused(served, bundle, tmp_p
     def edit(m):
         m["ops"][0]["fingerprint"] = "0" * 64
 
-    path = _variant(bundle, tmp_path / "other", "kgrt_test", edit)
+    path = variant(bundle, tmp_path / "other", "kgrt_test", edit)
     with pytest.raises(RuntimeError, match="built from different code \\(fingerprints differ\\)"):
         _load(path)
 
@@ -350,7 +329,7 @@ def test_tampered_bundles_are_refused(so, bundle, tmp_path, case, match):
         "input": lambda m: m["ops"][0]["candidates"][0]["kernels"][0]["program"]["grid"].__setitem__(0, [["size", 7, 0]]),
         "outside": lambda m: m["ops"][0]["candidates"][0]["kernels"][0]["images"]["cubin"].update(file="../x.cubin"),
     }
-    path = _variant(bundle, tmp_path / "b", ns, edits.get(case))
+    path = variant(bundle, tmp_path / "b", ns, edits.get(case))
     arch = "sm_90"
     if case == "cubin":
         _flip_cubin(_manifest.read(path), path)
@@ -376,7 +355,7 @@ def test_signed_bundles(so, bundle, tmp_path):
     key.write_text("0123456789abcdef0123456789abcdef\n")
     other = tmp_path / "other.key"
     other.write_text("fedcba9876543210fedcba9876543210")
-    path = _variant(bundle, tmp_path / "signed", "kgrt_signed")
+    path = variant(bundle, tmp_path / "signed", "kgrt_signed")
     with pytest.raises(RuntimeError, match="is not signed"):
         _load(path, key=key)
     sign_bundle(path, key)
@@ -395,7 +374,7 @@ def test_checksum_covers_unicode_strings_and_floats_as_python_writes_them(so, bu
         m["extra"] = [1e-06, 1e16, 1e15, 123456789.125, 0.0001, -0.0, 1e22, 2.5e-300, 0.1, 1.0, -7, 2**62]
         m["ünïcode-kéy"] = {"b": 1, "a": [True, False, None]}
 
-    path = _variant(bundle, tmp_path / "b", "kgrt_canon", edit)
+    path = variant(bundle, tmp_path / "b", "kgrt_canon", edit)
     assert _load(path) == ["kgrt_canon::add_relu", "kgrt_canon::rmsnorm"]
 
 

@@ -18,15 +18,7 @@ from kernelgraft.aot._expr import compile_exprs
 from kernelgraft.aot._rpn import compile_rpn
 
 from _aot_helpers import build_bundle, env
-
-
-@pytest.fixture(scope="module")
-def so() -> Path:
-    from kernelgraft import runtime
-
-    library = runtime.library()  # minutes the first time on a small machine, then cached
-    torch.ops.load_library(str(library))
-    return library
+from _runtime_helpers import so, variant  # noqa: F401 (so: a fixture)
 
 
 @pytest.fixture(scope="module")
@@ -36,18 +28,8 @@ def bundle(tmp_path_factory) -> Path:
 
 
 def _serve(bundle: Path, dst: Path, namespace: str, edit=None) -> None:
-    """Serve a copy of ``bundle`` under ``namespace`` (ops of other tests and Python stay apart);
-    ``edit(op_entry)`` changes each op before the checksum is rewritten."""
-    import shutil
-
-    shutil.copytree(bundle, dst)
-    manifest = _manifest.read(dst)
-    for op in manifest["ops"]:
-        op["name"] = namespace + "::" + op["name"].split("::")[1]
-        if edit is not None:
-            edit(op)
-    _manifest.write(dst, manifest)
-    torch.ops.kernelgraft.load_bundle(str(dst), None, "sm_90")
+    """Serve a copy of ``bundle`` under ``namespace``; ``edit(op_entry)`` changes each op first."""
+    torch.ops.kernelgraft.load_bundle(str(variant(bundle, dst, namespace, edit_op=edit)), None, "sm_90")
 
 
 def _symbolic(shape_env, t: torch.Tensor, dynamic: list[bool]):

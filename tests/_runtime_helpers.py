@@ -1,0 +1,37 @@
+"""Shared by the C++ runtime's tests: the runtime library loaded once per module (``so``), and
+copies of a bundle whose ops live in a namespace of their own (``variant``), so each test's ops
+stay apart from the others' and from the Python ops of the same name."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernelgraft.aot import _manifest
+
+
+@pytest.fixture(scope="module")
+def so() -> Path:
+    from kernelgraft import runtime
+
+    library = runtime.library()  # minutes the first time on a small machine, then cached
+    torch.ops.load_library(str(library))
+    return library
+
+
+def variant(bundle: Path, dst: Path, namespace: str, edit=None, edit_op=None) -> Path:
+    """A copy of ``bundle`` whose ops live in ``namespace``, edited by ``edit(manifest)`` and/or
+    ``edit_op(op_entry)``, with a valid checksum (what a careless edit that recomputes it looks like)."""
+    shutil.copytree(bundle, dst)
+    manifest = _manifest.read(dst)
+    for op in manifest["ops"]:
+        op["name"] = namespace + "::" + op["name"].split("::")[1]
+        if edit_op is not None:
+            edit_op(op)
+    if edit is not None:
+        edit(manifest)
+    _manifest.write(dst, manifest)
+    return dst
