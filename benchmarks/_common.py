@@ -48,3 +48,16 @@ def write_json(name: str, payload: dict, out: str | None = None) -> Path:
     path = folder / f"{name}.json"
     path.write_text(json.dumps(payload, indent=1, default=str))
     return path
+
+
+def add_llama_arguments(parser, batch: int = 4, seq: int = 1024) -> None:
+    """The Llama of the graft benchmarks (hidden 2048, 4 layers: a Llama-class layer at a size one
+    GPU times in seconds), as command-line options shared by the scripts that build it."""
+    parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--intermediate", type=int, default=5632)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--batch", type=int, default=batch)
+    parser.add_argument("--seq", type=int, default=seq)

@@ -25,6 +25,9 @@ import traceback
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import add_llama_arguments  # noqa: E402
+
 
 def _time(fn, warmup: int, iters: int) -> float:
     """Median milliseconds per call, CUDA events, after warm-up."""
@@ -45,14 +48,7 @@ def _time(fn, warmup: int, iters: int) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hidden", type=int, default=2048)
-    parser.add_argument("--intermediate", type=int, default=5632)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=16)
-    parser.add_argument("--kv-heads", type=int, default=8)
-    parser.add_argument("--vocab", type=int, default=32000)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--seq", type=int, default=1024)
+    add_llama_arguments(parser)
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--cudagraphs", action="store_true", help="also time mode='reduce-overhead'")
     parser.add_argument("--eager-only", action="store_true",

@@ -23,6 +23,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import add_llama_arguments  # noqa: E402
+
 
 def _process_age_s() -> float:
     """Seconds since this process started (the kernel's start time), so imports are counted."""
@@ -35,14 +38,7 @@ def _process_age_s() -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hidden", type=int, default=2048)
-    parser.add_argument("--intermediate", type=int, default=5632)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=16)
-    parser.add_argument("--kv-heads", type=int, default=8)
-    parser.add_argument("--vocab", type=int, default=32000)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--seq", type=int, default=1024)
+    add_llama_arguments(parser)
     parser.add_argument("--out-dir", default=os.path.join(os.environ.get("OUT", "."), "llama_aoti"))
     args = parser.parse_args()
 
