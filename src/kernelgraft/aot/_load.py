@@ -40,7 +40,7 @@ from .._op._candidates import BUNDLED
 from .._errors import BundleError, KernelgraftError, KernelgraftWarning, RegistrationError
 from .._spec import Config
 from ._manifest import normalize_arch, read, read_binary
-from ._runner import BundledRunner, Kernel
+from ._runner import BundledRunner, Kernel, _check_cubin
 from ._sign import verify_bundle
 
 __all__ = ["Bundle", "load_bundle", "reset_bundles"]
@@ -204,15 +204,19 @@ def _allowed_modules(import_modules: bool | Collection[str]) -> bool | frozenset
 
 
 def _check_binaries(root: Path, ops: list, arch: str) -> None:
-    """Every binary of ``arch`` against its sha256, before any expression is compiled: a replaced
-    or corrupted file is refused in milliseconds, whatever the size of the manifest (each kernel
+    """Every binary of ``arch`` against its sha256 (and every cubin for a CUDA ELF that defines its
+    kernel), before any expression is compiled: a replaced or corrupted file is refused in
+    milliseconds, whatever the size of the manifest (each kernel
     reads and checks its binary again when it is built, so nothing checked here is trusted later)."""
     for entry in ops:
         for cand in entry["candidates"]:
             for k in cand["kernels"]:
                 if k["arch"] == arch:
-                    for image in k["images"].values():
-                        read_binary(root, image)
+                    for kind, image in k["images"].items():
+                        data = read_binary(root, image)
+                        if kind == "cubin":  # other bytes under a recomputed sha256
+                            _check_cubin(f"bundle {root}: {entry['name']} kernel {k['kernel']}", data,
+                                         str(k["kernel"]))
 
 
 def _runners(root: Path, entry: dict, arch: str) -> dict:
