@@ -161,6 +161,14 @@ SymValue run_symbolic(const Program& program, const std::vector<SymInput>& input
         stack.push_back(std::move(best));
         break;
       }
+      case Token::NextPow2: {
+        // SymInt has no next-power-of-two: a symbolic size is concretized, so under
+        // Freedom::Specialize the ShapeEnv guards the dim to its value (one compiled graph per
+        // size of that dim); the earlier passes leave the rule Undecided.
+        SymValue& v = stack.back();
+        if (!is_error(v)) v = concrete(apply_next_pow2(concretize(v, freedom)));
+        break;
+      }
       default: {
         SymValue b = std::move(stack.back());
         stack.pop_back();
