@@ -276,6 +276,8 @@ def _check_constants(text: str, tree: ast.Expression) -> None:
         if id(node) not in named:
             continue
         for child in ast.iter_child_nodes(node):
+            if isinstance(node, ast.Call) and child is node.func:
+                continue  # min/max/next_pow2 itself: a function, not a value
             if id(child) not in named and not isinstance(child, (ast.Constant, ast.expr_context, ast.operator,
                                                                    ast.cmpop, ast.boolop, ast.unaryop)):
                 value(child)
