@@ -302,7 +302,8 @@ def compile_exprs(names: Sequence[str], exprs: Sequence[str]) -> Callable[..., t
     ``BundleError`` now); at call time an expression that divides by zero or grows past
     ``_MAX_BITS`` bits raises ``BundleError`` naming the sub-expression. The kernels of a bundle
     repeat the same expressions many times (every config of a candidate has the same guards, grid
-    and output shapes, and a traced ``next_power_of_2`` guard runs to kilobytes), so each
+    and output shapes; bundles built before ``next_pow2`` hold Triton's expansion of
+    ``next_power_of_2``, kilobytes long, in many guards), so each
     expression is checked and compiled once per parameter names and kept (``_one``): a bundle of a
     hundred kernels loads in a fraction of the time."""
     for n in names:
