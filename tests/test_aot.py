@@ -130,15 +130,19 @@ def test_other_arch_is_refused(bundle):
     ("(max(16, x.shape[0]) % 7)", (torch.empty(5),), 2),
     ("((x.shape[0] | 3) == 7) and not (x.shape[0] < 0)", (torch.empty(5),), True),
     ("(x.shape[0] ** 2) + (1 << 4)", (torch.empty(5),), 41),
-], ids=["cdiv", "max-mod", "bool", "small-pow-shift"])
+    ("next_pow2(x.shape[0]) * 2", (torch.empty(1000),), 2048),
+    ("next_pow2(x.shape[0] - 1000) + next_pow2(1)", (torch.empty(1000),), 1),
+], ids=["cdiv", "max-mod", "bool", "small-pow-shift", "next-pow2", "next-pow2-of-0"])
 def test_expression_grammar(text, args, want):
     assert compile_exprs(["x"], [text])(*args) == (want,)
 
 
 @pytest.mark.parametrize("text", ["x.data_ptr()", "x.__class__", "open('f')", "[1][0]", "'s'", "y",
-                                  "9 ** 9 ** 9", "1 << x.shape[0]", "2 ** 100"],
+                                  "9 ** 9 ** 9", "1 << x.shape[0]", "2 ** 100", "next_pow2(x.shape[0], 2)",
+                                  "next_pow2()", "next_pow2(n=x.shape[0])", "next_pow2", "min"],
                          ids=["method", "dunder", "call", "list", "str", "unknown-name",
-                              "tower-of-powers", "shift-by-size", "huge-power"])
+                              "tower-of-powers", "shift-by-size", "huge-power", "next-pow2-two-args",
+                              "next-pow2-no-args", "next-pow2-keyword", "bare-next-pow2", "bare-min"])
 def test_expression_grammar_refuses(text):
     with pytest.raises(kg.BundleError):
         compile_exprs(["x"], [text])
@@ -172,6 +176,88 @@ def test_malformed_manifest_with_a_valid_checksum_raises_bundle_error(bundle, tm
     _manifest.write(b, manifest)
     with pytest.raises(kg.BundleError):
         kg.load_bundle(b, arch="sm_90", import_modules=False)
+
+
+def test_next_pow2_refuses_floats_and_results_past_the_bound():
+    f = compile_exprs(["n"], ["next_pow2(n)"])
+    assert f(2 ** 4000 + 1) == (2 ** 4001,)
+    with pytest.raises(kg.BundleError, match="exceeds 4096 bits"):
+        f(2 ** 4096 + 1)
+    with pytest.raises(kg.BundleError, match="takes an int, got float"):
+        f(2.5)
+
+
+def _symbolic_size(value: int):
+    """A fake 1-d tensor's size as a SymInt of a fresh ShapeEnv, as the tracer makes them."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    env = ShapeEnv(duck_shape=False, specialize_zero_one=False)
+    mode = FakeTensorMode(shape_env=env)
+    x = mode.from_tensor(torch.empty(value), symbolic_context=StatelessSymbolicContext(
+        dynamic_sizes=[DimDynamic.DYNAMIC]))
+    return env, x.shape[0]
+
+
+def test_traced_next_power_of_2_is_one_named_symbol():
+    import triton
+    from triton import next_power_of_2 as alias
+
+    from kernelgraft.aot._pow2 import traced_next_pow2
+
+    env, n = _symbolic_size(100)
+    symbols = {n.node.expr: "x.shape[0]"}
+    with traced_next_pow2(env, symbols):
+        p = triton.next_power_of_2(n)
+        assert alias(n) is p and triton.next_power_of_2(n * 2) is not p  # one symbol per argument
+        assert triton.next_power_of_2(100) == 128  # plain ints: Triton's own function
+        assert to_text(p.node.expr, symbols) == "next_pow2(x.shape[0])"
+        assert to_text((4 * p <= 8192).node.expr, symbols) == "((4 * next_pow2(x.shape[0])) <= 8192)"
+        assert int(p) == 128
+    assert "next_pow2" not in to_text(triton.next_power_of_2(n).node.expr, symbols)  # restored
+
+
+def test_expanded_next_power_of_2_of_older_bundles_still_loads():
+    """Bundles built before next_pow2 hold Triton's body traced on sympy: it still checks,
+    compiles to RPN, and agrees with next_pow2 everywhere a size can be."""
+    import triton
+
+    from kernelgraft.aot._rpn import compile_rpn, evaluate
+
+    _, n = _symbolic_size(100)
+    fn = getattr(triton.next_power_of_2, "fn", triton.next_power_of_2)
+    expanded = to_text(fn(n).node.expr, {n.node.expr: "x.shape[0]"})
+    assert "|" in expanded and len(expanded) > 500
+    f = compile_exprs(["x"], [expanded, "next_pow2(x.shape[0])"])
+    old, new = compile_rpn(expanded, ["x"]), compile_rpn("next_pow2(x.shape[0])", ["x"])
+    for size in [0, 1, 2, 3, 4, 5, 127, 128, 129, 1000, 65536, 65537, 2 ** 31 - 1, 2 ** 31, 2 ** 40 + 3]:
+        x = torch.empty(size, device="meta")
+        a, b = f(x)
+        assert a == b == evaluate(old, [x]) == evaluate(new, [x]), size
+
+
+def test_next_power_of_2_is_one_call_in_the_bundle(bundle):
+    """The rmsnorm launch and supports() call triton.next_power_of_2: the bundle names it once per
+    use, so its manifest stays small (it was 5 MB with Triton's expansion)."""
+    assert (bundle / "manifest.json").stat().st_size < 600_000
+    manifest = _manifest.read(bundle)
+    texts = [g for op, _, k in _kernels(manifest) for g in (*k["guards"], *k["grid"])]
+    texts += [g for op in manifest["ops"] for rule in op["meta"] for g in rule["guards"]]
+    assert "(next_pow2(x.shape[1]) <= 1024)" in texts
+    assert max(map(len, texts)) < 300 and not any("| (" in t for t in texts)
+
+
+def test_loading_the_bundle_compiles_few_small_expressions(bundle):
+    from kernelgraft.aot import _expr
+
+    _expr._one.cache_clear()
+    loaded = kg.load_bundle(bundle, arch="sm_90")
+    try:
+        info = _expr._one.cache_info()
+        # ~220 distinct expressions for ~140 kernels: shared guards, grids and shapes compile once
+        assert 0 < info.misses < 400 and info.hits > info.misses
+    finally:
+        loaded.detach()
 
 
 def test_sympy_printing_of_floor_and_ceil():

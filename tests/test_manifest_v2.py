@@ -54,6 +54,7 @@ def _same(a, b) -> bool:
     "(x.shape[0] - 9) // 4", "(x.shape[0] - 9) % 4", "x.shape[0] / 3", "n // (x.shape[0] - 5)",
     "(x.shape[0] == 5) or (n // (x.shape[0] - 5))", "(x.shape[0] != 5) and (n // (x.shape[0] - 5))",
     "eps * 2", "-eps", "+n", "(x.shape[0] >> 1) & n", "True", "n == 3", "eps == 1e-06",
+    "next_pow2(x.shape[0]) * n", "next_pow2(n - x.shape[0])", "next_pow2(eps)", "next_pow2(n == 3)",
 ], ids=lambda t: t[:30])
 def test_rpn_equals_the_python_expression(text):
     names = ["x", "n", "eps"]
@@ -73,11 +74,37 @@ def test_rpn_tokens_are_plain_json_with_exact_integers():
 
 @pytest.mark.parametrize("text,why", [
     ("x.shape[0] < n < 5", "chains comparisons"), ("x.shape[0] < 1361129467683753853853498429727072845824", "does not fit"),
-    ("open('f')", "grammar does not allow"),
-], ids=["chain", "huge-literal", "call"])
+    ("open('f')", "grammar does not allow"), ("next_pow2(x.shape[0], n)", "grammar does not allow"),
+    ("next_pow2 + 1", "grammar does not allow"),
+], ids=["chain", "huge-literal", "call", "next-pow2-two-args", "bare-next-pow2"])
 def test_rpn_refuses_what_cpp_cannot_hold(text, why):
     with pytest.raises(kg.BundleError, match=why):
         compile_rpn(text, ["x", "n"])
+
+
+# Triton's own values at and around 0 and 1, the 32- and 64-bit boundaries, and past the 128-bit
+# integers of the RPN evaluator and the C++ runtime (an error there, never a wrapped value).
+NEXT_POW2_EDGES = [-5, 0, 1, 2, 3, 1000, 1024, 1025, 2 ** 31 - 1, 2 ** 31, 2 ** 31 + 1, 2 ** 62 + 1,
+                   2 ** 63 - 1, 2 ** 64, 2 ** 126, 2 ** 126 + 1, 2 ** 127 - 1]
+
+
+@pytest.mark.parametrize("value", NEXT_POW2_EDGES, ids=str)
+def test_next_pow2_is_tritons_next_power_of_2(value):
+    import triton
+
+    want = triton.next_power_of_2(value) if value <= 2 ** 64 else 1 << (value - 1).bit_length()
+    assert _python("next_pow2(n)", ["n"], [value]) == want
+    got = _rpn("next_pow2(n)", ["n"], [value])
+    if want.bit_length() > 127:
+        assert isinstance(got, EvalError) and "does not fit 128 bits" in str(got)
+    else:
+        assert got == want
+    assert compile_rpn("next_pow2(n)", ["n"]) == [["arg", 0], ["call", "next_pow2", 1]]
+
+
+def test_next_pow2_of_a_float_is_an_error_in_both():
+    assert isinstance(_python("next_pow2(eps)", ["eps"], [0.5]), EvalError)
+    assert isinstance(_rpn("next_pow2(eps)", ["eps"], [0.5]), EvalError)
 
 
 def test_deep_expression_compiles_without_recursion():

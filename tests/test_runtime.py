@@ -73,6 +73,7 @@ def _same(cpp: str, py: str) -> bool:
     "(x.shape[0] == 5) or (n // (x.shape[0] - 5))", "(x.shape[0] != 5) and (n // (x.shape[0] - 5))",
     "eps * 2", "-eps", "(eps - 1) // 0.25", "eps % -0.75", "(x.shape[0] >> 1) & n", "True", "n == 3",
     "eps == 1e-06", "x.shape[0] * 9223372036854775807", "(n - 3) ** 3", "x.shape[0] ** 20",
+    "next_pow2(x.shape[0]) * n", "next_pow2(n - x.shape[0])", "next_pow2(eps)", "next_pow2(n == 3)",
 ], ids=lambda t: t[:30])
 def test_programs_equal_python_on_random_inputs(so, text):
     from kernelgraft.aot._rpn import compile_rpn
@@ -93,6 +94,28 @@ def test_integers_past_128_bits_are_errors_in_cpp(so):
     program = compile_rpn("x.shape[0] ** 40", ["x"])
     assert _cpp_value(program, [{"shape": [18]}]) == "error: an integer overflow"
     assert _cpp_value(program, [{"shape": [8]}]) == str(8 ** 40)
+
+
+@pytest.mark.parametrize("value", [-5, 0, 1, 2, 3, 1000, 1024, 1025, 2 ** 31 - 1, 2 ** 31, 2 ** 31 + 1,
+                                   2 ** 62 + 1, 2 ** 63 - 1, 2 ** 64, 2 ** 126, 2 ** 126 + 1, 2 ** 127 - 1], ids=str)
+def test_next_pow2_equals_the_python_rpn_evaluator(so, value):
+    """Edge values, and past 2**126 an overflow error (the result does not fit 128 bits), never a
+    wrapped value; a literal carries values past int64 that an input cannot."""
+    from kernelgraft.aot._rpn import EvalError, compile_rpn, evaluate
+
+    for text, args in [(f"next_pow2({value})", [7])] + ([("next_pow2(n)", [value])] if value < 2 ** 63 else []):
+        program = compile_rpn(text, ["n"])
+        try:
+            want = str(evaluate(program, args))
+        except EvalError:
+            want = "error: an integer overflow"
+        assert _cpp_value(program, args) == want, text
+
+
+def test_next_pow2_takes_one_operand_in_cpp(so):
+    with pytest.raises(RuntimeError, match="next_pow2 takes 1 operand"):
+        _cpp_value([["int", "3"], ["int", "4"], ["call", "next_pow2", 2]], [])
+    assert _cpp_value([["float", 2.5], ["call", "next_pow2", 1]], []) == "error: next_pow2 of a float"
 
 
 def _random_args(op: dict, k: dict, rng: random.Random) -> list:

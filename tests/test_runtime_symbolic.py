@@ -155,3 +155,31 @@ def test_a_dtype_no_rule_holds_for_names_the_symbolic_sizes(so, bundle, tmp_path
     with mode, pytest.raises(RuntimeError, match=r"kgrt_symerr::rmsnorm: no output rule of the bundle holds for "
                                                  r"these inputs \(x: float64\[s\d+, 768\], weight: float64\[768\]"):
         torch.ops.kgrt_symerr.rmsnorm(x, w, 1e-6)
+
+
+def test_next_pow2_in_a_rule_guards_a_range_not_a_value(so, bundle, tmp_path):
+    """A rule whose guard holds only through next_pow2 (no other rule holds): the runtime puts the
+    size in its power-of-two bucket, (512, 1024] for 768, and keeps it symbolic there."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    names = ["x", "weight", "eps"]
+    guard = compile_rpn("(next_pow2(x.shape[1]) == 1024) and (x.shape[1] == weight.shape[0])", names)
+    shape = [compile_rpn("x.shape[0]", names), compile_rpn("x.shape[1]", names)]
+
+    def edit(op):
+        if op["name"].endswith("::rmsnorm"):
+            for rule in op["meta"]:
+                rule["guard"], rule["shapes"] = guard, [shape]
+
+    _serve(bundle, tmp_path / "b", "kgrt_sympow2", edit)
+    shape_env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=shape_env)
+    x = _symbolic(mode, torch.randn(9, 768), [True, True])
+    w = _symbolic(mode, torch.randn(768), [True])
+    with mode:
+        out = torch.ops.kgrt_sympow2.rmsnorm(x, w, 1e-6)
+    s1 = x.shape[1].node.expr
+    assert _free(out.shape[1]) and not any(v.is_number for v in shape_env.replacements.values())
+    bounds = shape_env.var_to_range[shape_env.replacements.get(s1, s1)]
+    assert (int(bounds.lower), int(bounds.upper)) == (513, 1024)

@@ -10,8 +10,9 @@ What is supported (and what is not):
 - Signatures: the op's ``sample_inputs()`` (or ``inputs=``), one per dtype/rank/size regime. Sizes
   become expressions (``(x.shape[0] + 1023) // 1024``) valid where the recorded ShapeEnv guards
   hold (same-shape checks, ``% 16 == 0`` for ints compiled as divisible, int32 range, the range that
-  fixes a shape-dependent constexpr such as ``next_power_of_2``). A launch the grammar cannot
-  express (a view with an offset, data-dependent values) is compiled for its exact shapes.
+  fixes a shape-dependent constexpr such as ``triton.next_power_of_2``, written ``next_pow2(n)``).
+  A launch the grammar cannot express (a view with an offset, data-dependent values) is compiled
+  for its exact shapes.
 - Launch functions must make exactly one kernel launch (Triton) or return one ``kg.Launch``;
   inputs must be contiguous; float scalars that are op arguments pass through by identity (anything
   computed from them pins the op's float arguments to the sample); int/bool op arguments are pinned.

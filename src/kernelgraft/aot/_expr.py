@@ -3,7 +3,8 @@ through a small whitelisted grammar at load time.
 
 An expression is Python text over the op's parameter names (``x.shape[0]``, ``eps``) and the
 outputs (``out0.shape[1]``), integer and float literals, ``+ - * // % ** | & << >>``,
-comparisons, ``and``/``or``/``not`` and ``min``/``max``. Anything else is refused when the bundle is
+comparisons, ``and``/``or``/``not``, ``min``/``max`` and ``next_pow2`` (Triton's
+``next_power_of_2``, written as one call by the tracer: ``_pow2``). Anything else is refused when the bundle is
 built (the signature is then compiled for static shapes) and again, by an AST check, when it is
 loaded, so a manifest never runs code.
 
@@ -22,7 +23,7 @@ from typing import Any
 
 from .._errors import BundleError
 
-__all__ = ["Unsupported", "to_text", "compile_exprs", "check_expr", "constant_value"]
+__all__ = ["Unsupported", "to_text", "compile_exprs", "check_expr", "constant_value", "next_pow2"]
 
 
 class Unsupported(Exception):
@@ -82,10 +83,32 @@ def to_text(expr: Any, names: Mapping[Any, str]) -> str:
     raise Unsupported(f"{cls} in {expr}")
 
 
+# Evaluation is bounded: '**', '*', '<<' and next_pow2 refuse int results over _MAX_BITS bits (see below).
+_MAX_BITS = 4096
 _BINOPS = (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod, ast.Pow, ast.BitOr, ast.BitAnd,
            ast.LShift, ast.RShift, ast.Div)
 _CMPOPS = (ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE)
-_FUNCS = {"min": min, "max": max}
+
+
+def next_pow2(n: int) -> int:
+    """``triton.next_power_of_2``: the smallest power of two >= n, and 0 for n <= 0 (Triton's
+    ``n - 1`` then ``+ 1`` give 0 at 0; its bit-smearing agrees with this for -2**62 <= n <= 2**64,
+    far past any size). Raises TypeError for a float (Triton's ``>>`` does) and OverflowError past
+    the evaluator's bound (``_MAX_BITS``)."""
+    if isinstance(n, bool):
+        n = int(n)
+    if not isinstance(n, int):
+        raise TypeError(f"next_pow2() takes an int, got {type(n).__name__} {n!r}")
+    if n <= 0:
+        return 0
+    bits = (n - 1).bit_length()
+    if bits >= _MAX_BITS:
+        raise OverflowError(f"next_pow2({n}) exceeds {_MAX_BITS} bits")
+    return 1 << bits
+
+
+_FUNCS = {"min": min, "max": max, "next_pow2": next_pow2}
+_ARITY = {"next_pow2": 1}  # min/max take any count (one is an error when evaluated, as in Python)
 
 
 def check_expr(text: str, names: Sequence[str]) -> ast.Expression:
@@ -100,6 +123,8 @@ def check_expr(text: str, names: Sequence[str]) -> ast.Expression:
         raise BundleError(f"bundle expression {text[:80]!r} does not parse: "
                           f"{type(exc).__name__}: {exc}") from None
     allowed = set(names)
+    # min/max/next_pow2 only as the function of a call: a bare 'min' would evaluate to a function
+    callees = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
     for node in ast.walk(tree):
         ok = isinstance(node, (ast.Expression, ast.Load, ast.Tuple, ast.BoolOp, ast.And, ast.Or,
                                ast.Not, ast.USub, ast.UAdd, ast.Compare, *_BINOPS, *_CMPOPS))
@@ -115,9 +140,10 @@ def check_expr(text: str, names: Sequence[str]) -> ast.Expression:
         elif isinstance(node, ast.Constant):
             ok = type(node.value) in (int, float, bool)
         elif isinstance(node, ast.Name):
-            ok = node.id in allowed or node.id in _FUNCS
+            ok = node.id in allowed or (node.id in _FUNCS and id(node) in callees)
         elif isinstance(node, ast.Call):
-            ok = isinstance(node.func, ast.Name) and node.func.id in _FUNCS and not node.keywords
+            ok = (isinstance(node.func, ast.Name) and node.func.id in _FUNCS and not node.keywords
+                  and _ARITY.get(node.func.id, len(node.args)) == len(node.args))
         elif isinstance(node, ast.Attribute):
             ok = node.attr == "shape" and isinstance(node.value, ast.Name) and node.value.id in allowed
         elif isinstance(node, ast.Subscript):
@@ -126,7 +152,7 @@ def check_expr(text: str, names: Sequence[str]) -> ast.Expression:
         if not ok:
             raise BundleError(
                 f"bundle expression {text[:120]!r} uses {type(node).__name__}, which the manifest "
-                "grammar does not allow (sizes, scalars, arithmetic, comparisons, min/max only)"
+                "grammar does not allow (sizes, scalars, arithmetic, comparisons, min/max/next_pow2 only)"
             )
     return tree
 
@@ -134,7 +160,6 @@ def check_expr(text: str, names: Sequence[str]) -> ast.Expression:
 # Evaluation is bounded: '**', '*' and '<<' refuse int results over _MAX_BITS bits (a tower such as
 # ((9 ** 64) ** 64) ** 64 would otherwise compute for minutes) and a zero divisor is an error that
 # names the expression. A size expression never needs more than a few hundred bits.
-_MAX_BITS = 4096
 _DIVS = (ast.FloorDiv, ast.Mod, ast.Div)
 
 
@@ -251,6 +276,8 @@ def _check_constants(text: str, tree: ast.Expression) -> None:
         if id(node) not in named:
             continue
         for child in ast.iter_child_nodes(node):
+            if isinstance(node, ast.Call) and child is node.func:
+                continue  # min/max/next_pow2 itself: a function, not a value
             if id(child) not in named and not isinstance(child, (ast.Constant, ast.expr_context, ast.operator,
                                                                    ast.cmpop, ast.boolop, ast.unaryop)):
                 value(child)
@@ -275,7 +302,8 @@ def compile_exprs(names: Sequence[str], exprs: Sequence[str]) -> Callable[..., t
     ``BundleError`` now); at call time an expression that divides by zero or grows past
     ``_MAX_BITS`` bits raises ``BundleError`` naming the sub-expression. The kernels of a bundle
     repeat the same expressions many times (every config of a candidate has the same guards, grid
-    and output shapes, and a traced ``next_power_of_2`` guard runs to kilobytes), so each
+    and output shapes; bundles built before ``next_pow2`` hold Triton's expansion of
+    ``next_power_of_2``, kilobytes long, in many guards), so each
     expression is checked and compiled once per parameter names and kept (``_one``): a bundle of a
     hundred kernels loads in a fraction of the time."""
     for n in names:

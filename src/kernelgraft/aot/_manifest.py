@@ -130,7 +130,9 @@ def write(root: Path, manifest: dict) -> Path:
     manifest = dict(manifest)
     manifest["checksum"] = hashlib.sha256(canonical(manifest)).hexdigest()
     path = Path(root) / "manifest.json"
-    _atomic_write(path, json.dumps(manifest, indent=1, sort_keys=True).encode())
+    # Compact: indentation tripled the size of a bundle's RPN token lists (the checksum is over
+    # ``canonical``, so the layout of the file is free; ``python -m json.tool`` shows it indented).
+    _atomic_write(path, json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode() + b"\n")
     return path
 
 

@@ -13,7 +13,10 @@ Python syntax. Each token is a small JSON array:
   floor, ``/`` is true division, comparisons give 0/1);
 - ``["unary", o]``: ``neg``, ``pos`` or ``not``;
 - ``["bool", "and" | "or", n]``: Python's ``and``/``or`` of the top ``n`` values (an operand, not 0/1);
-- ``["call", f, n]``: ``min`` or ``max`` of the top ``n`` values (the first extreme wins).
+- ``["call", f, n]``: ``min`` or ``max`` of the top ``n`` values (the first extreme wins), or
+  ``["call", "next_pow2", 1]``: Triton's ``next_power_of_2`` of the top value (0 for n <= 0; a
+  float is an error; a result past the integer range is an error). Older runtimes refuse the
+  token when they load the bundle, so a bundle that uses it needs a runtime that knows it.
 
 Evaluation is total: a division by zero, an int out of range or a type error makes an *error*
 value, which ``and``/``or`` drop when Python would not have evaluated that operand, so a program
@@ -36,7 +39,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._errors import BundleError
-from ._expr import check_expr
+from ._expr import check_expr, next_pow2
 
 __all__ = ["compile_rpn", "evaluate", "EvalError", "BINARY", "MAX_TOKENS", "INT_BITS"]
 
@@ -205,7 +208,12 @@ def evaluate(tokens: Sequence[Sequence[Any]], args: Sequence[Any]) -> Any:
         elif tag == "call":
             values = stack[len(stack) - token[2]:]
             del stack[len(stack) - token[2]:]
-            stack.append(_extreme(token[1], values))
+            if token[1] == "next_pow2":
+                if len(values) != 1:
+                    raise BundleError(f"bundle program token {token!r}: next_pow2 takes 1 operand")
+                stack.append(_next_pow2(values[0]))
+            else:
+                stack.append(_extreme(token[1], values))
         else:
             raise BundleError(f"bundle program token {token!r} is not one of int/float/size/arg/op/unary/bool/call")
     if len(stack) != 1:
@@ -223,6 +231,14 @@ def _boolean(o: str, values: list[Any]) -> Any:
         if (not v) if o == "and" else bool(v):
             return v
     return values[-1]
+
+
+def _next_pow2(v: Any) -> Any:
+    if isinstance(v, _Err):
+        return v
+    if isinstance(v, float):
+        return _Err("next_pow2 of a float")
+    return _int_ok(next_pow2(v))  # v fits INT_BITS, so the result fits _expr's bound
 
 
 def _extreme(f: str, values: list[Any]) -> Any:

@@ -18,6 +18,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ._expr import Unsupported, to_text
+from ._pow2 import traced_next_pow2
 
 __all__ = ["Context", "trace", "Unsupported"]
 
@@ -112,16 +113,18 @@ def trace(op, impl, config, args: Sequence[Any], record: Callable[[Context, tupl
         ctx = Context(names + [f"out{i}" for i in range(len(outs))], list(fakes) + list(outs),
                       list(args), symbols, dynamic)
         kwargs = config.as_dict()
-        if impl.supports is not None:
-            verdict = impl.supports(*fakes, **kwargs)
-            if isinstance(verdict, str):
-                return verdict or "supports() refused"
-            # Judged as eager dispatch judges it (truthiness): on symbolic sizes ``n <= BLOCK``
-            # is a SymBool, and bool() of it records a guard, so the bundled kernel is valid
-            # exactly where supports() holds.
-            if not bool(verdict):
-                return "supports() refused"
-        result = record(ctx, (*fakes, *outs), kwargs)
+        # next_power_of_2 of a size is one symbol written next_pow2(...), not Triton's expansion
+        with traced_next_pow2(env, symbols):
+            if impl.supports is not None:
+                verdict = impl.supports(*fakes, **kwargs)
+                if isinstance(verdict, str):
+                    return verdict or "supports() refused"
+                # Judged as eager dispatch judges it (truthiness): on symbolic sizes ``n <= BLOCK``
+                # is a SymBool, and bool() of it records a guard, so the bundled kernel is valid
+                # exactly where supports() holds.
+                if not bool(verdict):
+                    return "supports() refused"
+            result = record(ctx, (*fakes, *outs), kwargs)
         out_shapes = [[ctx.text(s) for s in o.shape] for o in outs]
         out_dtypes = [str(o.dtype).removeprefix("torch.") for o in outs]
     guards = []

@@ -158,6 +158,18 @@ Value binary(Token::Op op, const Value& a, const Value& b) {
   }
 }
 
+// triton.next_power_of_2: the smallest power of two >= v, 0 for v <= 0; past 2**126 the result
+// does not fit (an overflow error, as Python's evaluator of the RPN gives beyond 127 bits).
+Value next_pow2_of(const Value& v) {
+  if (v.kind == Value::Error) return v;
+  if (v.kind != Value::Int) return Value::error("next_pow2 of a float");
+  if (v.i <= 0) return Value::integer(0);
+  if (v.i > (i128(1) << 126)) return Value::error("an integer overflow");
+  i128 r = 1;
+  while (r < v.i) r <<= 1;
+  return Value::integer(r);
+}
+
 Token::Op op_of(const std::string& name, bool* ok) {
   static const std::pair<const char*, Token::Op> table[] = {
       {"+", Token::Add}, {"-", Token::Sub}, {"*", Token::Mul}, {"//", Token::FloorDiv}, {"%", Token::Mod},
@@ -174,6 +186,7 @@ Token::Op op_of(const std::string& name, bool* ok) {
 }  // namespace
 
 Value apply_binary(Token::Op op, const Value& a, const Value& b) { return binary(op, a, b); }
+Value apply_next_pow2(const Value& v) { return next_pow2_of(v); }
 
 Program::Program(const Json& json, size_t n_inputs, const std::string& where) {
   const auto& list = as_array(json, where);
@@ -235,8 +248,10 @@ Program::Program(const Json& json, size_t n_inputs, const std::string& where) {
       else if (tag == "bool" && name == "or") tok.op = Token::Or;
       else if (tag == "call" && name == "min") tok.op = Token::Min;
       else if (tag == "call" && name == "max") tok.op = Token::Max;
-      else throw BundleError(at + " is not and/or/min/max");
+      else if (tag == "call" && name == "next_pow2") tok.op = Token::NextPow2;
+      else throw BundleError(at + " is not and/or/min/max/next_pow2");
       if (n < 1 || n > 65536) throw BundleError(at + " has an operand count out of range");
+      if (tok.op == Token::NextPow2 && n != 1) throw BundleError(at + ": next_pow2 takes 1 operand");
       need(static_cast<size_t>(n));
       depth -= static_cast<size_t>(n) - 1;
       tok.a = static_cast<int32_t>(n);
@@ -311,6 +326,7 @@ Value Program::run(const std::vector<Input>& inputs) const {
         stack[sp++] = best;
         break;
       }
+      case Token::NextPow2: stack[sp - 1] = next_pow2_of(stack[sp - 1]); break;
       default: {
         Value b = stack[--sp];
         stack[sp - 1] = binary(t.op, stack[sp - 1], b);

@@ -37,7 +37,7 @@ struct Input {
 struct Token {
   enum Op : uint8_t {
     Lit, Size, Arg, Add, Sub, Mul, FloorDiv, Mod, Pow, BitOr, BitAnd, Shl, Shr, Div,
-    Eq, Ne, Lt, Le, Gt, Ge, Neg, Pos, Not, And, Or, Min, Max
+    Eq, Ne, Lt, Le, Gt, Ge, Neg, Pos, Not, And, Or, Min, Max, NextPow2
   } op;
   Value literal;   // Lit
   int32_t a = 0;   // Size/Arg: input index; And/Or/Min/Max: operand count
@@ -61,6 +61,8 @@ class Program {
 
 // A binary operator (Add ... Ge) on two values, as Python computes it (errors propagate).
 Value apply_binary(Token::Op op, const Value& a, const Value& b);
+// triton.next_power_of_2 with the checks of a NextPow2 token (symbolic.cpp applies it to concrete values).
+Value apply_next_pow2(const Value& v);
 
 // "5", "1e-06", "error: division by zero": what tests compare with Python's values.
 std::string describe(const Value& v);

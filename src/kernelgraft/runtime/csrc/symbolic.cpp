@@ -88,6 +88,27 @@ SymValue binary_symbolic(Token::Op op, const SymValue& a, const SymValue& b, Fre
   return concrete(apply_binary(op, concretize(a, freedom), concretize(b, freedom)));
 }
 
+// SymInt has no next-power-of-two, so a symbolic operand needs a value: the earlier passes leave
+// the rule Undecided (another rule may hold without it); under Freedom::Specialize a binary search
+// over the power-of-two buckets guards the size into one, (2**(k-1), 2**k], and the result is 2**k:
+// the size stays symbolic within that range (a recompile when it leaves it), not fixed to one value.
+SymValue next_pow2_symbolic(const SymValue& v, Freedom freedom) {
+  if (v.kind != SymValue::Int || freedom != Freedom::Specialize)
+    return concrete(apply_next_pow2(concretize(v, freedom)));
+  const c10::SymInt& s = v.i;
+  constexpr int kTop = 62;
+  if (s.sym_le(c10::SymInt(0)).guard_bool(__FILE__, __LINE__)) return concrete(Value::integer(0));
+  if (!s.sym_le(c10::SymInt(int64_t(1) << kTop)).guard_bool(__FILE__, __LINE__))
+    return concrete(apply_next_pow2(concretize(v, freedom)));  // past 2**62: the value itself
+  int lo = 0, hi = kTop;  // the answer's exponent is in [lo, hi]
+  while (lo < hi) {
+    int mid = (lo + hi) / 2;
+    if (s.sym_le(c10::SymInt(int64_t(1) << mid)).guard_bool(__FILE__, __LINE__)) hi = mid;
+    else lo = mid + 1;
+  }
+  return concrete(Value::integer(i128(1) << lo));
+}
+
 }  // namespace
 
 SymValue run_symbolic(const Program& program, const std::vector<SymInput>& inputs, Freedom freedom) {
@@ -159,6 +180,11 @@ SymValue run_symbolic(const Program& program, const std::vector<SymInput>& input
         }
         stack.resize(base);
         stack.push_back(std::move(best));
+        break;
+      }
+      case Token::NextPow2: {
+        SymValue& v = stack.back();
+        if (!is_error(v)) v = next_pow2_symbolic(v, freedom);
         break;
       }
       default: {
