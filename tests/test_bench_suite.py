@@ -287,3 +287,20 @@ def test_run_benchmarks_passes_suite_and_peers_per_op(tmp_path):
     assert [(r.op, r.variant) for r in rows if r.kind == PEER] == [("kgexamples::softmax", "peer: mine")]
     back, _, _ = load_json(tmp_path / "b.json")
     assert {r.regime for r in back} == {"decode"} and any(r.kind == PEER and r.vs_tuned for r in back)
+
+
+def test_bench_falls_back_to_sample_inputs_called_as_check_calls_them():
+    """An op module without bench_inputs: bench times its sample_inputs, called with the device only
+    when the function takes one (check and aot do the same), so a no-argument one works too."""
+    import kernelgraft as kg
+    from kernelgraft.bench import bench_inputs_of
+
+    def samples():
+        yield (torch.randn(8),)
+
+    @kg.op("tbenchsuite::no_arg_samples", sample_inputs=samples)
+    def no_arg_samples(x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+    got = list(bench_inputs_of(no_arg_samples, "cpu"))
+    assert len(got) == 1 and got[0][0].shape == (8,)

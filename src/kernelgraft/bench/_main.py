@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from itertools import islice
 from typing import Any
 
+from ..check._inputs import samples
 from ._ceilings import Ceilings, measure_ceilings
 from ._peers import peers_for
 from ._report import document, plot, render_table, write_json
@@ -43,7 +44,7 @@ def bench_inputs_of(op: Any, device: str, suite: str = "short") -> Iterable[tupl
         return make(device)
     if op.sample_inputs is not None:
         log.warning("%s: no bench_inputs(device) in its module; using sample_inputs (small shapes)", op.name)
-        return op.sample_inputs(device)
+        return samples(op, device)  # as check and aot call it (with the device when it takes one)
     return None
 
 
