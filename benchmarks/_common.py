@@ -61,3 +61,19 @@ def add_llama_arguments(parser, batch: int = 4, seq: int = 1024) -> None:
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--batch", type=int, default=batch)
     parser.add_argument("--seq", type=int, default=seq)
+
+
+def build_llama(args):
+    """The graft benchmarks' Llama (random weights, seed 0, bf16 on the GPU, eval mode) and a batch
+    of token ids, from the options of ``add_llama_arguments``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        hidden_size=args.hidden, intermediate_size=args.intermediate, num_hidden_layers=args.layers,
+        num_attention_heads=args.heads, num_key_value_heads=args.kv_heads, vocab_size=args.vocab,
+        max_position_embeddings=max(2048, args.seq),
+    )
+    model = LlamaForCausalLM(config).to(device="cuda", dtype=torch.bfloat16).eval()
+    return model, torch.randint(0, args.vocab, (args.batch, args.seq), device="cuda")

@@ -26,7 +26,7 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import add_llama_arguments  # noqa: E402
+from _common import add_llama_arguments, build_llama  # noqa: E402
 
 
 def _time(fn, warmup: int, iters: int) -> float:
@@ -61,7 +61,6 @@ def main() -> int:
     t_start = time.time()
 
     import transformers
-    from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
     import kernelgraft as kg
@@ -84,14 +83,7 @@ def main() -> int:
     }
     times, errors, diffs = result["times_ms"], result["errors"], result["max_abs_diff_vs_eager"]
 
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        hidden_size=args.hidden, intermediate_size=args.intermediate, num_hidden_layers=args.layers,
-        num_attention_heads=args.heads, num_key_value_heads=args.kv_heads, vocab_size=args.vocab,
-        max_position_embeddings=max(2048, args.seq),
-    )
-    model = LlamaForCausalLM(config).to(device="cuda", dtype=torch.bfloat16).eval()
-    ids = torch.randint(0, args.vocab, (args.batch, args.seq), device="cuda")
+    model, ids = build_llama(args)
 
     def run(m):
         with torch.no_grad():

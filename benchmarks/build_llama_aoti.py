@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import add_llama_arguments  # noqa: E402
+from _common import add_llama_arguments, build_llama  # noqa: E402
 
 
 def _process_age_s() -> float:
@@ -47,7 +47,6 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU (the package is compiled for the GPU the bundle serves)", file=sys.stderr)
         return 1
-    from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
     import kernelgraft as kg
@@ -59,14 +58,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     report: dict = {"config": vars(args), "torch": torch.__version__, "gpu": torch.cuda.get_device_name()}
 
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        hidden_size=args.hidden, intermediate_size=args.intermediate, num_hidden_layers=args.layers,
-        num_attention_heads=args.heads, num_key_value_heads=args.kv_heads, vocab_size=args.vocab,
-        max_position_embeddings=max(2048, args.seq),
-    )
-    model = LlamaForCausalLM(config).to(device="cuda", dtype=torch.bfloat16).eval()
-    ids = torch.randint(0, args.vocab, (args.batch, args.seq), device="cuda")
+    model, ids = build_llama(args)
 
     class Logits(torch.nn.Module):  # export wants tensors in, tensors out
         def __init__(self, m):
@@ -106,7 +98,7 @@ def main() -> int:
     b, s = args.batch, args.seq
     bf16 = torch.bfloat16
     inputs = {
-        rmsnorm.name: [(torch.empty(b, s, h, dtype=bf16), torch.empty(h, dtype=bf16), config.rms_norm_eps)],
+        rmsnorm.name: [(torch.empty(b, s, h, dtype=bf16), torch.empty(h, dtype=bf16), model.config.rms_norm_eps)],
         swiglu.name: [(torch.empty(b, s, i, dtype=bf16), torch.empty(b, s, i, dtype=bf16))],
     }
     t = time.perf_counter()

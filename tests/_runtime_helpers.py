@@ -35,3 +35,19 @@ def variant(bundle: Path, dst: Path, namespace: str, edit=None, edit_op=None) ->
         edit(manifest)
     _manifest.write(dst, manifest)
     return dst
+
+
+# The start of a child script run where ``import kernelgraft`` and ``import triton`` fail (a
+# meta-path finder refuses them): what a process without kernelgraft's Python looks like.
+WITHOUT_KERNELGRAFT = r"""
+import importlib.abc, json, sys
+
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("kernelgraft", "triton"):
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked)")
+        return None
+
+sys.meta_path.insert(0, Block())
+import torch
+"""

@@ -22,7 +22,7 @@ import torch
 from kernelgraft.aot import _manifest
 from kernelgraft.examples import add_relu, rmsnorm  # registered before the per-test registry snapshot
 
-from _runtime_helpers import so  # noqa: F401 (a fixture)
+from _runtime_helpers import WITHOUT_KERNELGRAFT, so  # noqa: F401 (so: a fixture)
 from _aot_helpers import build_bundle, env
 
 pytestmark = pytest.mark.gpu
@@ -105,17 +105,7 @@ def test_runtime_ops_run_on_the_current_stream(served):
     torch.testing.assert_close(out, torch.relu(1.5 + y), atol=0, rtol=0)
 
 
-CHILD = r"""
-import importlib.abc, json, sys
-
-class Block(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("kernelgraft", "triton"):
-            raise ModuleNotFoundError(f"No module named {name!r} (blocked)")
-        return None
-
-sys.meta_path.insert(0, Block())
-import torch
+CHILD = WITHOUT_KERNELGRAFT + r"""
 torch.ops.load_library(sys.argv[1])
 torch.ops.kernelgraft.load_bundle(sys.argv[2], None, None)
 x = torch.randn(33, 97, device="cuda", dtype=torch.float16)

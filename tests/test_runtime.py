@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +23,7 @@ from kernelgraft.aot._sign import sign_bundle
 from kernelgraft.examples import add_relu, rmsnorm  # registered before the per-test registry snapshot
 
 from _aot_helpers import build_bundle, env
-from _runtime_helpers import so, variant  # noqa: F401 (so: a fixture)
+from _runtime_helpers import WITHOUT_KERNELGRAFT, so, variant  # noqa: F401 (so: a fixture)
 
 PYTHON_OPS = {"add_relu": add_relu.add_relu, "rmsnorm": rmsnorm.rmsnorm}
 
@@ -401,17 +400,7 @@ def test_checksum_covers_unicode_strings_and_floats_as_python_writes_them(so, bu
     assert _load(path) == ["kgrt_canon::add_relu", "kgrt_canon::rmsnorm"]
 
 
-CHILD = r"""
-import importlib.abc, json, sys
-
-class Block(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("kernelgraft", "triton"):
-            raise ModuleNotFoundError(f"No module named {name!r} (blocked)")
-        return None
-
-sys.meta_path.insert(0, Block())
-import torch
+CHILD = WITHOUT_KERNELGRAFT + r"""
 for blocked in ("kernelgraft", "triton"):
     try:
         __import__(blocked)

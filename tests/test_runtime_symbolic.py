@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernelgraft.aot import _manifest
 from kernelgraft.aot._expr import compile_exprs
 from kernelgraft.aot._rpn import compile_rpn
 
