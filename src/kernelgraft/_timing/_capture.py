@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
-__all__ = ["capture"]
+__all__ = ["capture", "capture_calls"]
 
 log = logging.getLogger(__name__)
 
@@ -48,3 +48,26 @@ def capture(graph: "torch.cuda.CUDAGraph", stream: "torch.cuda.Stream") -> Itera
             except Exception as exc:  # pragma: no cover - depends on the torch build
                 log.warning("could not restore a CUDA generator after a failed graph capture: %s", exc)
         raise
+
+
+def capture_calls(graph: "torch.cuda.CUDAGraph", call: Callable[[int], object], count: int) -> str | None:
+    """Capture ``call(0) ... call(count - 1)`` into ``graph`` on the current device: None, or why
+    the capture failed (a host synchronisation, an allocation torch refuses), so the caller can
+    time another way. ``call(0)`` runs once first on the capture stream, as torch.cuda.graphs
+    advises. The capture stream is our own, on the current device: torch's default capture stream
+    is one per process, made on whichever device captured first, so a later capture of ``cuda:1``
+    work would switch to device 0 and record nothing (an empty graph times as ~0)."""
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            call(0)
+        torch.cuda.current_stream().wait_stream(stream)
+        with capture(graph, stream):
+            for j in range(count):
+                call(j)
+    except Exception as exc:
+        torch.cuda.synchronize()
+        text = str(exc).splitlines()[0][:300] if str(exc) else ""
+        return f"{type(exc).__name__}: {text}"
+    return None

@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 
 from .._timing import on_device
-from .._timing._capture import capture
+from .._timing._capture import capture_calls
 from .._timing._gpu_busy import cover
 from .._timing._l2 import FLUSH_BYTES, flush_buffer as _flush
 
@@ -97,20 +97,9 @@ def _measure_graph(fn, device, warmup_ms, rep_ms, min_reps, max_reps) -> Timing 
     estimate_ms = max(start.elapsed_time(end) / 3, 1e-3)
     inner = max(1, min(_MAX_CALLS_PER_GRAPH, int(_REPLAY_TARGET_MS / estimate_ms)))
     graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream(device)
-    try:
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
-            fn()  # warm-up on the capture stream, as torch.cuda.graphs advises
-        torch.cuda.current_stream(device).wait_stream(stream)
-        # our own capture stream on ``device`` (torch's default one belongs to the first device
-        # that captured); thread_local, so other threads' CUDA calls are not refused meanwhile
-        with capture(graph, stream):
-            for _ in range(inner):
-                fn()
-    except Exception as exc:
-        log.info("CUDA-graph capture failed (%s: %s); timing by per-call events", type(exc).__name__, exc)
-        torch.cuda.synchronize(device)
+    failed = capture_calls(graph, lambda _: fn(), inner)  # ``device`` is current (measure)
+    if failed is not None:
+        log.info("CUDA-graph capture failed (%s); timing by per-call events", failed)
         return None
     deadline = time.perf_counter() + warmup_ms / 1e3
     graph.replay()

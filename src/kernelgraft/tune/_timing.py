@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from .._timing import on_device
-from .._timing._capture import capture
+from .._timing._capture import capture_calls
 from .._timing._gpu_busy import cover
 from .._timing._l2 import flush
 
@@ -114,25 +114,7 @@ def _eager(trial: Trial, reps: int, host_us: float | None = None) -> tuple[list[
 
 def _captured(trial: Trial, graph: "torch.cuda.CUDAGraph", inner: int) -> str | None:
     """Capture ``inner`` launches of ``trial`` into ``graph``; None, or why the capture failed."""
-    try:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            trial.run(0)  # warm-up on the capture stream, as torch.cuda.graphs advises
-        torch.cuda.current_stream().wait_stream(stream)
-        # Our own capture stream, on the trial's device: torch.cuda.graph's default capture stream
-        # is one per process, made on whichever device captured first, so a later capture of
-        # cuda:1 work would switch to device 0 and record nothing (an empty graph times as ~0).
-        # thread_local: a capture must not make other threads' CUDA calls (an allocation, a sync)
-        # fail while this one times candidates.
-        with capture(graph, stream):
-            for j in range(inner):
-                trial.run(j % trial.n_sets)
-    except Exception as exc:  # some launches cannot be captured
-        torch.cuda.synchronize()
-        text = str(exc).splitlines()[0][:300] if str(exc) else ""
-        return f"{type(exc).__name__}: {text}"
-    return None
+    return capture_calls(graph, lambda j: trial.run(j % trial.n_sets), inner)
 
 
 def _probe(trial: Trial) -> str | None:
