@@ -112,7 +112,7 @@ def _timed(row: Row, fn: Callable[[], object] | None, timer: Timer, ceilings: Ce
     try:
         row.fill(timer(fn), ceilings)
     except Exception as exc:  # one failing variant must not end the run
-        row.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        row.error = _error(exc)
         log.warning("%s %s %s failed: %s", row.op, row.shape, row.variant, row.error)
     return row
 
@@ -233,7 +233,7 @@ def bench_op(
                 nbytes, flops = call_cost(op, args, outputs)
             except Exception as exc:
                 emit(Row(op.name, shape, size, math.nan, math.nan, DEFAULT, "kg op",
-                         error=f"{type(exc).__name__}: {exc}".splitlines()[0][:300]))
+                         error=_error(exc)))
                 continue
             base = dict(op=op.name, shape=shape, size=size, bytes=nbytes, flops=flops, regime=regime)
             cand_rows, cand_fns = [], {}
@@ -244,7 +244,7 @@ def bench_op(
                 try:
                     fn = _candidate_fn(op, cand, args)
                 except Exception as exc:
-                    row.error, fn = f"{type(exc).__name__}: {exc}".splitlines()[0][:300], None
+                    row.error, fn = _error(exc), None
                 cand_rows.append(emit(_timed(row, fn, timer, ceilings)))
                 cand_fns[id(cand_rows[-1])] = fn
             timed = [r for r in cand_rows if r.time_us is not None]
@@ -261,7 +261,7 @@ def bench_op(
                     compiled = compiled or _compiled(op.reference, dynamic)
                     fn = lambda: compiled(*args)  # noqa: E731
                 except Exception as exc:
-                    row.error, fn = f"{type(exc).__name__}: {exc}".splitlines()[0][:300], None
+                    row.error, fn = _error(exc), None
                 rivals.append(emit(_timed(row, fn, timer, ceilings)))
                 compile_fn = fn if row.time_us is not None else None
             rivals += [emit(_peer_row(base, peer, op, args, outputs, timer, ceilings)) for peer in peer_list]
@@ -288,7 +288,7 @@ def bench_op(
                             _compare(tuned, lambda: op(*args), timed, cand_fns, compile_fn, quick)
                     emit(tuned)
                 except Exception as exc:
-                    tuned.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                    tuned.error = _error(exc)
                     if tuned not in rows:
                         emit(tuned)
             elif timed:
