@@ -158,8 +158,8 @@ def load_bundle(
     try:
         if not isinstance(manifest["ops"], list):
             raise TypeError("'ops' is not a list")
-        _check_binaries(root, manifest["ops"], arch)
-        prepared = [(entry, _runners(root, entry, arch)) for entry in manifest["ops"]]
+        binaries = _check_binaries(root, manifest["ops"], arch)
+        prepared = [(entry, _runners(root, entry, arch, binaries)) for entry in manifest["ops"]]
         bundle.kernels = sum(len(r.kernels) for _, runners in prepared for r, _ in runners.values())
         found = [(entry, runners, _existing(entry, allowed)) for entry, runners in prepared]
         for entry, _, op in found:  # refuse a name clash before anything is attached
@@ -203,11 +203,12 @@ def _allowed_modules(import_modules: bool | Collection[str]) -> bool | frozenset
     return frozenset(import_modules)
 
 
-def _check_binaries(root: Path, ops: list, arch: str) -> None:
+def _check_binaries(root: Path, ops: list, arch: str) -> dict[str, bytes]:
     """Every binary of ``arch`` against its sha256 (and every cubin for a CUDA ELF that defines its
     kernel), before any expression is compiled: a replaced or corrupted file is refused in
-    milliseconds, whatever the size of the manifest (each kernel
-    reads and checks its binary again when it is built, so nothing checked here is trusted later)."""
+    milliseconds, whatever the size of the manifest. Returns the bytes read, by file name: the
+    kernels are built from these very bytes (read once, and nothing on disk changes them since)."""
+    read: dict[str, bytes] = {}
     for entry in ops:
         for cand in entry["candidates"]:
             for k in cand["kernels"]:
@@ -217,16 +218,18 @@ def _check_binaries(root: Path, ops: list, arch: str) -> None:
                         if kind == "cubin":  # other bytes under a recomputed sha256
                             _check_cubin(f"bundle {root}: {entry['name']} kernel {k['kernel']}", data,
                                          str(k["kernel"]))
+                        read[image["file"]] = data
+    return read
 
 
-def _runners(root: Path, entry: dict, arch: str) -> dict:
+def _runners(root: Path, entry: dict, arch: str, binaries: dict[str, bytes]) -> dict:
     names = [p["name"] for p in entry["params"]]
     n_inputs = len(names)
     names += [f"out{i}" for i in range(int(entry.get("n_returns", 0)))]
     out = {}
     for cand in entry["candidates"]:
         label = f"{entry['name']} {cand['label']} (bundle)"
-        kernels = [Kernel(root, names, n_inputs, k, label) for k in cand["kernels"] if k["arch"] == arch]
+        kernels = [Kernel(root, names, n_inputs, k, label, binaries) for k in cand["kernels"] if k["arch"] == arch]
         if kernels:
             key = (int(cand["index"]), Config.of(cand["config"], where=f"bundle {root}"))
             out[key] = (BundledRunner(label, kernels, n_inputs), cand)

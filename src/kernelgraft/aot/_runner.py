@@ -7,7 +7,7 @@ backend is importable) or raise ``UnsupportedError``."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +100,8 @@ def _check_cubin(where: str, image: bytes, kernel: str) -> None:
 class Kernel:
     """One binary of a candidate with the conditions under which it runs and its launch rule."""
 
-    def __init__(self, root: Path, names: Sequence[str], n_inputs: int, entry: dict, label: str = "") -> None:
+    def __init__(self, root: Path, names: Sequence[str], n_inputs: int, entry: dict, label: str = "",
+                 binaries: Mapping[str, bytes] | None = None) -> None:
         self.entry = entry
         self.name = str(entry["kernel"])
         self.where = f"bundle {root}: {label or '?'} kernel {self.name}"
@@ -131,11 +132,14 @@ class Kernel:
         sources.update({f"out{i}": _dtype(d) for i, d in enumerate(outs)})
         _check_types(self.where, entry, sources)
         images = entry["images"]
-        for kind, image in images.items():  # every image is verified, not only the one loaded
-            if kind != "cubin":
-                read_binary(root, image)
-        cubin = read_binary(root, images["cubin"])
-        _check_cubin(self.where, cubin, self.name)
+        if binaries is not None and images["cubin"].get("file") in binaries:
+            cubin = binaries[images["cubin"]["file"]]  # verified (sha256 and ELF) by the loader
+        else:
+            for kind, image in images.items():  # every image is verified, not only the one loaded
+                if kind != "cubin":
+                    read_binary(root, image)
+            cubin = read_binary(root, images["cubin"])
+            _check_cubin(self.where, cubin, self.name)
         try:
             self.function = driver.load_module(cubin, "cubin", name=self.name).function(self.name)
             self.launcher = self.function.launcher(self.kinds)
