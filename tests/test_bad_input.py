@@ -347,14 +347,18 @@ def test_gpu_kernels_mask_out_of_range_slots(impl):
 @pytest.mark.gpu
 @pytest.mark.parametrize("impl", ["triton", "cuda"])
 @pytest.mark.parametrize("special", [NAN, INF, -INF])
-def test_gpu_nan_inf_bytes(impl, special):
+@pytest.mark.parametrize("scale_fmt", ["", "ue8m0"])
+def test_gpu_nan_inf_bytes(impl, special, scale_fmt):
+    """The GPU's fp8 conversion saturates Inf to 448 where torch's gives NaN: no Inf may reach it
+    (a ue8m0 rounding of a NaN scale once made -0.0, and x / -0.0 an Inf)."""
     k = torch.randn(4, 128, device="cuda") * 3
     k[0, 5], k[2, :] = special, special
+    k[3, 7], k[3, 9] = NAN, INF
     cache = torch.randint(0, 256, (2, 4, 132), dtype=torch.uint8, device="cuda")
     want = cache.clone()
     slots = torch.tensor([0, 5, 2, 7], device="cuda")
-    fp8_kcache_scatter.run(k, cache, slots, 128, "", impl=impl)
-    fp8_kcache_scatter.run(k, want, slots, 128, "", impl="reference")
+    fp8_kcache_scatter.run(k, cache, slots, 128, scale_fmt, impl=impl)
+    fp8_kcache_scatter.run(k, want, slots, 128, scale_fmt, impl="reference")
     assert torch.equal(cache, want)
     x = torch.tensor([NAN, -1.0, 2.0, -0.0], device="cuda")
     got = add_relu.run(x, torch.zeros_like(x), impl=impl)

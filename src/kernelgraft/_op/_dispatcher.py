@@ -116,6 +116,7 @@ def _expiring(plan: Plan, table: dict[tuple, Plan], key: tuple, until: float,
         return replan(args, key)
 
     expiring.candidate = getattr(plan, "candidate", None)  # type: ignore[attr-defined]
+    expiring.plan = plan  # type: ignore[attr-defined]  (what plans() shows)
     return expiring
 
 
@@ -218,8 +219,9 @@ class Dispatcher:
         return self._current_table().get(key) if key is not None else None
 
     def plans(self) -> dict[tuple, Plan]:
-        """The plans of the current tuning scope, by signature key (a copy)."""
-        return dict(self._current_table())
+        """The plans of the current tuning scope, by signature key (a copy; a provisional plan
+        shows as the plan it serves)."""
+        return {key: getattr(plan, "plan", plan) for key, plan in self._current_table().items()}
 
     def current_replay(self) -> Any:
         """The native Replay the next call tries first, or None."""

@@ -17,6 +17,7 @@ from .._op._candidates import Candidate
 from .._op._compete import is_torch
 from .._errors import KernelgraftError
 from ..aot._build import signature_label
+from ..tune._modes import tune
 from . import _inputs
 from ._compile import COMPILABLE, Compiler, NotCompiled, compiler_message
 
@@ -100,7 +101,8 @@ def _check_metadata(op, args, sample, variant) -> Result:
     base = dict(op=op.name, candidate="meta", sample=sample, variant=variant)
     try:
         specs = op.dispatcher.output_specs(args)
-        result = op(*_verify.clone(args))
+        with tune("off"):  # a check never tunes: tuning would run every candidate, the failing ones
+            result = op(*_verify.clone(args))  # too, outside the steps that isolate and blame them
         for dev in {t.device for t in _verify.tensors(result if result is not None else ())}:
             _verify.sync(dev)
     except Exception as exc:
@@ -120,7 +122,8 @@ def _check_metadata(op, args, sample, variant) -> Result:
 def _opcheck(op, args, sample, variant) -> Result:
     base = dict(op=op.name, candidate="opcheck", sample=sample, variant=variant)
     try:
-        torch.library.opcheck(op.overload, _verify.clone(args))
+        with tune("off"):
+            torch.library.opcheck(op.overload, _verify.clone(args))
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return Result(**base, status="fail", note=first[:300])

@@ -57,10 +57,12 @@ MIN_AMAX = 1e-4
 
 # ------------------------------------------------------------------ reference
 def _ue8m0(scale: torch.Tensor) -> torch.Tensor:
-    """Round positive normal float32 values up to a power of two, on the bits."""
+    """Round positive normal float32 values up to a power of two, on the bits; NaN and Inf stay
+    (rounding their bits would give -0.0 or 0.0, and a hardware fp8 conversion saturates the
+    Inf a division by those makes, where torch's gives NaN)."""
     bits = scale.view(torch.int32)
     exponent = (bits >> 23) + ((bits & 0x7FFFFF) != 0).to(torch.int32)
-    return (exponent << 23).view(torch.float32)
+    return torch.where(torch.isfinite(scale), (exponent << 23).view(torch.float32), scale)
 
 
 def _check_layout(k, kv_cache, quant_block_size):
@@ -163,7 +165,9 @@ def _fp8_kcache_scatter_kernel(
     if UE8M0:
         bits = scale.to(tl.int32, bitcast=True)
         exponent = (bits >> 23) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
-        scale = (exponent << 23).to(tl.float32, bitcast=True)
+        finite = (bits & 0x7F800000) != 0x7F800000  # a NaN or Inf scale stays as it is
+        scale = tl.where(finite, (exponent << 23).to(tl.float32, bitcast=True), scale)
+        exponent = tl.where(finite, exponent, 0)
         # x / 2^e is exactly x * 2^-e, rounded once: the same bits as a correctly rounded
         # division at a fraction of its cost. 1 / scale covers inf and nan scales.
         inv = tl.where((exponent >= 1) & (exponent < 254),
@@ -270,7 +274,7 @@ __global__ void fp8_kcache_scatter(const T* __restrict__ k, unsigned char* __res
     for (int off = 16; off > 0; off >>= 1) amax = nan_max(amax, __shfl_xor_sync(0xffffffffu, amax, off));
     float scale = __fdiv_rn(amax < 1e-4f ? 1e-4f : amax, 448.0f);
     float inv = 0.0f;  // nonzero: an exact 1 / scale, so x * inv == x / scale correctly rounded
-    if (ue8m0) {  // round up to a power of two on the bits: exact 2^ceil(log2(scale))
+    if (ue8m0 && isfinite(scale)) {  // round up to a power of two on the bits: exact 2^ceil(log2(scale))
         int bits = __float_as_int(scale);
         int e = (bits >> 23) + ((bits & 0x7FFFFF) != 0);
         scale = __int_as_float(e << 23);

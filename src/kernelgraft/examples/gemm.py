@@ -14,6 +14,7 @@ True
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -94,11 +95,21 @@ def _configs() -> list[dict]:
 CONFIGS = _configs()
 
 
+@functools.lru_cache(maxsize=None)
+def _smem_limit(index: int) -> int:
+    return torch.cuda.get_device_properties(index).shared_memory_per_block_optin
+
+
 def _shapes_fit(a, b, **config):
     if a.shape[1] != b.shape[0]:
         return f"inner dimensions differ: a is {tuple(a.shape)}, b is {tuple(b.shape)}"
     if a.dtype != b.dtype:
         return f"dtypes differ: {a.dtype} vs {b.dtype}"
+    if a.device.type == "cuda":  # the pipeline's A and B tiles, one pair per stage, in shared memory
+        need = config["num_stages"] * (config["BLOCK_M"] + config["BLOCK_N"]) * config["BLOCK_K"] * a.element_size()
+        limit = _smem_limit(a.device.index if a.device.index is not None else torch.cuda.current_device())
+        if need > limit:
+            return f"needs {need} bytes of shared memory for {a.dtype} tiles, the GPU has {limit} per block"
     return True
 
 

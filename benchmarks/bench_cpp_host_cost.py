@@ -1,0 +1,136 @@
+"""Host cost per call of a bundled op from C++ (the runtime, through the dispatcher) side by side
+with at::add from C++ and the same ops in Python (the kernelgraft op, native replay), on tiny CUDA
+tensors (issue 17: the C++ call <= 3 us).
+
+Builds benchmarks/cpp (the runtime, examples/cpp and host_cost) with CMake unless --build-dir
+already holds it, then alternates processes: host_cost (C++), this script's --python-side (Python),
+--repeats times, each timing --rounds rounds of --calls calls per variant. Prints the medians over
+processes and the ratios; writes cpp_host_cost.json.
+
+    python benchmarks/bench_cpp_host_cost.py --bundle DIR [--build-dir build] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def python_side(calls: int, rounds: int, n: int) -> dict:
+    os.environ.setdefault("KERNELGRAFT_COMPETE", "0")  # the kernels, as in the bundle
+    import torch
+
+    from kernelgraft.examples.add_relu import add_relu
+    from kernelgraft.examples.rmsnorm import rmsnorm
+    from kernelgraft import _native
+
+    x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    rows, w = torch.randn(4, 256, device="cuda"), torch.randn(256, device="cuda")
+    variants = {
+        "torch.add (Python)": lambda: torch.add(x, y),
+        "kgexamples::add_relu, kernelgraft op (Python)": lambda: add_relu(x, y),
+        "kgexamples::add_relu via torch.ops (Python)": lambda: torch.ops.kgexamples.add_relu(x, y),
+        "kgexamples::rmsnorm, kernelgraft op (Python)": lambda: rmsnorm(rows, w, 1e-6),
+    }
+    torch.testing.assert_close(add_relu(x, y), torch.relu(x + y), rtol=0, atol=0)
+    for fn in variants.values():
+        for _ in range(50):
+            fn()
+    torch.cuda.synchronize()
+    samples: dict[str, list[float]] = {k: [] for k in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            elapsed = time.perf_counter() - start
+            torch.cuda.synchronize()
+            samples[name].append(elapsed / calls * 1e6)
+    plans = {op.name: [p.candidate.label if p.candidate is not None else "reference"
+                       for p in op.dispatcher.plans().values()] for op in (add_relu, rmsnorm)}
+    return {"host_us_median": {k: statistics.median(v) for k, v in samples.items()},
+            "candidates": plans, "native_replay": _native.load() is not None}
+
+
+def build(build_dir: Path) -> Path:
+    exe = build_dir / "host_cost"
+    if exe.exists():
+        return build_dir
+    import torch
+
+    cmds = [["cmake", "-S", str(ROOT / "benchmarks" / "cpp"), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
+             f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}"],
+            ["cmake", "--build", str(build_dir), f"-j{os.cpu_count() or 2}"]]
+    for cmd in cmds:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return build_dir
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bundle", default=os.environ.get("KERNELGRAFT_TEST_BUNDLE"))
+    parser.add_argument("--build-dir", default="build-bench")
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--n", type=int, default=4096)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--python-side", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    if args.python_side:
+        print(json.dumps(python_side(args.calls, args.rounds, args.n)))
+        return 0
+    if not args.bundle:
+        raise SystemExit("--bundle DIR (a bundle with kgexamples::add_relu and kgexamples::rmsnorm) is needed")
+    from _common import environment, write_json
+
+    build_dir = build(Path(args.build_dir))
+    timing = ["--calls", str(args.calls), "--rounds", str(args.rounds), "--n", str(args.n)]
+    runs: dict[str, list[float]] = {}
+    extra: dict = {}
+    for _ in range(args.repeats):  # C++ and Python processes alternate
+        cpp = subprocess.run([str(build_dir / "host_cost"), args.bundle, *timing], capture_output=True, text=True,
+                             timeout=300)
+        if cpp.returncode != 0:
+            raise SystemExit(f"host_cost failed:\n{cpp.stdout}\n{cpp.stderr[-3000:]}")
+        py = subprocess.run([sys.executable, __file__, "--python-side", *timing], capture_output=True, text=True,
+                            timeout=300)
+        if py.returncode != 0:
+            raise SystemExit(f"the Python side failed:\n{py.stdout}\n{py.stderr[-3000:]}")
+        for out in (cpp.stdout, py.stdout):
+            result = json.loads(out.strip().splitlines()[-1])
+            for name, us in result.pop("host_us_median").items():
+                runs.setdefault(name, []).append(us)
+            extra.update(result)
+    median = {name: statistics.median(v) for name, v in runs.items()}
+    base = median["at::add (C++)"]
+    cpp_op = median["kgexamples::add_relu, bundled (C++ dispatcher)"]
+    checks = {"bundled add_relu from C++ <= 3 us per call": cpp_op <= 3.0}
+    payload = {"env": environment(), "per_process_us": runs, "median_us": median, "checks": checks, **extra}
+    write_json("cpp_host_cost", payload, args.out)
+    env = payload["env"]
+    print(f"\n{env['device']} | torch {env['torch']} | {env['date']} | n={args.n}, {args.calls} calls x "
+          f"{args.rounds} rounds x {args.repeats} processes each")
+    print(f"Python candidates: {extra.get('candidates')}; native replay: {extra.get('native_replay')}")
+    print(f"{'variant':52s} {'us/call':>8s} {'vs at::add':>11s}")
+    for name, us in median.items():
+        print(f"{name:52s} {us:8.2f} {us / base:10.2f}x")
+    for name, ok in checks.items():
+        print(f"{'PASS' if ok else 'FAIL'}  {name}")
+    return 0 if all(checks.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
