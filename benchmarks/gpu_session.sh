@@ -84,6 +84,7 @@ run_section() {
       step run_bundle 60 /tmp/cppbuild/examples/run_bundle "$KERNELGRAFT_TEST_BUNDLE"
       step cpp_host_cost 240 python3 benchmarks/bench_cpp_host_cost.py --build-dir /tmp/cppbuild --out "$R" ;;
     llamaaoti)  # issue 17: the grafted Llama as an AOTInductor package run by examples/cpp/run_aoti (after cpp)
+      step aoti_preflight 150 python3 research/aoti_preflight.py
       step build_llama_aoti 260 python3 benchmarks/build_llama_aoti.py --out-dir /tmp/llama_aoti
       step llama_python_warm_start 90 python3 benchmarks/build_llama_aoti.py --out-dir /tmp/llama_aoti --cold-start-only
       step run_aoti 60 /tmp/cppbuild/examples/run_aoti /tmp/llama_aoti/bundle /tmp/llama_aoti/llama.pt2 /tmp/llama_aoti/io.pt --atol 5e-2 --rtol 5e-2 --runs 20
