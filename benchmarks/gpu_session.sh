@@ -2,7 +2,7 @@
 # One batched run on the GPU machine: installs carried wheels, runs the selected sections with
 # time limits, and packs every result into $OUT/results.tar.gz (plus the log).
 #   bash benchmarks/gpu_session.sh SECTION...     sections: tests core cute hostcost rmsnorm
-#                                                 examples tune tunequick ranks graft graftdecode aot explore explore5 explore6 explore7 diagsoftmax native devices verify verify2 firstsec diagsmall compete llmquick llm suitetests gputests_s7 cpp cppbuild llamaaoti test_FILE
+#                                                 examples tune tunequick ranks graft graftdecode aot explore explore5 explore6 explore7 diagsoftmax native devices verify verify2 firstsec diagsmall compete llmquick llm suitetests gputests_s7 cpp cppbuild llamaaoti diagsuite test_FILE
 # A "0:tests,aot|1:tune,rmsnorm" argument runs lanes side by side, each on its own GPU
 # (CUDA_VISIBLE_DEVICES) with its own kernelgraft cache; the next argument starts when all end.
 set -uo pipefail
@@ -92,6 +92,7 @@ run_section() {
       cp /tmp/llama_aoti/report.json "$R/llama_aoti_report.json" 2>/dev/null ;;
     firstfresh) step first_seconds_fresh 80 python3 benchmarks/bench_first_seconds.py --modes fresh --seconds 30 --gap 2 --skip-decisions --out "$R/fresh30" ;;  # past the moment the extension loads
     diagsmall) step diag_small_shapes 120 python3 research/diag_small_shapes.py ;;
+    diagsuite) step diag_suite_tuned 150 python3 research/diag_suite_tuned.py ;;  # the suite's small-shape rows
     compete) step bench_compete 240 python3 benchmarks/bench_compete.py --out "$R" --limit 2 ;;
     firstsec) step first_seconds 420 python3 benchmarks/bench_first_seconds.py --out "$R" ;;  # issue 19; 2 GPUs: decisions side by side
     verify2) step test_verify_2gpu 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_verify.py -k not_the_current_one -rs --tb=short ;;  # needs 2 GPUs

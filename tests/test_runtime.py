@@ -445,3 +445,77 @@ def test_bundles_named_in_the_environment_load_with_the_library(so, bundle, tmp_
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == [33, 97]
     assert f"KERNELGRAFT_BUNDLES: bundle {missing} not loaded" in proc.stderr
+
+
+CACHE_CHILD = r"""
+import json, re, sys, torch
+torch.ops.load_library(sys.argv[1])
+torch.ops.kernelgraft.load_bundle(sys.argv[2], None, "sm_90")
+DT = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float64: "float64"}
+
+def attempt(name, *args):  # the CUDA kernel's planning on CPU tensors (the test hook), as a dict
+    try:
+        getattr(torch.ops.kgexamples, name)(*args)
+    except RuntimeError as exc:
+        text = str(exc).splitlines()[0]
+    m = re.search(r"planned (\S+) kernel (\S+) grid \[(\d+), (\d+), (\d+)\] \((\w+), (\d+) cached\)", text)
+    if m is None:
+        return {"error": text}
+    return {"candidate": m[1], "kernel": m[2], "grid": [int(m[3]), int(m[4]), int(m[5])], "how": m[6],
+            "size": int(m[7])}
+
+def described(name, *args):  # what _runtime_plan gives for the same call, from its JSON description
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            out.append({"shape": list(a.shape), "dtype": DT[a.dtype], "contiguous": a.is_contiguous(),
+                        "aligned": a.data_ptr() % 16 == 0})
+        else:
+            out.append(a)
+    try:
+        plan = json.loads(torch.ops.kernelgraft._runtime_plan("kgexamples::" + name, json.dumps(out)))
+    except RuntimeError as exc:
+        return {"error": str(exc).splitlines()[0]}
+    return {"candidate": plan["candidate"], "kernel": plan["kernel"], "grid": plan["grid"]}
+
+h = torch.float16
+x, y = torch.randn(33, 97, dtype=h), torch.randn(33, 97, dtype=h)
+wide = torch.randn(33, 200, dtype=h)  # views of x's shape: a key without layout would reuse x's plan
+calls = [("add_relu", x, y), ("add_relu", x, y), ("add_relu", x.float(), y.float()),
+         ("add_relu", wide[:, :97], wide[:, 100:197]),                       # strided views
+         ("add_relu", torch.randn(33 * 97 + 1, dtype=h)[1:].view(33, 97), y),  # unaligned
+         ("rmsnorm", torch.randn(9, 768, dtype=h), torch.randn(768, dtype=h), 1e-6),
+         ("rmsnorm", torch.randn(9, 768, dtype=h), torch.randn(768, dtype=h), 1e-6),
+         ("rmsnorm", torch.randn(9, 768, dtype=h), torch.randn(768, dtype=h), 1e-5),
+         ("rmsnorm", torch.randn(9, 768, dtype=torch.float64), torch.randn(768, dtype=torch.float64), 1e-6)]
+report = [(attempt(*c), described(*c)) for c in calls]
+many = [attempt("add_relu", torch.randn(n), torch.randn(n)) for n in range(1, 301)]
+print(json.dumps({"calls": report, "planned": sum("size" in m for m in many),
+                  "max_size": max(m.get("size", 0) for m in many), "errors": [m for m in many if "error" in m][:3]}))
+"""
+
+
+def test_the_cuda_kernel_plans_each_signature_once(so, bundle, tmp_path):
+    """The CUDA kernel's launch plan is memoized per call signature (dtypes, sizes, contiguity,
+    alignment, scalars): a repeated call reuses it, any difference plans again, and every plan,
+    cached or new, is the one the full path gives (``_runtime_plan``). Run through the CPU test hook
+    (KERNELGRAFT_RUNTIME_PLAN_ON_CPU=1), which plans as the CUDA kernel does and then refuses."""
+    script = tmp_path / "child.py"
+    script.write_text(CACHE_CHILD)
+    proc = subprocess.run([sys.executable, str(script), str(so), str(bundle)], capture_output=True, text=True,
+                          env={**env(), "KERNELGRAFT_RUNTIME_PLAN_ON_CPU": "1"}, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    hows = []
+    for got, want in report["calls"]:
+        if "error" in want:  # the full path refuses: so does the kernel, with the same message
+            assert got == want
+            hows.append("error")
+            continue
+        assert {k: got[k] for k in want} == want
+        hows.append(got["how"])
+    # strided and unaligned views of x's shape: no kernel serves them, and the cached plan of x is
+    # not taken for them
+    assert hows == ["new", "cached", "new", "error", "error", "new", "cached", "new", "error"], hows
+    assert report["planned"] == 300, report["errors"]
+    assert 200 < report["max_size"] <= 256  # bounded

@@ -56,6 +56,7 @@ import torch
 from .._errors import SpecError, describe
 from .._spec import ImplSpec
 from ._candidates import Candidate
+from ._quiet import quiet
 
 if TYPE_CHECKING:
     from ._operator import KernelOp
@@ -142,7 +143,7 @@ class CompileState:
         # autograd kernel owns gradients, so the reference runs without grad on detached aliases
         # (they share storage: mutations land).
         args = tuple(_detached(a) for a in args)
-        with torch._C._AutoDispatchBelowAutograd(), torch.no_grad():
+        with torch._C._AutoDispatchBelowAutograd(), torch.no_grad(), quiet():
             return compiled(*args)
 
     def refused(self, exc: BaseException) -> None:

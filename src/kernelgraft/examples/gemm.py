@@ -344,5 +344,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     products in float32), returned in a's dtype. Written as PyTorch's own matmul, not an upcast to
     float32, so the PyTorch candidate that competes in tuning is the library GEMM (an upcast
     reference timed a float32 GEMM, 16x slower than cuBLAS in bf16 on an H200); the oracle runs it
-    in float64 besides."""
+    in float64 besides. a and b share one dtype, as torch.matmul requires."""
+    if a.dtype != b.dtype:
+        raise kg.InputError(f"kgexamples::gemm: arguments 'a' and 'b' must share a dtype, got a {a.dtype} "
+                            f"and b {b.dtype} (a @ b does not mix dtypes: convert one of them)")
     return torch.matmul(a, b)

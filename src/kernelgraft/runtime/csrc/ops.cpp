@@ -20,6 +20,7 @@
 
 #include "bundle.h"
 #include "driver.h"
+#include "launch_cache.h"
 #include "select.h"
 #include "symbolic.h"
 
@@ -52,6 +53,7 @@ struct LoadedOp {
   std::shared_ptr<Bundle> bundle;
   const OpEntry* op = nullptr;
   std::map<const Kernel*, std::unique_ptr<LazyFunction>> functions;
+  LaunchCache cache;
 };
 
 struct State {
@@ -66,7 +68,8 @@ State& state() {
 }
 
 // The call's arguments as selection sees them; TORCH_CHECK naming the argument otherwise.
-std::vector<ArgView> views(const OpEntry& op, c10::ArrayRef<c10::IValue> args, bool meta, c10::Device* device) {
+std::vector<ArgView> views(const OpEntry& op, c10::ArrayRef<c10::IValue> args, bool meta, c10::Device* device,
+                           bool require_cuda = true) {
   std::vector<ArgView> out(op.params.size());
   bool have_device = false;
   for (size_t i = 0; i < op.params.size(); ++i) {
@@ -78,7 +81,7 @@ std::vector<ArgView> views(const OpEntry& op, c10::ArrayRef<c10::IValue> args, b
       TORCH_CHECK(v.isTensor(), op.qualified, ": argument ", p.name, " must be a Tensor, got ", v.tagKind());
       const at::Tensor& t = v.toTensor();
       if (!meta) {
-        TORCH_CHECK(t.is_cuda(), op.qualified, ": argument ", p.name, " must be a CUDA tensor, got a tensor on ",
+        TORCH_CHECK(t.is_cuda() || !require_cuda, op.qualified, ": argument ", p.name, " must be a CUDA tensor, got a tensor on ",
                     t.device(), " (the bundle's kernels run on CUDA devices)");
         TORCH_CHECK(!have_device || t.device() == *device, op.qualified, ": argument ", p.name,
                     " is on ", t.device(), ", expected ", *device, " like the arguments before it");
@@ -143,6 +146,56 @@ void pack(const std::string& where, size_t index, const std::string& kind, const
 
 at::ScalarType out_dtype(const Kernel& k, size_t i) { return dtype_named(k.out_dtypes[i], k.where); }
 
+// The full path: views, choice, programs; TORCH_CHECK naming the op and argument when the call is
+// wrong. What it returns depends only on the call's signature (launch_cache.h).
+std::shared_ptr<const Launch> plan_launch(const OpEntry& op, c10::ArrayRef<c10::IValue> args, c10::Device* device,
+                                          bool require_cuda = true) {
+  std::vector<ArgView> views_ = views(op, args, false, device, require_cuda);
+  std::vector<Input> inputs = inputs_of(views_);
+  Plan plan;
+  std::string why;
+  TORCH_CHECK(choose(op, views_, inputs, &plan, &why), why);
+  const Kernel& k = *plan.kernel;
+  auto launch = std::make_shared<Launch>();
+  launch->kernel = &k;
+  launch->candidate = plan.candidate;
+  launch->grid = plan.grid;
+  launch->shared_mem = plan.shared_mem;
+  launch->out_shapes = plan.out_shapes;
+  for (size_t i = 0; i < plan.out_shapes.size(); ++i) launch->out_dtypes.push_back(out_dtype(k, i));
+  launch->storage.assign(k.params.size(), 0);
+  for (size_t i = 0; i < k.params.size(); ++i) {
+    const KernelParam& p = k.params[i];
+    if (p.kind == "ptr") {
+      if (p.input >= 0)
+        TORCH_CHECK(args[p.input].isTensor(), op.qualified, ": argument ", op.params[p.input].name,
+                    " must be a Tensor (the kernel reads it), got None");
+      launch->pointers.push_back({i, p.input, p.output});
+    } else {
+      pack(k.where, i, p.kind, plan.scalars[i], &launch->storage[i]);
+    }
+  }
+  return launch;
+}
+
+// The launch plan of this call: from the op's cache when its signature was planned before.
+std::shared_ptr<const Launch> launch_for(LoadedOp& loaded, c10::ArrayRef<c10::IValue> args, c10::Device* device,
+                                         bool cuda, bool* cached = nullptr) {
+  std::string key;
+  key.reserve(64);
+  bool keyed = signature(*loaded.op, args, cuda, &key, device);
+  if (keyed) {
+    if (auto found = loaded.cache.find(key)) {
+      if (cached) *cached = true;
+      return found;
+    }
+  }
+  if (cached) *cached = false;
+  auto launch = plan_launch(*loaded.op, args, device, cuda);
+  if (keyed) loaded.cache.put(key, launch);
+  return launch;
+}
+
 class CudaKernel : public c10::OperatorKernel {
  public:
   explicit CudaKernel(std::shared_ptr<LoadedOp> loaded) : loaded_(std::move(loaded)) {}
@@ -152,44 +205,29 @@ class CudaKernel : public c10::OperatorKernel {
     size_t n = op.params.size();
     auto args = torch::jit::last(*stack, n);
     c10::Device device(c10::kCUDA);
-    std::vector<ArgView> views_ = views(op, args, false, &device);
-    std::vector<Input> inputs = inputs_of(views_);
-    Plan plan;
-    std::string why;
-    TORCH_CHECK(choose(op, views_, inputs, &plan, &why), why);
-    const Kernel& k = *plan.kernel;
+    std::shared_ptr<const Launch> launch = launch_for(*loaded_, args, &device, true);
+    const Kernel& k = *launch->kernel;
     c10::DeviceGuard guard(device);
     std::vector<at::Tensor> outs;
-    for (size_t i = 0; i < plan.out_shapes.size(); ++i)
-      outs.push_back(at::empty(plan.out_shapes[i], at::TensorOptions().dtype(out_dtype(k, i)).device(device)));
-    std::vector<uint64_t> storage(k.params.size());
-    std::vector<void*> pointers(k.params.size());
-    for (size_t i = 0; i < k.params.size(); ++i) {
-      const KernelParam& p = k.params[i];
-      if (p.kind == "ptr") {
-        void* ptr = nullptr;
-        if (p.input >= 0) {
-          const c10::IValue& v = args[p.input];
-          TORCH_CHECK(v.isTensor(), op.qualified, ": argument ", op.params[p.input].name,
-                      " must be a Tensor (the kernel reads it), got None");
-          ptr = v.toTensor().data_ptr();
-        } else if (p.output >= 0) {
-          ptr = outs[p.output].data_ptr();
-        }
-        std::memcpy(&storage[i], &ptr, sizeof ptr);
-      } else {
-        pack(k.where, i, p.kind, plan.scalars[i], &storage[i]);
-      }
-      pointers[i] = &storage[i];
+    outs.reserve(launch->out_shapes.size());
+    for (size_t i = 0; i < launch->out_shapes.size(); ++i)
+      outs.push_back(at::empty(launch->out_shapes[i], at::TensorOptions().dtype(launch->out_dtypes[i]).device(device)));
+    std::vector<uint64_t> storage(launch->storage);
+    std::vector<void*> pointers(storage.size());
+    for (const Launch::Pointer& p : launch->pointers) {
+      void* ptr = p.input >= 0 ? args[p.input].toTensor().data_ptr() : p.output >= 0 ? outs[p.output].data_ptr() : nullptr;
+      std::memcpy(&storage[p.slot], &ptr, sizeof ptr);
     }
+    for (size_t i = 0; i < storage.size(); ++i) pointers[i] = &storage[i];
     // torch's current stream of the device (whatever backs it: graph capture records the launch)
     c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
     void* stream = impl.getStream(device).native_handle();
     try {
       // functions is filled before the op is registered and never changes: no lock
-      loaded_->functions.at(&k)->launch(device.index(), plan.grid.data(), k.block.data(), plan.shared_mem, stream, pointers.data());
+      loaded_->functions.at(&k)->launch(device.index(), launch->grid.data(), k.block.data(), launch->shared_mem, stream,
+                                        pointers.data());
     } catch (const std::runtime_error& e) {
-      TORCH_CHECK(false, op.qualified, " (", op.candidates[plan.candidate].label, "): ", e.what());
+      TORCH_CHECK(false, op.qualified, " (", op.candidates[launch->candidate].label, "): ", e.what());
     }
     torch::jit::drop(*stack, n);
     for (auto& t : outs) stack->emplace_back(std::move(t));
@@ -241,9 +279,25 @@ class CpuKernel : public c10::OperatorKernel {
 
   void operator()(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack* stack) {
     const OpEntry& op = *loaded_->op;
+    auto args = torch::jit::last(*stack, op.params.size());
     c10::Device device(c10::kCUDA);
-    views(op, torch::jit::last(*stack, op.params.size()), false, &device);  // names the CPU argument
+    if (plan_on_cpu()) {  // test hook: plan as the CUDA kernel would (cache included), then refuse
+      bool cached = false;
+      auto launch = launch_for(*loaded_, args, &device, false, &cached);
+      TORCH_CHECK(false, op.qualified, ": planned ", op.candidates[launch->candidate].label, " kernel ",
+                  launch->kernel->name, " grid [", launch->grid[0], ", ", launch->grid[1], ", ", launch->grid[2],
+                  "] (", cached ? "cached" : "new", ", ", loaded_->cache.size(), " cached); the bundle's kernels run on CUDA devices");
+    }
+    views(op, args, false, &device);  // names the CPU argument
     TORCH_CHECK(false, op.qualified, ": the bundle's kernels run on CUDA devices, got no CUDA tensor");
+  }
+
+ private:
+  // KERNELGRAFT_RUNTIME_PLAN_ON_CPU=1 (read once): tests on machines without a GPU exercise the
+  // CUDA kernel's planning and its cache with CPU tensors.
+  static bool plan_on_cpu() {
+    static const bool on = c10::utils::get_env("KERNELGRAFT_RUNTIME_PLAN_ON_CPU") == std::optional<std::string>("1");
+    return on;
   }
 
  private:
