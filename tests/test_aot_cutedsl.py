@@ -103,15 +103,20 @@ def test_libraries_export_only_the_shim_and_need_the_dialect_runtime(bundle):
 
 
 # A child (the stub driver must not leak into this process): a libcuda.so.1 whose every entry point
-# returns CUDA_ERROR_NO_DEVICE (100), then each library opened as the loaders open it.
+# returns CUDA_ERROR_NO_DEVICE (100), then each library opened as the loaders open it. Mode
+# "context": cuInit succeeds and a context of device 0 is current, so the launch gets as far as the
+# library's own cuda_init (whose static CUDA runtime then finds no usable driver).
 CHILD = r"""
 import ctypes, json, subprocess, sys
-bundle, stub_dir, kernels = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+bundle, stub_dir, kernels, mode = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
 names = set()
 for lib in [kernels[0]["runtime"]] + [k["so"] for k in kernels]:
     out = subprocess.run(["nm", "-D", "--undefined-only", bundle + "/" + lib], capture_output=True, text=True).stdout
     names |= {l.split()[-1] for l in out.splitlines() if l.split() and l.split()[-1].startswith("cu")}
-src = "\n".join("int %s(void) { return 100; }" % n.split("@")[0] for n in sorted(names))
+special = {"cuInit": "int cuInit(unsigned f) { return 0; }",
+           "cuCtxGetCurrent": "int cuCtxGetCurrent(void **c) { *c = (void *)0x10; return 0; }",
+           "cuCtxGetDevice": "int cuCtxGetDevice(int *d) { *d = 0; return 0; }"} if mode == "context" else {}
+src = "\n".join(special.get(n.split("@")[0], "int %s(void) { return 100; }" % n.split("@")[0]) for n in sorted(names))
 open(stub_dir + "/stub.c", "w").write(src)
 subprocess.run(["gcc", "-shared", "-fPIC", "-o", stub_dir + "/libcuda.so.1", stub_dir + "/stub.c",
                 "-Wl,-soname,libcuda.so.1"], check=True)
@@ -140,7 +145,8 @@ print(json.dumps(report))
 """
 
 
-def test_libraries_load_and_call_through_to_the_driver(bundle, tmp_path):
+@pytest.mark.parametrize("mode", ["no_device", "context"])
+def test_libraries_load_and_call_through_to_the_driver(bundle, tmp_path, mode):
     _tool("nm")
     manifest = _manifest.read(bundle)
     kernels, seen = [], set()
@@ -151,7 +157,7 @@ def test_libraries_load_and_call_through_to_the_driver(bundle, tmp_path):
                             "kinds": [p["kind"] for p in k["params"]]})
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    proc = subprocess.run([sys.executable, str(script), str(bundle), str(tmp_path), json.dumps(kernels)],
+    proc = subprocess.run([sys.executable, str(script), str(bundle), str(tmp_path), json.dumps(kernels), mode],
                           capture_output=True, text=True, env=env(), timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -159,7 +165,10 @@ def test_libraries_load_and_call_through_to_the_driver(bundle, tmp_path):
     assert "libcuda_dialect_runtime.so" in report["without_runtime"]
     for want, got in zip(kernels, report["kernels"]):
         assert got["abi"] == 1 and got["n"] == len(want["kinds"]) and got["kinds"] == ",".join(want["kinds"])
-        assert got["status"] == 100 and "cuInit: CUDA error 100" in got["error"]  # the stub driver's answer
+        if mode == "no_device":
+            assert got["status"] == 100 and "cuInit: CUDA error 100" in got["error"]  # the stub driver's answer
+        else:  # cuda_init was called with the arguments it takes, and its error came back (no crash)
+            assert got["status"] > 0 and "loading the embedded cubin (cuda_init): CUDA runtime error" in got["error"]
         assert got["wrong"] == -1 and "arguments given, the host function takes" in got["wrong_error"]
 
 
@@ -305,3 +314,86 @@ def test_library_hashes_are_those_the_manifest_records(bundle):
     for _, _, k in _native(_manifest.read(bundle)):
         for image in k["images"].values():
             assert hashlib.sha256((bundle / image["file"]).read_bytes()).hexdigest() == image["sha256"]
+
+
+RUNTIME_CHILD = r"""
+import ctypes, json, subprocess, sys
+so, bundle, stub_dir, runtime = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+names = set()
+for lib in [runtime, so]:
+    out = subprocess.run(["nm", "-D", "--undefined-only", lib], capture_output=True, text=True).stdout
+    names |= {l.split()[-1].split("@")[0] for l in out.splitlines() if l.split() and l.split()[-1].startswith("cu")}
+names |= {"cuInit", "cuCtxGetCurrent", "cuCtxSetCurrent", "cuCtxGetDevice", "cuDeviceGet", "cuDevicePrimaryCtxRetain",
+          "cuGetErrorString"}
+open(stub_dir + "/stub.c", "w").write("\n".join("int %s(void) { return 100; }" % n for n in sorted(names)))
+subprocess.run(["gcc", "-shared", "-fPIC", "-o", stub_dir + "/libcuda.so.1", stub_dir + "/stub.c",
+                "-Wl,-soname,libcuda.so.1"], check=True)
+ctypes.CDLL(stub_dir + "/libcuda.so.1", mode=ctypes.RTLD_GLOBAL)
+import torch
+torch.ops.load_library(so)
+torch.ops.kernelgraft.load_bundle(bundle, None, "sm_90", True)
+print(torch.ops.kernelgraft._runtime_native_probe("kgrt_cute_probe::add_relu"))
+"""
+
+
+def test_runtime_opens_the_verified_libraries_and_calls_them(so, bundle, tmp_path):
+    """The C++ runtime's own open/check/call path, against a stub driver (in a child process)."""
+    _tool("nm")
+    path = variant(bundle, tmp_path / "b", "kgrt_cute_probe", edit_op=_only_cutedsl)
+    runtime = next(iter(_native(_manifest.read(path))))[2]["images"]["runtime"]["file"]
+    script = tmp_path / "child.py"
+    script.write_text(RUNTIME_CHILD)
+    proc = subprocess.run([sys.executable, str(script), str(so), str(path), str(tmp_path), str(path / runtime)],
+                          capture_output=True, text=True, env=env(), timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    probes = json.loads(proc.stdout.strip().splitlines()[-1])
+    kernels = {k["kernel"] for op, _, k in _native(_manifest.read(path)) if op["name"].endswith("add_relu")}
+    assert {p["kernel"] for p in probes} == kernels
+    for p in probes:  # opened, the ABI and kinds matched the manifest, and the call reached the driver
+        assert p["error"].endswith("cuInit: CUDA error 100 (unknown)"), p
+
+
+PYTHON_CHILD = r"""
+import ctypes, json, subprocess, sys
+bundle, stub_dir, runtime, so_file = sys.argv[1:5]
+names = {"cuInit", "cuCtxGetCurrent", "cuCtxSetCurrent", "cuCtxGetDevice", "cuDeviceGet", "cuDevicePrimaryCtxRetain",
+         "cuGetErrorString"}
+out = subprocess.run(["nm", "-D", "--undefined-only", runtime], capture_output=True, text=True).stdout
+names |= {l.split()[-1].split("@")[0] for l in out.splitlines() if l.split() and l.split()[-1].startswith("cu")}
+open(stub_dir + "/stub.c", "w").write("\n".join("int %s(void) { return 100; }" % n for n in sorted(names)))
+subprocess.run(["gcc", "-shared", "-fPIC", "-o", stub_dir + "/libcuda.so.1", stub_dir + "/stub.c",
+                "-Wl,-soname,libcuda.so.1"], check=True)
+ctypes.CDLL(stub_dir + "/libcuda.so.1", mode=ctypes.RTLD_GLOBAL)
+import kernelgraft as kg
+import kernelgraft.driver
+kernelgraft.driver.current_stream = lambda device: 0  # no CUDA torch here
+loaded = kg.load_bundle(bundle, arch="sm_90", allow_native=True)
+report = []
+for entry in loaded.manifest["ops"]:
+    for cand in entry["candidates"]:
+        for kernel in loaded.runner(entry["name"], cand["index"], cand["config"]).kernels:
+            kernel._check_params(0)  # opens the runtime, then the library; checks its ABI and kinds
+            try:
+                kernel.launcher(0, (1, 1, 1), (1, 1, 1), [0] * len(kernel.kinds), 0)
+                error = ""
+            except kg.KernelgraftError as exc:
+                error = str(exc)
+            report.append({"kernel": kernel.name, "error": error})
+print(json.dumps(report))
+"""
+
+
+def test_python_loader_opens_the_verified_libraries_and_calls_them(bundle, tmp_path):
+    """The Python loader's open/check/call path, against a stub driver (in a child process)."""
+    _tool("nm")
+    path = variant(bundle, tmp_path / "b", "kgpy_cute_probe", edit_op=_only_cutedsl)
+    first = next(iter(_native(_manifest.read(path))))[2]["images"]
+    script = tmp_path / "child.py"
+    script.write_text(PYTHON_CHILD)
+    proc = subprocess.run([sys.executable, str(script), str(path), str(tmp_path), str(path / first["runtime"]["file"]),
+                           str(path / first["so"]["file"])], capture_output=True, text=True, env=env(), timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(report) == len(list(_native(_manifest.read(path))))
+    for r in report:  # every library opened (not the previous one under a reused /proc path) and reached the driver
+        assert r["error"].endswith("cuInit: CUDA error 100 (unknown)"), r

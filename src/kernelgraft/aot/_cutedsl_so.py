@@ -20,9 +20,9 @@ link time) into one ``.so`` that exports only::
 ``args[i]`` points at argument ``i``'s value (a device pointer, or an integer/float of its kind),
 as ``cuLaunchKernel``'s parameter array does. The call runs in ``device``'s context (its primary
 context is made current for the call when the current one is another device's). The first launch on
-a device loads the embedded cubin (once per process, as the header's ``Kernel_Metadata_Load`` does,
-but returning errors instead of calling ``exit``) and opts its kernels in to the device's shared
-memory. The library needs ``libcuda_dialect_runtime.so`` (a ``DT_NEEDED`` by soname, shipped in the
+a device loads the embedded cubin (once per process) and the kernels on that device, as the
+library's own JIT executor does (``cuda_init``, then ``cuda_load_to_device`` per device; the header's
+``Kernel_Metadata_Load`` does the same for one device but calls ``exit`` on an error). The library needs ``libcuda_dialect_runtime.so`` (a ``DT_NEEDED`` by soname, shipped in the
 wheel and in the bundle; the loaders open the bundle's verified copy first), and through it
 ``libcuda.so.1``, which also resolves the shim's own driver calls.
 
@@ -177,7 +177,6 @@ _SHIM = r"""
 #define NUM_ARGS @NUM_ARGS@
 typedef int CUresult;
 typedef void *CUlibrary;
-typedef void *CUkernel;
 typedef void *CUcontext;
 
 CUresult cuInit(unsigned);
@@ -186,10 +185,6 @@ CUresult cuCtxSetCurrent(CUcontext);
 CUresult cuCtxGetDevice(int *);
 CUresult cuDeviceGet(int *, int);
 CUresult cuDevicePrimaryCtxRetain(CUcontext *, int);
-CUresult cuDeviceGetAttribute(int *, int, int);
-CUresult cuLibraryGetKernelCount(unsigned *, CUlibrary);
-CUresult cuLibraryEnumerateKernels(CUkernel *, unsigned, CUlibrary);
-CUresult cuKernelSetAttribute(int, int, CUkernel, int);
 CUresult cuGetErrorString(CUresult, const char **);
 
 void @INIT@(void **);
@@ -199,7 +194,7 @@ void @ENTRY@(void **args, int32_t num_args);
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static CUlibrary library;
 static int loaded, initialized;
-static volatile unsigned char ready[1024];  /* devices whose kernels are opted in to their shared memory */
+static volatile unsigned char ready[1024];  /* devices the kernels are loaded for */
 static CUcontext primary[1024];
 
 static int fail(char *error, size_t size, const char *what, int code) {
@@ -211,6 +206,13 @@ static int fail(char *error, size_t size, const char *what, int code) {
 }
 
 #define CHECK(call, what) do { CUresult r_ = (call); if (r_ != 0) return fail(error, size, what, r_); } while (0)
+
+/* The library's own functions return CUDA runtime errors (cudaError_t), whose numbers are not the
+   driver's: named by number only. */
+static int fail_runtime(char *error, size_t size, const char *what, int code) {
+  if (error != NULL && size > 0) snprintf(error, size, "%s: CUDA runtime error %d (cudaError_t)", what, code);
+  return code;
+}
 
 /* Makes `device`'s primary context current unless a context of that device is; *previous is then
    the context to restore (the host function launches on the current context). */
@@ -243,31 +245,23 @@ static int enter(int32_t device, CUcontext *previous, int *switched, char *error
   return 0;
 }
 
-/* The header's Kernel_Metadata_Load, once per process (the library is context-independent), then
-   once per device the opt-in to its shared memory; errors are returned, not exit()ed on. Runs
-   under `lock` with the device's context current. */
+/* What the library's JIT executor does (nvidia-cutlass-dsl's CudaDialectJitCompiledFunction):
+   cuda_init once per process (the library is context-independent), then cuda_load_to_device once
+   per device (each kernel resolved, its shared memory opted in for that device); errors are
+   returned, not exit()ed on as in the header's Kernel_Metadata_Load. Runs under `lock`. */
 static int prepare(int32_t device, char *error, size_t size) {
+  int32_t ret = 0;
   if (!loaded) {
     CUlibrary *library_ptr = &library;
-    int32_t ret = 0;
     struct { CUlibrary **library_ptr; int32_t *ret; } init_args = {&library_ptr, &ret};
     @INIT@((void **)&init_args);
-    CHECK(ret, "loading the embedded cubin (cuda_init)");
-    struct { CUlibrary *library; int32_t *ret; } load_args = {library_ptr, &ret};
-    @LOAD@((void **)&load_args);
-    CHECK(ret, "loading the embedded cubin (cuda_load)");
+    if (ret != 0) return fail_runtime(error, size, "loading the embedded cubin (cuda_init)", ret);
     loaded = 1;
   }
-  int dev, optin = 0;
-  unsigned count = 0;
-  CUkernel kernels[64];
-  CHECK(cuCtxGetDevice(&dev), "cuCtxGetDevice");
-  CHECK(cuDeviceGetAttribute(&optin, 97 /* MAX_SHARED_MEMORY_PER_BLOCK_OPTIN */, dev), "cuDeviceGetAttribute");
-  CHECK(cuLibraryGetKernelCount(&count, library), "cuLibraryGetKernelCount");
-  if (count > 64) return fail(error, size, "more than 64 kernels in one CuTe DSL library", -1);
-  CHECK(cuLibraryEnumerateKernels(kernels, count, library), "cuLibraryEnumerateKernels");
-  for (unsigned i = 0; i < count; ++i)
-    CHECK(cuKernelSetAttribute(8 /* MAX_DYNAMIC_SHARED_SIZE_BYTES */, optin, kernels[i], dev), "cuKernelSetAttribute");
+  int32_t dev = device;
+  struct { CUlibrary *library; int32_t *device; int32_t *ret; } load_args = {&library, &dev, &ret};
+  @LOAD@((void **)&load_args);
+  if (ret != 0) return fail_runtime(error, size, "loading the kernels on the device (cuda_load_to_device)", ret);
   ready[device] = 1;
   return 0;
 }
@@ -300,7 +294,7 @@ int32_t kg_cutedsl_launch(int32_t device, void *stream, void **args, int32_t num
     packed[NUM_ARGS] = &stream;
     packed[NUM_ARGS + 1] = &ret;
     @ENTRY@(packed, NUM_ARGS + 2);
-    if (ret != 0) status = fail(error, size, "the CuTe DSL host function", ret);
+    if (ret != 0) status = fail_runtime(error, size, "the CuTe DSL host function", ret);
   }
   if (switched) cuCtxSetCurrent(previous);
   return status;
@@ -314,7 +308,8 @@ def shim_source(prefix: str, entry: str, kinds: list[str]) -> str:
     for k in kinds:
         if k not in C_TYPES:
             raise Unsupported(f"argument kind {k}")
-    values = {"NUM_ARGS": str(len(kinds)), "INIT": f"_mlir_{prefix}_cuda_init", "LOAD": f"_mlir_{prefix}_cuda_load",
+    values = {"NUM_ARGS": str(len(kinds)), "INIT": f"_mlir_{prefix}_cuda_init",
+              "LOAD": f"_mlir_{prefix}_cuda_load_to_device",
               "ENTRY": entry, "ABI": str(ABI), "KINDS": ",".join(kinds)}
     return re.sub(r"@(\w+)@", lambda m: values[m.group(1)], _SHIM)
 
@@ -323,6 +318,10 @@ def build_library(header: str, obj: bytes, prefix: str, kinds: list[str]) -> byt
     """The linked ``.so`` of one exported host function; ``kinds``: its runtime arguments as
     kernelgraft recorded them (checked against the header's)."""
     entry, declared = header_signature(header, prefix)
+    for symbol in (entry, f"_mlir_{prefix}_cuda_init", f"_mlir_{prefix}_cuda_load_to_device"):
+        if symbol.encode() + b"\0" not in obj:
+            raise Unsupported(f"the exported object does not define {symbol}; this nvidia-cutlass-dsl version "
+                              "is not supported")
     if declared != kinds:
         raise Unsupported(f"the exported host function takes {declared}, the launch gave {kinds}")
     runtime = runtime_library()

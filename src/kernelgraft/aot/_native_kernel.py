@@ -68,15 +68,16 @@ def open_library(where: str, image: bytes) -> ctypes.CDLL:
         if lib is not None:
             return lib
         fd = os.memfd_create(f"kernelgraft-{digest[:16]}", getattr(os, "MFD_CLOEXEC", 1))
+        # The fd stays open for the process: the dynamic loader takes a path it has opened before
+        # for the library already loaded, and a closed fd's number (so its /proc path) comes back.
         try:
             view = memoryview(image)
             while view:
                 view = view[os.write(fd, view):]
             lib = ctypes.CDLL(f"/proc/self/fd/{fd}", mode=os.RTLD_NOW | os.RTLD_LOCAL)
         except OSError as exc:
-            raise BundleError(f"{where}: the library does not load: {exc}") from None
-        finally:
             os.close(fd)
+            raise BundleError(f"{where}: the library does not load: {exc}") from None
         _OPEN[digest] = lib
         return lib
 

@@ -46,10 +46,15 @@ void* open_image(const std::string& where, const std::string& image) {
     }
     done += static_cast<size_t>(n);
   }
+  // The fd stays open for the process: the dynamic loader takes a path it has opened before for
+  // the library already loaded, and a closed fd's number (so its /proc path) comes back for the next.
   std::string path = "/proc/self/fd/" + std::to_string(fd);
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  ::close(fd);
-  if (handle == nullptr) throw std::runtime_error(where + ": the library does not load: " + dlerror());
+  if (handle == nullptr) {
+    std::string why = dlerror();
+    ::close(fd);
+    throw std::runtime_error(where + ": the library does not load: " + why);
+  }
   (*opened)[digest] = handle;
   return handle;
 }

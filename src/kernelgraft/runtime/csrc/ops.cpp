@@ -446,6 +446,36 @@ std::string plan_call(const std::string& name, const std::string& args) {
   return canonical_json(Json(o));
 }
 
+// Test hook: opens every CuTe DSL library of a registered op and calls it once with zeroed
+// arguments on device 0 and the null stream; returns [{"kernel", "error"}] ("" when it ran). On a
+// machine without a GPU this runs the open/verify/call path up to the first driver call.
+std::string probe_native(const std::string& name) {
+  std::shared_ptr<LoadedOp> loaded;
+  {
+    std::lock_guard<std::mutex> lock(state().mutex);
+    auto it = state().ops.find(name);
+    TORCH_CHECK(it != state().ops.end(), "_native_probe: no op ", name, " was registered from a bundle");
+    loaded = it->second;
+  }
+  picojson::array out;
+  for (const auto& kv : loaded->natives) {
+    std::vector<uint64_t> storage(kv.first->params.size(), 0);
+    std::vector<void*> pointers(storage.size());
+    for (size_t i = 0; i < storage.size(); ++i) pointers[i] = &storage[i];
+    std::string error;
+    try {
+      kv.second->launch(0, nullptr, pointers.data());
+    } catch (const std::runtime_error& e) {
+      error = e.what();
+    }
+    picojson::object o;
+    o["kernel"] = Json(kv.first->name);
+    o["error"] = Json(error);
+    out.emplace_back(o);
+  }
+  return canonical_json(Json(out));
+}
+
 // KERNELGRAFT_BUNDLES=DIR[:DIR...] loads bundles when the library loads (KERNELGRAFT_BUNDLE_KEY: a
 // key file, KERNELGRAFT_BUNDLE_ARCH: the arch, default the GPU's, KERNELGRAFT_BUNDLE_ALLOW_NATIVE=1:
 // load CuTe DSL libraries from unsigned bundles), so a program that links the
@@ -482,6 +512,7 @@ TORCH_LIBRARY_FRAGMENT(kernelgraft, m) {
   m.def("load_bundle(str path, str? key=None, str? arch=None, bool allow_native=False) -> str[]", &kgrt::load_bundle);
   m.def("_runtime_eval(str program, str args) -> str", &kgrt::eval_program);
   m.def("_runtime_plan(str op, str args) -> str", &kgrt::plan_call);
+  m.def("_runtime_native_probe(str op) -> str", &kgrt::probe_native);
 }
 
 // After the registrations above (one translation unit initializes in order of definition).
