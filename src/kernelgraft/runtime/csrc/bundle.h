@@ -44,7 +44,9 @@ struct Kernel {
   std::vector<std::string> out_dtypes;
   std::string cubin;                                 // verified bytes
   bool native = false;                               // a CuTe DSL shared library (native.h), not a cubin
-  std::string library, runtime;                      // native: the library and the runtime it needs, verified
+  // native: the library and the runtime it needs, verified; shared between the kernels that name the
+  // same file (every CuTe DSL kernel names the one runtime library)
+  std::shared_ptr<const std::string> library, runtime;
   std::string where;                                 // "bundle DIR: OP CANDIDATE kernel NAME"
 };
 

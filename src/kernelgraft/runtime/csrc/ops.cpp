@@ -287,7 +287,7 @@ bool register_op(const std::shared_ptr<Bundle>& bundle, const OpEntry& op) {
       if (k.native) {
         std::vector<std::string> kinds;
         for (const auto& p : k.params) kinds.push_back(p.kind);
-        loaded->natives[&k] = std::make_unique<NativeFunction>(&k.library, &k.runtime, kinds, k.where);
+        loaded->natives[&k] = std::make_unique<NativeFunction>(k.library.get(), k.runtime.get(), kinds, k.where);
       } else {
         loaded->functions[&k] = std::make_unique<LazyFunction>(&k.cubin, k.name);
       }
