@@ -5,8 +5,9 @@
 // an anonymous in-memory file (memfd_create) and dlopen-ed from /proc/self/fd: a file swapped in
 // bin/ after the check is never what runs. The runtime library is opened first; the candidate's
 // DT_NEEDED names it by soname, which the dynamic loader matches to that copy, and libcuda.so.1
-// comes in from the system as its dependency. Opened on the first launch (per process), so a
-// process without a driver still loads bundles.
+// comes in from the system as its dependency (a process that already loaded a library of that
+// soname, the wheel's, has that one matched instead). Opened on the first launch (per process), so
+// a process without a driver still loads bundles.
 #pragma once
 
 #include <mutex>
