@@ -18,7 +18,7 @@ from kernelgraft.aot._expr import compile_exprs, to_text
 from kernelgraft.backends import _cutile
 from kernelgraft.examples import add_relu, rmsnorm  # registered before the per-test registry snapshot
 
-from _aot_helpers import build_bundle, run_child
+from _aot_helpers import build_bundle, cutedsl_bundled, run_child
 
 
 
@@ -49,14 +49,17 @@ def test_every_triton_and_cuda_candidate_is_bundled_as_elf_cubins(bundle):
     manifest = _manifest.read(bundle)
     assert manifest["archs"] == ["sm_90"]
     assert manifest["toolchain"]["triton"] and manifest["toolchain"]["torch"] == torch.__version__
+    backends = AOT + (("cutedsl",) if cutedsl_bundled() else ())  # CuTe DSL: tests/test_aot_cutedsl.py
     for op in (add_relu.add_relu, rmsnorm.rmsnorm):
         entry = next(e for e in manifest["ops"] if e["name"] == op.name)
-        want = {f"{i.backend}:{i.display_name}[{c.label()}]" for i in op.impls if i.backend in AOT
+        want = {f"{i.backend}:{i.display_name}[{c.label()}]" for i in op.impls if i.backend in backends
                 for c in i.configs}
         assert {c["label"] for c in entry["candidates"]} == want
         assert entry["schema"] == op.signature.schema
     seen = 0
     for op, cand, k in _kernels(manifest):
+        if cand["backend"] == "cutedsl":  # shared libraries, not cubins
+            continue
         cubin = (bundle / k["images"]["cubin"]["file"]).read_bytes()
         assert cubin[:4] == b"\x7fELF" and int.from_bytes(cubin[18:20], "little") == 190  # EM_CUDA
         assert hashlib.sha256(cubin).hexdigest() == k["images"]["cubin"]["sha256"]
@@ -298,6 +301,15 @@ def test_loads_without_triton_up_to_the_launch(bundle, tmp_path):
                 rows, cols = math.prod(shape[:-1]), shape[-1]
                 assert call["values"][:-1] == [p[0], rows, cols, cols, 1, p[1], cols, 1, p[2], rows, cols, cols, 1]
                 assert call["values"][-1] == pytest.approx(1e-6) and call["grid"] == [rows, 1, 1]
+            continue
+        if r["label"].startswith("cutedsl"):  # the host function's runtime arguments, in order
+            p = r["ptrs"]
+            assert call["kinds"][:3] == ["ptr"] * 3 and call["values"][:3] == p and call["grid"] == [1, 1, 1]
+            if r["op"] == "kgexamples::add_relu":
+                assert call["values"][3:] == [math.prod(shape)] and call["kinds"][3:] == ["i32"]
+            else:
+                assert call["values"][3:5] == [math.prod(shape[:-1]), shape[-1]]
+                assert call["values"][5] == pytest.approx(1e-6) and call["kinds"][3:] == ["i32", "i32", "f32"]
             continue
         assert call["values"][:n_ptrs] == r["ptrs"]
         if r["op"] == "kgexamples::add_relu":

@@ -111,3 +111,47 @@ def test_bundled_candidates_replay_natively(bundle):
             assert replay.stats()["calls"] == calls + 1
     finally:
         loaded.detach()
+
+
+def test_cutedsl_candidates_from_a_bundle_equal_the_reference(bundle):
+    """The Python loader: CuTe DSL candidates are served from the bundle's shared libraries (with
+    allow_native) and match the reference; without it they are left out with a warning."""
+    from kernelgraft.aot._native_kernel import NativeKernel
+    from kernelgraft.examples.add_relu import add_relu
+    from kernelgraft.examples.rmsnorm import rmsnorm
+
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    if not any(c["backend"] == "cutedsl" for op in manifest["ops"] for c in op["candidates"]):
+        pytest.skip("the bundle holds no CuTe DSL kernels (built without nvidia-cutlass-dsl or a C compiler)")
+    with pytest.warns(kg.KernelgraftWarning, match="native code"):
+        plain = kg.load_bundle(bundle)
+    assert not any(label.startswith("cutedsl:") for labels in plain.attached.values() for label in labels)
+    plain.detach()
+    loaded = kg.load_bundle(bundle, allow_native=True)
+    try:
+        cases = {add_relu: [((4096,), torch.float32), ((33, 97), torch.float16), ((33, 97), torch.bfloat16)],
+                 rmsnorm: [((9, 768), torch.float32), ((17, 4096), torch.float16), ((3, 1000), torch.bfloat16)]}
+        ran = 0
+        for op, shapes in cases.items():
+            for entry in manifest["ops"]:
+                if entry["name"] != op.name:
+                    continue
+                for cand in entry["candidates"]:
+                    if cand["backend"] != "cutedsl":
+                        continue
+                    runner = loaded.runner(op.name, cand["index"], cand["config"])
+                    assert all(isinstance(k, NativeKernel) for k in runner.kernels)
+                    for shape, dt in shapes:
+                        x = torch.randn(shape, device="cuda", dtype=dt)
+                        args = (x, torch.randn(shape, device="cuda", dtype=dt)) if op is add_relu else \
+                            (x, torch.randn(shape[-1:], device="cuda", dtype=dt), 1e-6)
+                        assert runner.covers(args) is None, (cand["label"], shape, dt)
+                        out = torch.full(shape, float("nan"), device="cuda", dtype=dt)
+                        runner(*args, out)
+                        want = op.reference(*[a.double() if isinstance(a, torch.Tensor) else a for a in args])
+                        tol = tolerance(dt)
+                        torch.testing.assert_close(out.double(), want, rtol=tol, atol=tol, msg=cand["label"])
+                        ran += 1
+        assert ran >= 5 * 3
+    finally:
+        loaded.detach()

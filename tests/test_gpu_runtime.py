@@ -1,5 +1,6 @@
 """The C++ runtime on a GPU: bundled ops launched by the runtime equal the Python ops, inside CUDA
-graphs too, and in a process where neither kernelgraft nor triton imports; cuTile kernels too.
+graphs too, and in a process where neither kernelgraft nor triton imports; cuTile and CuTe DSL
+kernels too, and every example op once per backend in such a process (issue 17).
 
 Run on the GPU machine: ``pytest -m gpu tests/test_gpu_runtime.py`` (TRITON_INTERPRET unset).
 A GPU machine without tileiras builds no cuTile kernels: build the bundle on a machine that has it
@@ -156,3 +157,103 @@ def test_cutile_kernels_through_the_runtime_equal_the_python_ops(so, bundle, tmp
             torch.testing.assert_close(got, want, **tol, msg=f"cutile {short} {shape} {dtype}")
             served += 1
     assert served >= 8
+
+
+def _only(bundle: Path, dst: Path, namespace: str, backend: str) -> bool:
+    """A copy of ``bundle`` under ``namespace`` holding only ``backend``'s candidates (False: none)."""
+    shutil.copytree(bundle, dst)
+    manifest = _manifest.read(dst)
+    for op in manifest["ops"]:
+        op["name"] = f"{namespace}::" + op["name"].split("::")[1]
+        op["candidates"] = [c for c in op["candidates"] if c["backend"] == backend]
+        op["decisions"] = []
+    _manifest.write(dst, manifest)
+    return all(op["candidates"] for op in manifest["ops"])
+
+
+def test_cutedsl_kernels_through_the_runtime_equal_the_python_ops(so, bundle, tmp_path):
+    dst = tmp_path / "cutedsl"
+    if not _only(bundle, dst, "kgrt_gpu_cute", "cutedsl"):
+        pytest.skip("the bundle holds no CuTe DSL kernels (built without nvidia-cutlass-dsl or a C compiler)")
+    torch.ops.kernelgraft.load_bundle(str(dst), None, None, True)
+    served = 0
+    for short, cases in CASES.items():
+        for shape, dtype in cases:
+            args = _inputs(short, shape, dtype)
+            try:
+                got = getattr(torch.ops.kgrt_gpu_cute, short)(*args)
+            except RuntimeError as exc:  # add_relu's CuTe DSL kernels need at least 2 elements
+                assert "no bundled kernel serves these inputs" in str(exc)
+                continue
+            want = PYTHON_OPS[short](*args)
+            tol = {"atol": 0, "rtol": 0} if short == "add_relu" else {"atol": 2e-2, "rtol": 2e-2}
+            torch.testing.assert_close(got, want, **tol, msg=f"cutedsl {short} {shape} {dtype}")
+            served += 1
+    assert served >= 10
+    x, y = _inputs("add_relu", (4096,), torch.float32)  # graph capture records the library's launch
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = torch.ops.kgrt_gpu_cute.add_relu(x, y)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, torch.relu(x + y), atol=0, rtol=0)
+
+
+ALL_BACKENDS_CHILD = WITHOUT_KERNELGRAFT + r"""
+for blocked in ("kernelgraft", "triton"):
+    try:
+        __import__(blocked)
+        raise SystemExit(f"{blocked} imported")
+    except ModuleNotFoundError:
+        pass
+torch.ops.load_library(sys.argv[1])
+cases = json.loads(sys.argv[3])
+report = {}
+for backend, path in json.loads(sys.argv[2]).items():
+    torch.ops.kernelgraft.load_bundle(path, None, None, True)
+    ns = getattr(torch.ops, "kgrt_all_" + backend)
+    for short, shapes in cases.items():
+        served = failed = 0
+        for shape, dtype in shapes:
+            g = torch.Generator(device="cuda").manual_seed(len(shape) * 1000 + shape[-1])
+            dt = getattr(torch, dtype)
+            x = torch.randn(shape, generator=g, device="cuda").to(dt)
+            try:
+                if short == "add_relu":
+                    y = torch.randn(shape, generator=g, device="cuda").to(dt)
+                    good = torch.equal(ns.add_relu(x, y), torch.relu(x + y))
+                else:
+                    w = torch.randn(shape[-1:], generator=g, device="cuda").to(dt)
+                    ref = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()).to(dt)
+                    good = torch.allclose(ns.rmsnorm(x, w, 1e-6).float(), ref.float(), atol=2e-2, rtol=2e-2)
+            except RuntimeError as exc:
+                if "no bundled kernel serves these inputs" not in str(exc):
+                    raise
+                continue
+            served += 1
+            failed += not good
+        report[f"{backend} {short}"] = [served, failed]
+report["modules"] = sorted(m for m in sys.modules if m.split(".")[0] in ("kernelgraft", "triton"))
+print(json.dumps(report))
+"""
+
+
+def test_every_backend_serves_every_example_op_where_kernelgraft_and_triton_do_not_import(so, bundle, tmp_path):
+    """Issue 17: each example op from one bundle, once per backend (Triton, CUDA C++, cuTile, CuTe
+    DSL), in a process where neither kernelgraft nor triton imports, equals the reference."""
+    paths = {}
+    for backend in ("triton", "cuda", "cutile", "cutedsl"):
+        dst = tmp_path / backend
+        assert _only(bundle, dst, f"kgrt_all_{backend}", backend), f"the bundle has no {backend} candidates for every op"
+        paths[backend] = str(dst)
+    cases = {short: [(list(shape), str(dtype).removeprefix("torch.")) for shape, dtype in c] for short, c in CASES.items()}
+    script = tmp_path / "child.py"
+    script.write_text(ALL_BACKENDS_CHILD)
+    proc = subprocess.run([sys.executable, "-P", str(script), str(so), json.dumps(paths), json.dumps(cases)],
+                          capture_output=True, text=True, env=env(), timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report.pop("modules") == []
+    for label, (served, failed) in report.items():
+        assert served >= 1 and failed == 0, (label, served, failed, report)

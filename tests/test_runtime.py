@@ -34,8 +34,9 @@ def bundle(tmp_path_factory) -> Path:
     return build_bundle(tmp_path_factory.mktemp("bundle"), "sm_90", timeout=600)
 
 
-def _load(path: Path, key=None, arch="sm_90") -> list[str]:
-    return list(torch.ops.kernelgraft.load_bundle(str(path), None if key is None else str(key), arch))
+def _load(path: Path, key=None, arch="sm_90", allow_native=True) -> list[str]:
+    # allow_native: CuTe DSL libraries are read and checked now, opened only at a launch (GPU)
+    return list(torch.ops.kernelgraft.load_bundle(str(path), None if key is None else str(key), arch, allow_native))
 
 
 @pytest.fixture(scope="module")

@@ -49,10 +49,11 @@ int run(int argc, char** argv) {
       return 2;
     }
   }
+  // the bundle's CuTe DSL libraries too (a bundle this benchmark's caller built: native code allowed)
   auto load = op("kernelgraft::load_bundle")
                   .typed<std::vector<std::string>(const std::string&, const std::optional<std::string>&,
-                                                  const std::optional<std::string>&)>();
-  std::vector<std::string> served = load.call(argv[1], std::nullopt, std::nullopt);
+                                                  const std::optional<std::string>&, bool)>();
+  std::vector<std::string> served = load.call(argv[1], std::nullopt, std::nullopt, true);
 
   auto f32 = at::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
   at::Tensor x = at::randn({n}, f32), y = at::randn({n}, f32);

@@ -2,7 +2,7 @@
 // library (linked in) serves the ops from a bundle, and AOTInductor's proxy executor reaches them
 // through the dispatcher like any other custom op.
 //
-//   ./run_aoti BUNDLE_DIR PACKAGE.pt2 [IO.pt] [--arch sm_90] [--atol A] [--rtol R] [--runs N]
+//   ./run_aoti BUNDLE_DIR PACKAGE.pt2 [IO.pt] [--arch sm_90] [--atol A] [--rtol R] [--runs N] [--allow-native]
 //
 // IO.pt (torch.save of {"inputs": [tensors], "outputs": [tensors]}, as benchmarks/build_llama_aoti.py
 // writes it) gives the inputs, and the outputs the results must match; without it the program
@@ -81,11 +81,14 @@ int run(int argc, char** argv) {
   Clock::time_point start = Clock::now();
   std::vector<std::string> positional;
   std::optional<std::string> arch;
+  bool allow_native = false;
   double atol = 1e-2, rtol = 1e-2;
   int runs = 1;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if ((a == "--arch" || a == "--atol" || a == "--rtol" || a == "--runs") && i + 1 < argc) {
+    if (a == "--allow-native") {  // CuTe DSL libraries from an unsigned bundle: native code you trust
+      allow_native = true;
+    } else if ((a == "--arch" || a == "--atol" || a == "--rtol" || a == "--runs") && i + 1 < argc) {
       std::string v = argv[++i];
       if (a == "--arch") arch = v;
       else if (a == "--atol") atol = std::stod(v);
@@ -96,14 +99,16 @@ int run(int argc, char** argv) {
     }
   }
   if (positional.size() < 2) {
-    std::cerr << "usage: " << argv[0] << " BUNDLE_DIR PACKAGE.pt2 [IO.pt] [--arch sm_90] [--atol A] [--rtol R] [--runs N]\n";
+    std::cerr << "usage: " << argv[0]
+              << " BUNDLE_DIR PACKAGE.pt2 [IO.pt] [--arch sm_90] [--atol A] [--rtol R] [--runs N] [--allow-native]\n";
     return 2;
   }
   auto load = c10::Dispatcher::singleton()
                   .findSchemaOrThrow("kernelgraft::load_bundle", "")
                   .typed<std::vector<std::string>(const std::string&, const std::optional<std::string>&,
-                                                  const std::optional<std::string>&)>();
-  for (const auto& name : load.call(positional[0], std::nullopt, arch)) std::cout << "serving " << name << "\n";
+                                                  const std::optional<std::string>&, bool)>();
+  for (const auto& name : load.call(positional[0], std::nullopt, arch, allow_native))
+    std::cout << "serving " << name << "\n";
   double bundle_ms = ms_since(start);
 
   Clock::time_point t = Clock::now();

@@ -3,9 +3,13 @@
 // against ATen.
 //
 //   ./run_bundle BUNDLE_DIR [KEY_FILE]
+//
+// CuTe DSL candidates (shared libraries) are loaded from a bundle the key verifies, or from an
+// unsigned one with KERNELGRAFT_BUNDLE_ALLOW_NATIVE=1.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <cstdlib>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -37,10 +41,12 @@ int run(int argc, char** argv) {
   }
   std::optional<std::string> key;
   if (argc > 2) key = argv[2];
+  const char* native = std::getenv("KERNELGRAFT_BUNDLE_ALLOW_NATIVE");
+  bool allow_native = native != nullptr && std::string(native) == "1";
   auto load = op("kernelgraft::load_bundle")
                   .typed<std::vector<std::string>(const std::string&, const std::optional<std::string>&,
-                                                  const std::optional<std::string>&)>();
-  for (const auto& name : load.call(argv[1], key, std::nullopt)) std::cout << "serving " << name << "\n";
+                                                  const std::optional<std::string>&, bool)>();
+  for (const auto& name : load.call(argv[1], key, std::nullopt, allow_native)) std::cout << "serving " << name << "\n";
 
   auto options = at::TensorOptions().device(at::kCUDA).dtype(at::kHalf);
   at::Tensor x = at::randn({33, 97}, options), y = at::randn({33, 97}, options);

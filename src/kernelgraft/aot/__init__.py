@@ -1,12 +1,16 @@
-"""Ahead-of-time bundles: every candidate compiled to cubins on a machine without a GPU, loaded
-and launched through ``kernelgraft.driver`` where the kernel DSL is not even installed.
+"""Ahead-of-time bundles: every candidate compiled on a machine without a GPU (cubins, or shared
+libraries for CuTe DSL), loaded and launched where the kernel DSL is not even installed.
 
 Build: ``kernelgraft aot TARGET --arch sm_90 [--arch sm_100] -o DIR [--static] [--sign KEYFILE]``
 (or ``build_bundle(ops, DIR, archs=..., sign=...)``). Load: ``kg.load_bundle(DIR[, key=KEYFILE])``.
 
 What is supported (and what is not):
-- Backends: Triton (``triton.compile`` for ``GPUTarget('cuda', cc, 32)``: cubin + PTX) and CUDA C++
-  (the NVRTC path: cubin). cuTile and CuTe DSL candidates are listed as skipped.
+- Backends: Triton (``triton.compile`` for ``GPUTarget('cuda', cc, 32)``: cubin + PTX), CUDA C++
+  (the NVRTC path: cubin), cuTile (its export: cubin; skipped with the reason without tileiras) and
+  CuTe DSL (the ``@cute.jit`` host function exported as ``export_to_c`` does and linked with a C
+  shim into a shared library, plus the CUDA dialect runtime it needs; skipped without a C
+  compiler). CuTe DSL libraries are native code: ``load_bundle`` opens them only with ``key=`` (a
+  verified signature) or ``allow_native=True``.
 - Signatures: the op's ``sample_inputs()`` (or ``inputs=``), one per dtype/rank/size regime. Sizes
   become expressions (``(x.shape[0] + 1023) // 1024``) valid where the recorded ShapeEnv guards
   hold (same-shape checks, ``% 16 == 0`` for ints compiled as divisible, int32 range, the range that

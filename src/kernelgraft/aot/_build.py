@@ -4,7 +4,8 @@ A signature is one sample input tuple (default: the op's ``sample_inputs()``). W
 ``dynamic=True`` (the default) every dimension becomes a symbol and the launch parameters become
 expressions of the sizes, valid wherever the recorded guards hold; when a launch function does
 something the expression grammar cannot hold, that signature is compiled for its static shapes
-instead. Other backends than Triton, CUDA C++ and cuTile are listed under ``skipped`` with the reason; every
+instead. CuTe DSL candidates become one shared library per kernel (``_cutedsl_aot``); a backend
+with no AOT path would be listed under ``skipped`` with the reason; every
 (candidate, signature, arch) that fails to record or compile is listed under ``dropped`` with the
 compiler's message (``kernelgraft aot`` prints them and fails unless ``--allow-partial``).
 """
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 
 from .._errors import BundleError
-from . import _cuda_aot, _cutile_aot, _manifest, _triton_aot
+from . import _cuda_aot, _cutedsl_aot, _cutile_aot, _manifest, _triton_aot
 from ._expr import Unsupported
 from ._program import decision_table, kernel_program, key_label, meta_rules, read_decisions, tuned_entries
 from ._sign import SIGNATURE, load_key, sign_bundle
@@ -31,16 +32,14 @@ from ._trace import trace
 __all__ = ["build_bundle", "record_call", "compile_recorded", "call_identity", "AOT_BACKENDS"]
 
 log = logging.getLogger(__name__)
-_BACKENDS = {"triton": _triton_aot, "cuda": _cuda_aot, "cutile": _cutile_aot}
+_BACKENDS = {"triton": _triton_aot, "cuda": _cuda_aot, "cutile": _cutile_aot, "cutedsl": _cutedsl_aot}
 AOT_BACKENDS = tuple(_BACKENDS)  # the backends this path records and compiles (check reuses it)
 # Why a backend has no AOT path, as `kernelgraft aot` prints it for each of its candidates.
-_NO_AOT = {
-    "cutedsl": "CuTe DSL compiles each launch (grid, block, argument structs) into host code, and "
-               "export_to_c gives that host code as an object file, not a cubin with a launch description",
-}
+_NO_AOT: dict[str, str] = {}
 # Backends whose toolchain is an optional extra: without it their candidates are skipped (with the
-# reason) instead of dropped, so a machine without tileiras still builds a bundle of the others.
-_OPTIONAL = ("cutile",)
+# reason) instead of dropped, so a machine without tileiras (or CuTe DSL, or a C compiler to link
+# its libraries) still builds a bundle of the others.
+_OPTIONAL = ("cutile", "cutedsl")
 
 
 def _param_entry(p) -> dict:

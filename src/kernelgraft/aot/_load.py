@@ -3,6 +3,9 @@
 A bundle is untrusted data: loading it never runs code from it or imports a module it names
 (unless the caller allows that module), every binary of the chosen arch is read and its sha256
 checked before anything is attached, and with a key the whole bundle must carry a valid signature.
+CuTe DSL candidates are native code (shared libraries, ``_native_kernel``): they are loaded only
+from a bundle whose signature a key verified, or with ``allow_native=True``; otherwise they are left
+out with a warning and the op is served by its other candidates.
 
 For each op in the manifest: when the op exists in this process (its module was imported), each
 bundled (impl, config) whose impl fingerprint still matches gets a driver runner that the op uses
@@ -40,6 +43,7 @@ from .._op._candidates import BUNDLED
 from .._errors import BundleError, KernelgraftError, KernelgraftWarning, RegistrationError
 from .._spec import Config
 from ._manifest import normalize_arch, read, read_binary
+from ._native_kernel import NativeKernel, check_library, is_native
 from ._runner import BundledRunner, Kernel, _check_cubin
 from ._sign import verify_bundle
 
@@ -118,6 +122,7 @@ def load_bundle(
     arch: str | None = None,
     key: bytes | str | os.PathLike | None = None,
     import_modules: bool | Collection[str] = False,
+    allow_native: bool = False,
 ) -> Bundle:
     """Load the bundle in ``path`` for this GPU's arch (or ``arch``) and attach it to its ops.
 
@@ -133,6 +138,11 @@ def load_bundle(
     registered in this process (you imported their module) get the bundle's binaries, the others
     are rebuilt from the manifest. Pass a collection of module names to allow importing exactly
     those (an allow-list), or ``True`` to import whatever the manifest names (trusted bundles only).
+
+    ``allow_native``: CuTe DSL candidates are shared libraries, and loading one runs its code in
+    this process. They are loaded when the bundle's signature was verified with ``key`` (whoever
+    holds the key vouches for them) or with ``allow_native=True`` (you trust the bundle's origin);
+    otherwise they are left out with a ``KernelgraftWarning`` and the op's other candidates serve.
 
     Raises ``BundleError`` for a bundle built for other archs, a signature, manifest or binary that
     does not verify, a file that is not a regular file or is too large, or a malformed manifest.
@@ -158,8 +168,11 @@ def load_bundle(
     try:
         if not isinstance(manifest["ops"], list):
             raise TypeError("'ops' is not a list")
-        binaries = _check_binaries(root, manifest["ops"], arch)
-        prepared = [(entry, _runners(root, entry, arch, binaries)) for entry in manifest["ops"]]
+        native = allow_native or key is not None
+        if not native:
+            _warn_native(root, manifest["ops"], arch)
+        binaries = _check_binaries(root, manifest["ops"], arch, native)
+        prepared = [(entry, _runners(root, entry, arch, binaries, native)) for entry in manifest["ops"]]
         bundle.kernels = sum(len(r.kernels) for _, runners in prepared for r, _ in runners.values())
         found = [(entry, runners, _existing(entry, allowed)) for entry, runners in prepared]
         for entry, _, op in found:  # refuse a name clash before anything is attached
@@ -203,7 +216,17 @@ def _allowed_modules(import_modules: bool | Collection[str]) -> bool | frozenset
     return frozenset(import_modules)
 
 
-def _check_binaries(root: Path, ops: list, arch: str) -> dict[str, bytes]:
+def _warn_native(root: Path, ops: list, arch: str) -> None:
+    left = sorted({f"{e['name']} {c['label']}" for e in ops for c in e["candidates"]
+                   for k in c["kernels"] if k["arch"] == arch and is_native(k)})
+    if left:
+        warnings.warn(
+            f"bundle {root}: {len(left)} CuTe DSL candidates are native code (shared libraries) and are not "
+            f"loaded from an unsigned bundle: {', '.join(left)}. Load it with key=... (a signed bundle) or "
+            "allow_native=True (a bundle you trust) to serve them", KernelgraftWarning, stacklevel=3)
+
+
+def _check_binaries(root: Path, ops: list, arch: str, native: bool) -> dict[str, bytes]:
     """Every binary of ``arch`` against its sha256 (and every cubin for a CUDA ELF that defines its
     kernel), before any expression is compiled: a replaced or corrupted file is refused in
     milliseconds, whatever the size of the manifest. Returns the bytes read, by file name: the
@@ -212,24 +235,27 @@ def _check_binaries(root: Path, ops: list, arch: str) -> dict[str, bytes]:
     for entry in ops:
         for cand in entry["candidates"]:
             for k in cand["kernels"]:
-                if k["arch"] == arch:
+                if k["arch"] == arch and (native or not is_native(k)):
                     for kind, image in k["images"].items():
-                        data = read_binary(root, image)
+                        data = read[image["file"]] if image.get("file") in read else read_binary(root, image)
+                        where = f"bundle {root}: {entry['name']} kernel {k['kernel']}"
                         if kind == "cubin":  # other bytes under a recomputed sha256
-                            _check_cubin(f"bundle {root}: {entry['name']} kernel {k['kernel']}", data,
-                                         str(k["kernel"]))
+                            _check_cubin(where, data, str(k["kernel"]))
+                        elif kind in ("so", "runtime"):
+                            check_library(where, data, entry=kind == "so")
                         read[image["file"]] = data
     return read
 
 
-def _runners(root: Path, entry: dict, arch: str, binaries: dict[str, bytes]) -> dict:
+def _runners(root: Path, entry: dict, arch: str, binaries: dict[str, bytes], native: bool) -> dict:
     names = [p["name"] for p in entry["params"]]
     n_inputs = len(names)
     names += [f"out{i}" for i in range(int(entry.get("n_returns", 0)))]
     out = {}
     for cand in entry["candidates"]:
         label = f"{entry['name']} {cand['label']} (bundle)"
-        kernels = [Kernel(root, names, n_inputs, k, label, binaries) for k in cand["kernels"] if k["arch"] == arch]
+        kernels = [(NativeKernel if is_native(k) else Kernel)(root, names, n_inputs, k, label, binaries)
+                   for k in cand["kernels"] if k["arch"] == arch and (native or not is_native(k))]
         if kernels:
             key = (int(cand["index"]), Config.of(cand["config"], where=f"bundle {root}"))
             out[key] = (BundledRunner(label, kernels, n_inputs), cand)

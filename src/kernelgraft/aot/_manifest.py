@@ -28,7 +28,8 @@ FORMAT = "kernelgraft-bundle"
 # 2: every expression also as an RPN program, op "meta" rules and "decisions" (the C++ runtime's data)
 VERSION = 2
 READS = (1, 2)
-_KINDS = {"cubin": ".cubin", "ptx": ".ptx"}
+# "so": a CuTe DSL kernel's shared library, "runtime": the native library it needs (native code: see _load)
+_KINDS = {"cubin": ".cubin", "ptx": ".ptx", "so": ".so", "runtime": ".so"}
 _REQUIRED = ("format", "version", "archs", "toolchain", "ops", "checksum")
 # Far above what a real bundle needs (a manifest of two ops is ~250 KB, a cubin tens of KB; the
 # deepest manifest path is ~12 levels) and far below what would exhaust a host's memory.

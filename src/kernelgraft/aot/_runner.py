@@ -131,7 +131,13 @@ class Kernel:
         sources = {names[i]: dt for i, dt in self.dtypes}
         sources.update({f"out{i}": _dtype(d) for i, d in enumerate(outs)})
         _check_types(self.where, entry, sources)
-        images = entry["images"]
+        self._load(root, entry["images"], binaries)
+        self.arch = str(entry.get("arch", ""))
+        self._checked: set[int] = set()  # devices this binary was checked against (arch, params)
+        self._foreign: dict[int, str] = {}  # devices it cannot run on, with why
+
+    def _load(self, root: Path, images: Mapping[str, Any], binaries: Mapping[str, bytes] | None) -> None:
+        """Sets ``function`` and ``launcher`` from the verified images."""
         if binaries is not None and images["cubin"].get("file") in binaries:
             cubin = binaries[images["cubin"]["file"]]  # verified (sha256 and ELF) by the loader
         else:
@@ -145,9 +151,10 @@ class Kernel:
             self.launcher = self.function.launcher(self.kinds)
         except KernelgraftError as exc:
             raise BundleError(f"{self.where}: {exc}") from None
-        self.arch = str(entry.get("arch", ""))
-        self._checked: set[int] = set()  # devices this binary was checked against (arch, params)
-        self._foreign: dict[int, str] = {}  # devices it cannot run on, with why
+
+    def _check_params(self, device: int) -> None:
+        if driver.available() is None:
+            self.function.check_params(device, self.kinds)
 
     def first_use(self, device: int) -> str | None:
         """Check this binary against ``device`` once: None when it may launch there, else why
@@ -160,8 +167,7 @@ class Kernel:
                    f"(sm_{major}{minor})")
             self._foreign[device] = why
             return why
-        if driver.available() is None:
-            self.function.check_params(device, self.kinds)
+        self._check_params(device)
         self._checked.add(device)
         return None
 

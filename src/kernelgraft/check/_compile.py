@@ -69,10 +69,10 @@ class Compiler:
 
         if backend == "cutile":  # bundles hold cuTile too; check exports the sample's own cubin
             what = self._cutile(candidate, args, out_specs, arch)
+        elif backend == "cutedsl":  # cute.compile alone: linking the bundle's library adds nothing to check
+            what = self._cutedsl(candidate, args, out_specs, arch)
         elif backend in AOT_BACKENDS:
             what = self._aot(candidate, args, arch)
-        elif backend == "cutedsl":
-            what = self._cutedsl(candidate, args, out_specs, arch)
         else:
             raise NotCompiled(f"backend {backend} has no compile-only path")
         return f"compiled {what} for {arch}, not run: {candidate.reason}"

@@ -7,12 +7,14 @@ extension tools, in a child process, into ``<kernelgraft cache>/runtime/<torch>-
 every load, in a directory that must be this user's alone). A C++ program links or ``dlopen``s
 the library; Python loads it with ``torch.ops.load_library`` and then::
 
-    torch.ops.kernelgraft.load_bundle("bundle/", key=None, arch=None)   # -> the op names
+    torch.ops.kernelgraft.load_bundle("bundle/", key=None, arch=None, allow_native=False)   # -> the op names
 
 which verifies the bundle (checksums, the HMAC signature with ``key``: a key file), registers
-each op under its schema with a CUDA kernel and a Meta kernel, and returns the op names. A process
-that sets ``KERNELGRAFT_BUNDLES=DIR[:DIR...]`` (with ``KERNELGRAFT_BUNDLE_KEY`` and
-``KERNELGRAFT_BUNDLE_ARCH`` if needed) gets those bundles loaded when the library loads.
+each op under its schema with a CUDA kernel and a Meta kernel, and returns the op names. CuTe DSL
+candidates are shared libraries (native code): they are loaded from a bundle verified with a key,
+or with ``allow_native=True``; otherwise left out with a warning. A process that sets
+``KERNELGRAFT_BUNDLES=DIR[:DIR...]`` (with ``KERNELGRAFT_BUNDLE_KEY``, ``KERNELGRAFT_BUNDLE_ARCH`` and
+``KERNELGRAFT_BUNDLE_ALLOW_NATIVE=1`` if needed) gets those bundles loaded when the library loads.
 
 >>> from kernelgraft import runtime
 >>> so = runtime.library()  # doctest: +SKIP
@@ -115,9 +117,13 @@ def load() -> Path:
     return checked
 
 
-def load_bundle(path: str | Path, *, key: str | Path | None = None, arch: str | None = None) -> list[str]:
-    """Serve the bundle in ``path`` through the C++ runtime; returns the op names it holds."""
+def load_bundle(path: str | Path, *, key: str | Path | None = None, arch: str | None = None,
+                allow_native: bool = False) -> list[str]:
+    """Serve the bundle in ``path`` through the C++ runtime; returns the op names it holds.
+
+    ``allow_native``: load CuTe DSL candidates (shared libraries: their code runs in this process)
+    from an unsigned bundle; a bundle verified with ``key`` loads them anyway."""
     import torch
 
     load()
-    return list(torch.ops.kernelgraft.load_bundle(str(path), None if key is None else str(key), arch))
+    return list(torch.ops.kernelgraft.load_bundle(str(path), None if key is None else str(key), arch, allow_native))

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "crypto.h"
+#include "native.h"
 
 namespace kgrt {
 namespace {
@@ -187,8 +188,10 @@ std::vector<std::string> strings(const Json& list, const std::string& where) {
   return out;
 }
 
+using Shared = std::map<std::string, std::shared_ptr<const std::string>>;  // "file sha256" -> bytes
+
 Kernel read_kernel(const std::string& root, const Json& k, const Names& names, size_t n, int n_returns,
-                   const std::string& label) {
+                   const std::string& label, Shared* shared) {
   Kernel out;
   out.name = as_string(field(k, "kernel", label), label + " kernel");
   out.where = "bundle " + root + ": " + label + " kernel " + out.name;
@@ -245,8 +248,25 @@ Kernel read_kernel(const std::string& root, const Json& k, const Names& names, s
                       std::to_string(n_returns) + " returns");
   const Json& images = field(k, "images", w);
   for (const auto& kv : as_object(images, w + " images")) {  // every image is verified, not only the cubin
-    std::string data = read_binary(root, kv.second, w + " image " + kv.first);
+    std::string where = w + " image " + kv.first;
+    if (kv.first == "so" || kv.first == "runtime") {
+      std::string id = as_string(field(kv.second, "file", where), where) + " " +
+                       as_string(field(kv.second, "sha256", where), where);
+      auto found = shared->find(id);
+      if (found == shared->end())
+        found = shared->emplace(id, std::make_shared<const std::string>(read_binary(root, kv.second, where))).first;
+      (kv.first == "so" ? out.library : out.runtime) = found->second;
+      continue;
+    }
+    std::string data = read_binary(root, kv.second, where);
     if (kv.first == "cubin") out.cubin = std::move(data);
+  }
+  out.native = out.library != nullptr;
+  if (out.native) {
+    if (out.runtime == nullptr) throw BundleError(w + ": no runtime image (the CUDA dialect runtime the library needs)");
+    check_library(w, *out.library, true);
+    check_library(w, *out.runtime, false);
+    return out;
   }
   if (out.cubin.empty()) throw BundleError(w + ": no cubin image");
   check_cubin(w, out.cubin, out.name);
@@ -283,7 +303,12 @@ DecisionRow read_row(const Json& row, const Names& names, size_t n_candidates, c
   return out;
 }
 
-OpEntry read_op(const std::string& root, const Json& e, const std::string& arch) {
+bool is_native(const Json& k) {
+  return k.contains("images") && k.get("images").is<picojson::object>() && k.get("images").contains("so");
+}
+
+OpEntry read_op(const std::string& root, const Json& e, const std::string& arch, bool native,
+                std::vector<std::string>* left_out, Shared* shared) {
   OpEntry op;
   std::string w = "bundle " + root + ": op";
   op.qualified = as_string(field(e, "name", w), w + " name");
@@ -310,7 +335,12 @@ OpEntry read_op(const std::string& root, const Json& e, const std::string& arch)
     cand.label = as_string(field(c, "label", w), w + " candidate label");
     for (const auto& k : as_array(field(c, "kernels", w), w + " kernels")) {
       if (as_string(field(k, "arch", w), w + " kernel arch") != arch) continue;
-      cand.kernels.push_back(read_kernel(root, k, names, n, op.n_returns, op.qualified + " " + cand.label));
+      if (!native && is_native(k)) {
+        std::string label = op.qualified + " " + cand.label;
+        if (left_out->empty() || left_out->back() != label) left_out->push_back(label);
+        continue;
+      }
+      cand.kernels.push_back(read_kernel(root, k, names, n, op.n_returns, op.qualified + " " + cand.label, shared));
     }
     op.candidates.push_back(std::move(cand));  // kept even when empty: decision rows index them
   }
@@ -351,7 +381,8 @@ std::string read_key_file(const std::string& path) {
   return data;
 }
 
-std::shared_ptr<Bundle> read_bundle(const std::string& path, const std::string& arch, const std::string& key) {
+std::shared_ptr<Bundle> read_bundle(const std::string& path, const std::string& arch, const std::string& key,
+                                    bool allow_native) {
   auto bundle = std::make_shared<Bundle>();
   bundle->path = path;
   bundle->arch = arch;
@@ -382,7 +413,9 @@ std::shared_ptr<Bundle> read_bundle(const std::string& path, const std::string& 
   if (!has_arch)
     throw BundleError("bundle " + path + " was built for " + archs + ", not for " + arch +
                       "; rebuild it with `kernelgraft aot TARGET --arch " + arch + " -o DIR`");
-  for (const auto& e : as_array(field(manifest, "ops", w), w + " ops")) bundle->ops.push_back(read_op(path, e, arch));
+  Shared shared;
+  for (const auto& e : as_array(field(manifest, "ops", w), w + " ops"))
+    bundle->ops.push_back(read_op(path, e, arch, allow_native || !key.empty(), &bundle->left_out, &shared));
   return bundle;
 }
 

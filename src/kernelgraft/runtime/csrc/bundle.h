@@ -43,6 +43,10 @@ struct Kernel {
   std::vector<std::vector<Program>> out_shapes;
   std::vector<std::string> out_dtypes;
   std::string cubin;                                 // verified bytes
+  bool native = false;                               // a CuTe DSL shared library (native.h), not a cubin
+  // native: the library and the runtime it needs, verified; shared between the kernels that name the
+  // same file (every CuTe DSL kernel names the one runtime library)
+  std::shared_ptr<const std::string> library, runtime;
   std::string where;                                 // "bundle DIR: OP CANDIDATE kernel NAME"
 };
 
@@ -86,11 +90,15 @@ struct Bundle {
   std::string path, arch, checksum;
   bool signed_ = false;
   std::vector<OpEntry> ops;
+  std::vector<std::string> left_out;  // native candidates not loaded (unsigned, allow_native off)
 };
 
 // Reads and verifies the bundle in `path` for `arch` ("sm_90"). `key`: the HMAC key (empty: the
-// signature is not checked). BundleError saying what is wrong otherwise.
-std::shared_ptr<Bundle> read_bundle(const std::string& path, const std::string& arch, const std::string& key);
+// signature is not checked). Native kernels (CuTe DSL libraries) are read only from a bundle
+// verified with a key or with `allow_native`; otherwise they are left out (named in left_out).
+// BundleError saying what is wrong otherwise.
+std::shared_ptr<Bundle> read_bundle(const std::string& path, const std::string& arch, const std::string& key,
+                                    bool allow_native = false);
 
 // The key in a key file, as Python's load_key reads it (surrounding whitespace stripped, >= 16 bytes).
 std::string read_key_file(const std::string& path);

@@ -1,6 +1,6 @@
-// The runtime's face to PyTorch: torch.ops.kernelgraft.load_bundle(path, key=None, arch=None)
+// The runtime's face to PyTorch: torch.ops.kernelgraft.load_bundle(path, key=None, arch=None, allow_native=False)
 // registers every op of a bundle with the dispatcher under its schema, with a CUDA kernel (choose
-// a kernel, allocate outputs, launch the cubin on the current stream) and a Meta kernel (output
+// a kernel, allocate outputs, launch the cubin, or call a CuTe DSL library, on the current stream) and a Meta kernel (output
 // shapes, so fake tensors and export work). Errors are c10::Errors naming the op, the argument,
 // what was expected and what came.
 #include <ATen/ATen.h>
@@ -21,6 +21,7 @@
 #include "bundle.h"
 #include "driver.h"
 #include "launch_cache.h"
+#include "native.h"
 #include "select.h"
 #include "symbolic.h"
 
@@ -53,6 +54,7 @@ struct LoadedOp {
   std::shared_ptr<Bundle> bundle;
   const OpEntry* op = nullptr;
   std::map<const Kernel*, std::unique_ptr<LazyFunction>> functions;
+  std::map<const Kernel*, std::unique_ptr<NativeFunction>> natives;  // CuTe DSL kernels
   LaunchCache cache;
 };
 
@@ -223,9 +225,12 @@ class CudaKernel : public c10::OperatorKernel {
     c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
     void* stream = impl.getStream(device).native_handle();
     try {
-      // functions is filled before the op is registered and never changes: no lock
-      loaded_->functions.at(&k)->launch(device.index(), launch->grid.data(), k.block.data(), launch->shared_mem, stream,
-                                        pointers.data());
+      // functions and natives are filled before the op is registered and never change: no lock
+      if (k.native)
+        loaded_->natives.at(&k)->launch(device.index(), stream, pointers.data());
+      else
+        loaded_->functions.at(&k)->launch(device.index(), launch->grid.data(), k.block.data(), launch->shared_mem,
+                                          stream, pointers.data());
     } catch (const std::runtime_error& e) {
       TORCH_CHECK(false, op.qualified, " (", op.candidates[launch->candidate].label, "): ", e.what());
     }
@@ -331,7 +336,15 @@ bool register_op(const std::shared_ptr<Bundle>& bundle, const OpEntry& op) {
   loaded->bundle = bundle;
   loaded->op = &op;
   for (const auto& cand : op.candidates)
-    for (const auto& k : cand.kernels) loaded->functions[&k] = std::make_unique<LazyFunction>(&k.cubin, k.name);
+    for (const auto& k : cand.kernels) {
+      if (k.native) {
+        std::vector<std::string> kinds;
+        for (const auto& p : k.params) kinds.push_back(p.kind);
+        loaded->natives[&k] = std::make_unique<NativeFunction>(k.library.get(), k.runtime.get(), kinds, k.where);
+      } else {
+        loaded->functions[&k] = std::make_unique<LazyFunction>(&k.cubin, k.name);
+      }
+    }
   auto lib = std::make_unique<torch::Library>(torch::Library::FRAGMENT, op.ns, std::nullopt, __FILE__, __LINE__);
   lib->def(def.c_str());
   lib->impl(op.name.c_str(), c10::DispatchKey::CUDA,
@@ -385,13 +398,20 @@ void validate(const OpEntry& op, const std::string& path) {
 
 // Registers the bundle's ops; returns their names (those already served included).
 std::vector<std::string> load_bundle(const std::string& path, const std::optional<std::string>& key,
-                                     const std::optional<std::string>& arch) {
+                                     const std::optional<std::string>& arch, bool allow_native) {
   std::string chosen = arch.has_value() ? normalize_arch(*arch) : current_arch();
   std::shared_ptr<Bundle> bundle;
   try {
-    bundle = read_bundle(path, chosen, key.has_value() ? read_key_file(*key) : std::string());
+    bundle = read_bundle(path, chosen, key.has_value() ? read_key_file(*key) : std::string(), allow_native);
   } catch (const BundleError& e) {
     TORCH_CHECK(false, e.what());
+  }
+  if (!bundle->left_out.empty()) {
+    std::string names;
+    for (const auto& l : bundle->left_out) names += (names.empty() ? "" : ", ") + l;
+    TORCH_WARN("bundle ", path, ": ", bundle->left_out.size(), " CuTe DSL candidates are native code (shared ",
+               "libraries) and are not loaded from an unsigned bundle: ", names, ". Load it with key=... (a signed ",
+               "bundle) or allow_native=True (a bundle you trust) to serve them");
   }
   try {
     for (const auto& op : bundle->ops) validate(op, path);
@@ -479,8 +499,39 @@ std::string plan_call(const std::string& name, const std::string& args) {
   return canonical_json(Json(o));
 }
 
+// Test hook: opens every CuTe DSL library of a registered op and calls it once with zeroed
+// arguments on device 0 and the null stream; returns [{"kernel", "error"}] ("" when it ran). On a
+// machine without a GPU this runs the open/verify/call path up to the first driver call.
+std::string probe_native(const std::string& name) {
+  std::shared_ptr<LoadedOp> loaded;
+  {
+    std::lock_guard<std::mutex> lock(state().mutex);
+    auto it = state().ops.find(name);
+    TORCH_CHECK(it != state().ops.end(), "_native_probe: no op ", name, " was registered from a bundle");
+    loaded = it->second;
+  }
+  picojson::array out;
+  for (const auto& kv : loaded->natives) {
+    std::vector<uint64_t> storage(kv.first->params.size(), 0);
+    std::vector<void*> pointers(storage.size());
+    for (size_t i = 0; i < storage.size(); ++i) pointers[i] = &storage[i];
+    std::string error;
+    try {
+      kv.second->launch(0, nullptr, pointers.data());
+    } catch (const std::runtime_error& e) {
+      error = e.what();
+    }
+    picojson::object o;
+    o["kernel"] = Json(kv.first->name);
+    o["error"] = Json(error);
+    out.emplace_back(o);
+  }
+  return canonical_json(Json(out));
+}
+
 // KERNELGRAFT_BUNDLES=DIR[:DIR...] loads bundles when the library loads (KERNELGRAFT_BUNDLE_KEY: a
-// key file, KERNELGRAFT_BUNDLE_ARCH: the arch, default the GPU's), so a program that links the
+// key file, KERNELGRAFT_BUNDLE_ARCH: the arch, default the GPU's, KERNELGRAFT_BUNDLE_ALLOW_NATIVE=1:
+// load CuTe DSL libraries from unsigned bundles), so a program that links the
 // runtime serves them without calling load_bundle. A bundle that does not load is reported on
 // stderr and skipped: throwing here would abort the process that loads the library.
 struct LoadFromEnvironment {
@@ -489,6 +540,8 @@ struct LoadFromEnvironment {
     if (!dirs.has_value() || dirs->empty()) return;
     auto key = c10::utils::get_env("KERNELGRAFT_BUNDLE_KEY");
     auto arch = c10::utils::get_env("KERNELGRAFT_BUNDLE_ARCH");
+    auto native = c10::utils::get_env("KERNELGRAFT_BUNDLE_ALLOW_NATIVE");
+    bool allow_native = native.has_value() && *native == "1";
     size_t start = 0;
     while (start <= dirs->size()) {
       size_t end = dirs->find(':', start);
@@ -496,7 +549,7 @@ struct LoadFromEnvironment {
       start = end == std::string::npos ? dirs->size() + 1 : end + 1;
       if (dir.empty()) continue;
       try {
-        load_bundle(dir, key, arch);
+        load_bundle(dir, key, arch, allow_native);
       } catch (const std::exception& e) {
         std::cerr << "kernelgraft runtime: KERNELGRAFT_BUNDLES: bundle " << dir << " not loaded: " << e.what()
                   << std::endl;
@@ -509,9 +562,10 @@ struct LoadFromEnvironment {
 }  // namespace kgrt
 
 TORCH_LIBRARY_FRAGMENT(kernelgraft, m) {
-  m.def("load_bundle(str path, str? key=None, str? arch=None) -> str[]", &kgrt::load_bundle);
+  m.def("load_bundle(str path, str? key=None, str? arch=None, bool allow_native=False) -> str[]", &kgrt::load_bundle);
   m.def("_runtime_eval(str program, str args) -> str", &kgrt::eval_program);
   m.def("_runtime_plan(str op, str args) -> str", &kgrt::plan_call);
+  m.def("_runtime_native_probe(str op) -> str", &kgrt::probe_native);
 }
 
 // After the registrations above (one translation unit initializes in order of definition).
