@@ -78,17 +78,17 @@ run_section() {
     gputests_s7) step gpu_tests_s7 300 python3 -m pytest -q -s -p no:cacheprovider -m gpu -rs --tb=short ${GPU_TESTS:-tests/test_bad_input.py tests/test_fuzz.py tests/test_tune_gpu.py tests/test_compete.py tests/test_bench_suite.py tests/test_check_isolation.py tests/test_graft_pattern_generic.py tests/test_replace.py tests/test_gpu_core.py tests/test_gpu_runtime.py} ;;
     cppbuild)  # the cpp section without the host-cost benchmark
       step cpp_build 300 bash -c 'cmake -S benchmarks/cpp -B /tmp/cppbuild -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$(python3 -c "import torch; print(torch.utils.cmake_prefix_path)")" >/dev/null && cmake --build /tmp/cppbuild -j"$(nproc)" 2>&1 | tail -5'
-      step run_bundle 60 /tmp/cppbuild/examples/run_bundle "$KERNELGRAFT_TEST_BUNDLE" ;;
+      step run_bundle 60 env KERNELGRAFT_BUNDLE_ALLOW_NATIVE=1 /tmp/cppbuild/examples/run_bundle "$KERNELGRAFT_TEST_BUNDLE" ;;
     cpp)  # issue 17: the runtime, examples/cpp and host_cost built with CMake; run_bundle; host cost from C++
       step cpp_build 300 bash -c 'cmake -S benchmarks/cpp -B /tmp/cppbuild -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$(python3 -c "import torch; print(torch.utils.cmake_prefix_path)")" >/dev/null && cmake --build /tmp/cppbuild -j"$(nproc)" 2>&1 | tail -5'
-      step run_bundle 60 /tmp/cppbuild/examples/run_bundle "$KERNELGRAFT_TEST_BUNDLE"
+      step run_bundle 60 env KERNELGRAFT_BUNDLE_ALLOW_NATIVE=1 /tmp/cppbuild/examples/run_bundle "$KERNELGRAFT_TEST_BUNDLE"
       step cpp_host_cost 240 python3 benchmarks/bench_cpp_host_cost.py --build-dir /tmp/cppbuild --out "$R" ;;
     llamaaoti)  # issue 17: the grafted Llama as an AOTInductor package run by examples/cpp/run_aoti (after cpp)
       step aoti_preflight 150 python3 research/aoti_preflight.py
       step build_llama_aoti 260 python3 benchmarks/build_llama_aoti.py --out-dir /tmp/llama_aoti
       step llama_python_warm_start 90 python3 benchmarks/build_llama_aoti.py --out-dir /tmp/llama_aoti --cold-start-only
-      step run_aoti 60 /tmp/cppbuild/examples/run_aoti /tmp/llama_aoti/bundle /tmp/llama_aoti/llama.pt2 /tmp/llama_aoti/io.pt --atol 5e-2 --rtol 5e-2 --runs 20
-      step run_aoti_again 60 /tmp/cppbuild/examples/run_aoti /tmp/llama_aoti/bundle /tmp/llama_aoti/llama.pt2 /tmp/llama_aoti/io.pt --atol 5e-2 --rtol 5e-2 --runs 20
+      step run_aoti 60 /tmp/cppbuild/examples/run_aoti /tmp/llama_aoti/bundle /tmp/llama_aoti/llama.pt2 /tmp/llama_aoti/io.pt --atol 5e-2 --rtol 5e-2 --runs 20 --allow-native
+      step run_aoti_again 60 /tmp/cppbuild/examples/run_aoti /tmp/llama_aoti/bundle /tmp/llama_aoti/llama.pt2 /tmp/llama_aoti/io.pt --atol 5e-2 --rtol 5e-2 --runs 20 --allow-native
       cp /tmp/llama_aoti/report.json "$R/llama_aoti_report.json" 2>/dev/null ;;
     firstfresh) step first_seconds_fresh 80 python3 benchmarks/bench_first_seconds.py --modes fresh --seconds 30 --gap 2 --skip-decisions --out "$R/fresh30" ;;  # past the moment the extension loads
     diagsmall) step diag_small_shapes 120 python3 research/diag_small_shapes.py ;;

@@ -49,5 +49,11 @@ class Block(importlib.abc.MetaPathFinder):
         return None
 
 sys.meta_path.insert(0, Block())
+for blocked in ("kernelgraft", "triton"):
+    try:
+        __import__(blocked)
+        raise SystemExit(f"{blocked} imported")
+    except ModuleNotFoundError:
+        pass
 import torch
 """

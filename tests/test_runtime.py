@@ -335,7 +335,7 @@ def _flip_cubin(m, root: Path):
 @pytest.mark.parametrize("case,match", [
     ("cubin", "checksum mismatch for bin/"),
     ("manifest", "manifest.json checksum mismatch"),
-    ("version1", "the C\\+\\+ runtime reads version 2"),
+    ("version1", "the C\\+\\+ runtime reads versions 2 and 3"),
     ("arch", "was built for sm_90, not for sm_100"),
     ("program", "is not one of int/float/size/arg/op/unary/bool/call"),
     ("stack", "leaves 2 values on the stack"),
@@ -402,12 +402,6 @@ def test_checksum_covers_unicode_strings_and_floats_as_python_writes_them(so, bu
 
 
 CHILD = WITHOUT_KERNELGRAFT + r"""
-for blocked in ("kernelgraft", "triton"):
-    try:
-        __import__(blocked)
-        raise SystemExit(f"{blocked} imported")
-    except ModuleNotFoundError:
-        pass
 torch.ops.load_library(sys.argv[1])
 names = list(torch.ops.kernelgraft.load_bundle(sys.argv[2], None, "sm_90"))
 x = torch.empty(9, 768, dtype=torch.float16, device="meta")

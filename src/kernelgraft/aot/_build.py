@@ -53,16 +53,23 @@ def _param_entry(p) -> dict:
 
 
 def _scalar_guards(op, sample, untied: bool) -> list[str]:
-    """Non-tensor op arguments the record may have folded in: pinned to the sample's value."""
+    """Non-tensor op arguments the record may have folded in: pinned to the sample's value (string
+    arguments by ``_string_pins``: expressions have no strings)."""
     guards = []
     for p, v in zip(op.signature.params, sample):
         if p.kind in ("int", "bool") or (p.kind == "float" and untied):
             if v is None:
                 continue
             guards.append(f"({p.name} == {v!r})")
-        elif p.kind in ("str", "dtype") and v is not None:
+        elif p.kind == "dtype" and v is not None:
             raise Unsupported(f"argument {p.name} of kind {p.kind}")
     return guards
+
+
+def _string_pins(op, sample) -> dict[str, str]:
+    """String arguments, which a launch turns into constants (a constexpr, a flag): the kernel
+    serves only the value it was recorded with (the manifest's ``pinned``, checked like dtypes)."""
+    return {p.name: v for p, v in zip(op.signature.params, sample) if p.kind == "str" and v is not None}
 
 
 def record_call(op, impl, config, sample, dynamic):
@@ -125,8 +132,12 @@ def build_bundle(
         manifest_ops.append(entry)
     from .. import __version__
 
+    pinned = any("pinned" in k for op in manifest_ops for c in op["candidates"] for k in c["kernels"])
     manifest = {
-        "format": _manifest.FORMAT, "version": _manifest.VERSION, "archs": archs,
+        # version 3 adds kernels pinned to string arguments: a loader that reads only version 2
+        # would ignore the pins and could launch a kernel recorded for another string
+        "format": _manifest.FORMAT, "version": _manifest.PINNED_VERSION if pinned else _manifest.VERSION,
+        "archs": archs,
         "toolchain": {"kernelgraft": __version__, **toolchain},
         "build_seconds": round(time.perf_counter() - started, 2), "ops": manifest_ops,
     }
@@ -226,6 +237,9 @@ def _build_op(op, archs, out: Path, inputs, dynamic, progress, missing: Mapping[
                         "outputs": {"shapes": out_shapes, "dtypes": out_dtypes},
                         **kernel,
                     }
+                    pins = _string_pins(op, sample)
+                    if pins:  # only then: a bundle without string arguments stays version 2
+                        variant["pinned"] = pins
                     try:
                         variant["program"] = kernel_program(variant, names)
                     except BundleError as exc:  # an expression with no C++ form: this kernel is Python-only

@@ -110,20 +110,22 @@ def _meta(entry: dict, names: Sequence[str], n_inputs: int):
         for k in cand["kernels"]:
             outs = k["outputs"]
             rule = (tuple(sorted(k["dtypes"].items())), tuple(sorted(k["ranks"].items())),
-                    tuple(k["guards"]), tuple(map(tuple, outs["shapes"])), tuple(outs["dtypes"]))
+                    tuple(k["guards"]), tuple(map(tuple, outs["shapes"])), tuple(outs["dtypes"]),
+                    tuple(sorted(k.get("pinned", {}).items())))
             if rule not in rules:
                 rules.append(rule)
     index = {n: i for i, n in enumerate(names)}
     compiled = []
-    for dtypes, ranks, guards, shapes, out_dtypes in rules:
+    for dtypes, ranks, guards, shapes, out_dtypes, pinned in rules:
         guard = compile_exprs(names[:n_inputs], [" and ".join(guards) or "True"])
         sizes = [compile_exprs(names[:n_inputs], list(s)) for s in shapes]
         compiled.append(([(index[n], _dtype(d)) for n, d in dtypes], [(index[n], r) for n, r in ranks],
-                         guard, sizes, [_dtype(d) for d in out_dtypes]))
+                         guard, sizes, [_dtype(d) for d in out_dtypes], [(index[n], str(v)) for n, v in pinned]))
 
     def meta(*args: Any) -> Any:
-        for dtypes, ranks, guard, sizes, out_dtypes in compiled:
-            if all(args[i].dtype == d for i, d in dtypes) and all(args[i].dim() == r for i, r in ranks):
+        for dtypes, ranks, guard, sizes, out_dtypes, pinned in compiled:
+            if (all(args[i].dtype == d for i, d in dtypes) and all(args[i].dim() == r for i, r in ranks)
+                    and all(args[i] == v for i, v in pinned)):
                 try:
                     ok = guard(*args)[0]
                 except Exception:

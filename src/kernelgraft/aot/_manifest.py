@@ -21,13 +21,14 @@ from typing import Any
 
 from .._errors import BundleError
 
-__all__ = ["FORMAT", "VERSION", "READS", "write", "read", "parse", "store_binary", "read_binary", "read_file",
+__all__ = ["FORMAT", "VERSION", "PINNED_VERSION", "READS", "write", "read", "parse", "store_binary", "read_binary", "read_file",
            "canonical", "normalize_arch", "MAX_MANIFEST_BYTES", "MAX_BINARY_BYTES", "MAX_DEPTH"]
 
 FORMAT = "kernelgraft-bundle"
 # 2: every expression also as an RPN program, op "meta" rules and "decisions" (the C++ runtime's data)
 VERSION = 2
-READS = (1, 2)
+PINNED_VERSION = 3  # version 2 plus kernels pinned to string arguments ("pinned": {name: value})
+READS = (1, 2, 3)
 # "so": a CuTe DSL kernel's shared library, "runtime": the native library it needs (native code: see _load)
 _KINDS = {"cubin": ".cubin", "ptx": ".ptx", "so": ".so", "runtime": ".so"}
 _REQUIRED = ("format", "version", "archs", "toolchain", "ops", "checksum")

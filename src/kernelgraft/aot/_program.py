@@ -49,6 +49,8 @@ def meta_rules(candidates: Sequence[dict]) -> list[dict]:
             rule = {"dtypes": k["dtypes"], "ranks": k["ranks"], "guards": k["guards"],
                     "guard": k["program"]["guard"], "dynamic": k["dynamic"],
                     "shapes": k["program"]["outputs"], "out_dtypes": k["outputs"]["dtypes"]}
+            if k.get("pinned"):
+                rule["pinned"] = k["pinned"]
             rules.setdefault(json.dumps(rule, sort_keys=True), rule)
     return sorted(rules.values(), key=lambda r: (not r["dynamic"], len(r["guards"])))
 

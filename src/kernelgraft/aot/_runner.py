@@ -108,6 +108,8 @@ class Kernel:
         index = {n: i for i, n in enumerate(names)}
         self.dtypes = [(index[n], _dtype(d)) for n, d in entry["dtypes"].items()]
         self.ranks = [(index[n], int(r)) for n, r in entry["ranks"].items()]
+        # string arguments the kernel was recorded with (manifest version 3): it serves only those
+        self.pinned = [(index[n], str(v)) for n, v in entry.get("pinned", {}).items()]
         inputs = list(names[:n_inputs])
         # each guard on its own: kernels of one candidate share most guards, compiled once (_expr)
         self._guard = compile_exprs(inputs, list(entry["guards"]) or ["True"])
@@ -179,6 +181,8 @@ class Kernel:
         for i, r in self.ranks:
             if args[i].dim() != r:
                 return False
+        if any(args[i] != v for i, v in self.pinned):
+            return False
         try:
             return all(self._guard(*args[:n_inputs]))
         except Exception:  # a guard that cannot be evaluated does not hold

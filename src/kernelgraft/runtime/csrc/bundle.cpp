@@ -199,6 +199,7 @@ Kernel read_kernel(const std::string& root, const Json& k, const Names& names, s
   const Json& prog = field(k, "program", w);
   typed_pairs<std::string>(field(k, "dtypes", w), names, w + " dtypes", &out.dtypes, get_string);
   typed_pairs<int64_t>(field(k, "ranks", w), names, w + " ranks", &out.ranks, get_int);
+  if (k.contains("pinned")) typed_pairs<std::string>(k.get("pinned"), names, w + " pinned", &out.pinned, get_string);
   out.guard = Program(field(prog, "guard", w), n, w + " guard");
   const auto& grid = as_array(field(prog, "grid", w), w + " grid");
   const auto& block = as_array(field(k, "block", w), w + " block");
@@ -348,6 +349,8 @@ OpEntry read_op(const std::string& root, const Json& e, const std::string& arch,
     MetaRule rule;
     typed_pairs<std::string>(field(r, "dtypes", w), names, w + " meta dtypes", &rule.dtypes, get_string);
     typed_pairs<int64_t>(field(r, "ranks", w), names, w + " meta ranks", &rule.ranks, get_int);
+    if (r.contains("pinned"))
+      typed_pairs<std::string>(r.get("pinned"), names, w + " meta pinned", &rule.pinned, get_string);
     rule.guard = Program(field(r, "guard", w), n, w + " meta guard");
     rule.shapes = shapes(field(r, "shapes", w), n, w + " meta");
     rule.out_dtypes = strings(field(r, "out_dtypes", w), w + " meta dtypes");
@@ -393,9 +396,9 @@ std::shared_ptr<Bundle> read_bundle(const std::string& path, const std::string& 
   if (!manifest.is<picojson::object>() || !manifest.contains("format") || manifest.get("format").to_str() != kFormat)
     throw BundleError(w + " is not a kernelgraft bundle manifest");
   int64_t version = as_int(field(manifest, "version", w), w + " version");
-  if (version != 2)
+  if (version != 2 && version != 3)  // 3: kernels pinned to string arguments
     throw BundleError("bundle " + path + ": manifest version " + std::to_string(version) +
-                      "; the C++ runtime reads version 2: rebuild the bundle with `kernelgraft aot`");
+                      "; the C++ runtime reads versions 2 and 3: rebuild the bundle with `kernelgraft aot`");
   bundle->checksum = as_string(field(manifest, "checksum", w), w + " checksum");
   Json body = manifest;
   body.get<picojson::object>().erase("checksum");

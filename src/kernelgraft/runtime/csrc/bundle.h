@@ -34,6 +34,7 @@ struct Kernel {
   std::string name;                                  // the cubin's entry point
   std::vector<std::pair<int, std::string>> dtypes;   // input index -> dtype name
   std::vector<std::pair<int, int64_t>> ranks;        // input index -> rank
+  std::vector<std::pair<int, std::string>> pinned;   // string input -> the value it was recorded with (v3)
   std::vector<int> aligned;                          // inputs that must be 16-byte aligned
   Program guard;
   std::array<Program, 3> grid;
@@ -58,6 +59,7 @@ struct Candidate {
 struct MetaRule {
   std::vector<std::pair<int, std::string>> dtypes;
   std::vector<std::pair<int, int64_t>> ranks;
+  std::vector<std::pair<int, std::string>> pinned;
   Program guard;
   std::vector<std::vector<Program>> shapes;
   std::vector<std::string> out_dtypes;

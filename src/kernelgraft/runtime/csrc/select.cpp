@@ -10,7 +10,7 @@ constexpr int64_t kMaxGrid[3] = {2147483647LL, 65535, 65535};
 constexpr int64_t kMaxShared = 228 * 1024;
 
 bool fits(const Kernel& k, const std::vector<ArgView>& args, const std::vector<Input>& inputs) {
-  if (!typed_fit(k.dtypes, k.ranks, args)) return false;
+  if (!typed_fit(k.dtypes, k.ranks, args) || !pins_hold(k.pinned, args)) return false;
   for (const auto& d : k.dtypes)
     if (!args[d.first].contiguous) return false;  // bundled kernels index inputs as contiguous
   for (int i : k.aligned)
@@ -94,6 +94,14 @@ bool typed_fit(const std::vector<std::pair<int, std::string>>& dtypes,
   return true;
 }
 
+bool pins_hold(const std::vector<std::pair<int, std::string>>& pinned, const std::vector<ArgView>& args) {
+  for (const auto& p : pinned) {
+    const Json& v = args[p.first].value;
+    if (!v.is<std::string>() || v.get<std::string>() != p.second) return false;
+  }
+  return true;
+}
+
 std::vector<Input> inputs_of(const std::vector<ArgView>& args) {
   std::vector<Input> out(args.size());
   for (size_t i = 0; i < args.size(); ++i) {
@@ -147,6 +155,7 @@ bool choose(const OpEntry& op, const std::vector<ArgView>& args, const std::vect
       for (const auto& r : rule.ranks) if (r.first == d.first) rank = r.second;
       sig += (sig.empty() ? "" : " ") + op.params[d.first].name + ": " + d.second + " rank " + std::to_string(rank);
     }
+    for (const auto& p : rule.pinned) sig += " " + op.params[p.first].name + "='" + p.second + "'";
     held += (held.empty() ? "" : "; ") + sig;
   }
   *why += ". The bundle's kernels serve contiguous inputs of: " + (held.empty() ? std::string("nothing") : held) +

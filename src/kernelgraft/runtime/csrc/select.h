@@ -43,6 +43,9 @@ bool choose(const OpEntry& op, const std::vector<ArgView>& args, const std::vect
 bool typed_fit(const std::vector<std::pair<int, std::string>>& dtypes,
                const std::vector<std::pair<int, int64_t>>& ranks, const std::vector<ArgView>& args);
 
+// Whether each pinned string argument has the value a kernel (or meta rule) was recorded with.
+bool pins_hold(const std::vector<std::pair<int, std::string>>& pinned, const std::vector<ArgView>& args);
+
 // "x: float16[3, 5], eps: 1e-06": what an error shows of a call.
 std::string describe_args(const OpEntry& op, const std::vector<ArgView>& args);
 

@@ -227,7 +227,7 @@ bool meta_shapes(const OpEntry& op, const std::vector<ArgView>& args, const std:
   // Concrete sizes decide every rule in the first pass; the later ones are for symbolic sizes.
   for (Freedom freedom : {Freedom::Static, Freedom::Guard, Freedom::Specialize}) {
     for (const auto& rule : op.meta) {
-      if (!typed_fit(rule.dtypes, rule.ranks, args)) continue;
+      if (!typed_fit(rule.dtypes, rule.ranks, args) || !pins_hold(rule.pinned, args)) continue;
       try {
         if (!rule_shapes(rule, inputs, freedom, shapes)) continue;
       } catch (const Undecided&) {
