@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Builds .carry/ (ignored by git), what benchmarks/gpu_session.sh expects beside the tree on the GPU
+# machine, which cannot install from a registry: the CuTe DSL wheel unpacked and xz-compressed, the
+# cuda-tile and liger-kernel wheels (cp312, the GPU machine's Python), cuTile cubins, a bundle of the
+# add_relu and rmsnorm examples (every backend: CuTe DSL libraries need gcc, cuTile tileiras, both
+# here), and an older tree for the host-cost A/B (OLD=REV, default 645f638). Run from the repository
+# root after scripts/test.sh made .venv (minutes: the xz pass and the bundle):
+#
+#   bash benchmarks/make_carry.sh            then: run(..., carry=[".carry"])
+#
+# The whole of .carry plus the tree must stay under the device tool's 64 MiB.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+OLD="${OLD:-645f638}"
+mkdir -p .carry/cutedsl .carry/cutile/wheels .carry/liger /tmp/kg-carry-dl
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+    "nvidia-cutlass-dsl==4.3.5" "cuda-tile==1.7.0" "liger-kernel==0.8.5" -d /tmp/kg-carry-dl
+cp /tmp/kg-carry-dl/cuda_tile-*.whl .carry/cutile/wheels/
+cp /tmp/kg-carry-dl/liger_kernel-*.whl .carry/liger/
+if [ ! -f .carry/cutedsl/nvidia_cutlass_dsl-4.3.5-cp312.tar.xz ]; then
+    rm -rf /tmp/kg-carry-cutedsl && mkdir -p /tmp/kg-carry-cutedsl
+    "$PY" -m zipfile -e /tmp/kg-carry-dl/nvidia_cutlass_dsl-4.3.5-*.whl /tmp/kg-carry-cutedsl
+    tar -C /tmp/kg-carry-cutedsl -cf - . | xz -T0 -6 > .carry/cutedsl/nvidia_cutlass_dsl-4.3.5-cp312.tar.xz
+fi
+"$PY" benchmarks/build_cutile_cubins.py --out .carry/cutile/cubins
+rm -rf .carry/bundle
+env -u TRITON_INTERPRET KERNELGRAFT_CACHE_DIR=/tmp/kg-carry-cache "$PY" -m kernelgraft aot \
+    kernelgraft.examples.add_relu kernelgraft.examples.rmsnorm --arch sm_90 -o .carry/bundle
+rm -rf .carry/old && mkdir -p .carry/old
+git archive "$OLD" src benchmarks | tar -x -C .carry/old
+rm -rf .carry/old/benchmarks/results
+du -sh .carry
+echo "tree: $(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1) bytes; keep both under 64 MiB"
