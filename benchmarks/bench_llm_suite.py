@@ -44,6 +44,7 @@ QUICK_EXTRA = {
     "softmax": [(1, 151936), (64, 128256)],
 }
 LIMITS = {"vs_torch": 1.02, "vs_liger": 1.05, "bandwidth": 0.90}  # issue 18's bar
+INCONSISTENT = 1.15  # tuned op / its chosen kernel forced, beyond timing noise
 
 
 def plan(quick: bool, only: Sequence[str] = ()) -> list[tuple[str, str, tuple]]:
@@ -95,7 +96,7 @@ def summarize(rows: Iterable[Row], copy_gbps: float | None) -> dict:
                                                     "bytes": r.bytes, "peers": {}})
         if r.kind == TUNED:
             entry.update(tuned_us=r.time_us, choice=r.detail, tuned_error=r.error, bw_frac=r.bw_frac,
-                         gbps=r.gbps, h2h_vs_compile=r.vs_compile)
+                         gbps=r.gbps, h2h_vs_compile=r.vs_compile, vs_chosen=r.vs_chosen)
         elif r.kind == EAGER:
             entry["eager_us"] = r.time_us
         elif r.kind == COMPILE:
@@ -132,6 +133,8 @@ def summarize(rows: Iterable[Row], copy_gbps: float | None) -> dict:
         "worst_vs_torch": worst("vs_torch"),
         "worst_vs_liger": worst("vs_liger"),
         "bandwidth": bandwidth,
+        # the tuned op slower than its own chosen kernel forced: a row to distrust (and a bug to find)
+        "inconsistent": [e for e in table if (e.get("vs_chosen") or 0) > INCONSISTENT],
         "over_limit": {
             "vs_torch": sum(1 for e in table if (e.get("vs_torch") or 0) > LIMITS["vs_torch"]),
             "vs_liger": sum(1 for e in table if (e.get("vs_liger") or 0) > LIMITS["vs_liger"]),
@@ -182,6 +185,11 @@ def markdown(summary: dict) -> str:
               "| op | inputs | GB/s | of copy |", "| --- | --- | ---: | ---: |"]
     lines += [f"| {b['op'].split('::')[-1]} | {b['shape']} | {_gbps(b['gbps'])} | {_pct(b['fraction'])} |"
               for b in summary["bandwidth"]]
+    if summary.get("inconsistent"):
+        lines += ["", f"## Rows to distrust: the tuned op over {INCONSISTENT}x its own chosen kernel forced", "",
+                  "| op | inputs | tuned us | chosen | tuned / chosen forced |", "| --- | --- | ---: | --- | ---: |"]
+        lines += [f"| {e['op'].split('::')[-1]} | {e['shape']} | {_us(e.get('tuned_us'))} | {e.get('choice')} | "
+                  f"{_x(e.get('vs_chosen'))} |" for e in summary["inconsistent"]]
     over = summary["over_limit"]
     lines += ["", f"Over the limits: {over['vs_torch']} shapes vs torch, {over['vs_liger']} vs Liger, "
                   f"{over['bandwidth']} ops under the bandwidth bar; {over['failed']} shapes without a tuned time."]

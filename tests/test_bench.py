@@ -280,6 +280,8 @@ def test_tuned_row_records_head_to_head_ratios():
     tuned = next(r for r in rows if r.kind == TUNED)
     assert tuned.variant == "tuned (kg.tune)" and tuned.vs_best is not None and tuned.vs_best > 0
     assert tuned.vs_compile is None  # compile=False
+    # the chosen kernel forced, by the same timer (FakeTimer: each later timing 1 us slower)
+    assert tuned.vs_chosen is not None and 0 < tuned.vs_chosen < 1
 
 
 @pytest.mark.gpu

@@ -89,3 +89,16 @@ def test_without_a_gpu_the_run_refuses_clearly(suite, capsys):
         pytest.skip("this machine has a GPU")
     assert suite.main(["--quick"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().out
+
+
+def test_rows_where_the_tuned_op_is_slower_than_its_own_kernel_are_flagged(suite):
+    """A tuned op far slower than its chosen kernel forced (timed alike) is a measurement or
+    dispatch problem, not a kernel's time: such rows are listed apart, so they are not quoted."""
+    rows = [_row("rmsnorm", 0, TUNED, "tuned (kg.tune)", 19.7, detail="triton:launch_rmsnorm[...]"),
+            _row("rmsnorm", 1, TUNED, "tuned (kg.tune)", 10.0, detail="triton:launch_rmsnorm[...]")]
+    rows[0].vs_chosen, rows[1].vs_chosen = 19.7 / 1.68, 1.02
+    summary = suite.summarize(rows, copy_gbps=4000.0)
+    assert [e["shape"] for e in summary["inconsistent"]] == ["s0"]
+    text = suite.markdown(summary)
+    assert "## Rows to distrust: the tuned op over 1.15x its own chosen kernel forced" in text
+    assert "| rmsnorm | s0 | 19.70 | triton:launch_rmsnorm[...] | 11.726x |" in text

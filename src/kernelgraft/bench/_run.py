@@ -53,6 +53,9 @@ class Row:
     vs_best: float | None = None  # tuned rows: time / fastest candidate's, timed head to head
     vs_compile: float | None = None  # tuned rows: time / torch.compile's, timed head to head
     vs_tuned: float | None = None  # eager, compile and peer rows: the tuned op's time / this row's
+    # tuned rows: time / the chosen kernel's, forced and timed the same way (about 1: the op adds
+    # no GPU work of its own to its kernel; much more: the measurement or the op's path is wrong)
+    vs_chosen: float | None = None
     regime: str = ""  # the shape's regime in its suite (kernelgraft.bench._suite), '' if untagged
     method: str = ""  # how it was timed: "events" (per call) or "graph" (CUDA-graph replay)
 
@@ -284,6 +287,8 @@ def bench_op(
                         tuned.detail = getattr(chosen, "label", "") or ""
                         if chosen is not None and is_torch(chosen):  # the reference was fastest
                             tuned.detail += " (PyTorch won the tuning)"
+                        elif chosen is not None and tuned.time_us:
+                            _check_chosen(tuned, op, chosen, args, timer)
                         if compare and tuned.time_us is not None:
                             _compare(tuned, lambda: op(*args), timed, cand_fns, compile_fn, quick)
                     emit(tuned)
@@ -301,6 +306,17 @@ def bench_op(
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
     return rows
+
+
+def _check_chosen(tuned: Row, op: Any, chosen: Any, args: tuple, timer: Timer) -> None:
+    """``tuned.vs_chosen``: the tuned op against its own chosen kernel forced, by the same timer."""
+    try:
+        forced = timer(_candidate_fn(op, chosen, args))
+    except Exception as exc:  # a kernel that cannot be forced alone leaves the tuned time as it is
+        log.warning("%s %s: timing the chosen kernel alone failed: %s", tuned.op, tuned.shape, exc)
+        return
+    if forced is not None and forced.median_us > 0:
+        tuned.vs_chosen = tuned.time_us / forced.median_us
 
 
 def _compare(tuned: Row, fn, timed: list[Row], cand_fns: dict, compile_fn, timer: Timer) -> None:
