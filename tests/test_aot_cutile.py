@@ -99,3 +99,37 @@ def test_the_cpp_runtime_plans_cutile_calls_as_python_launches_them(cutile_only,
         assert {k: plan[k] for k in want} == want, (short, described)
         planned += 1
     assert planned >= 3, short
+
+
+_EXPORT = """
+import sys, torch
+from kernelgraft.backends import _cutile
+from kernelgraft.examples._cute_kernels import CUTILE_IMPLS
+
+spec = CUTILE_IMPLS["add_relu"]
+x = torch.empty(4096)
+art = _cutile.build_cubin(spec, spec.configs[0], (x, x, torch.empty(4096)), "sm_90")
+print(len(art.image))
+"""
+
+
+@pytest.mark.parametrize("mode", ["configured", "off"])
+def test_cutile_compiles_write_only_inside_kernelgraft_cache(tmp_path, mode):
+    """cuTile's own cubin cache defaults to ~/.cache/cutile-python: compiles kernelgraft starts keep
+    it under kernelgraft's cache root, and write none with KERNELGRAFT_CACHE_DIR=off."""
+    import os
+    import subprocess
+    import sys
+
+    home, configured = tmp_path / "home", tmp_path / "kgcache"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("XDG_CACHE_HOME", "CUDA_TILE_CACHE_DIR")}
+    env.update(HOME=str(home), KERNELGRAFT_CACHE_DIR=str(configured) if mode == "configured" else "off")
+    run = subprocess.run([sys.executable, "-c", _EXPORT], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert int(run.stdout.split()[-1]) > 0
+    assert not (home / ".cache").exists(), sorted(str(p) for p in (home / ".cache").rglob("*"))
+    if mode == "configured":
+        assert (configured / "cutile").is_dir()
+    else:
+        assert not configured.exists()

@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from .. import _cache
 from .._errors import CompileError, LaunchError, describe
 from .._spec import Config, ImplSpec
 from ._base import on_tensor_device, register, tensor_device
@@ -87,7 +88,23 @@ class CubinArtifact:
 def _ct():
     import cuda.tile as ct
 
+    _place_cache()
     return ct
+
+
+def _place_cache() -> None:
+    """cuTile keeps its own disk cache of compiled cubins, in ~/.cache/cutile-python unless
+    ``CUDA_TILE_CACHE_DIR`` says otherwise. Compiles kernelgraft starts keep theirs under
+    kernelgraft's cache root (``<root>/cutile``), and write nothing when ``KERNELGRAFT_CACHE_DIR=off``;
+    a place the user chose with ``CUDA_TILE_CACHE_DIR`` stays theirs."""
+    if "CUDA_TILE_CACHE_DIR" in os.environ:
+        return
+    try:
+        from cuda.tile._cext import default_tile_context  # what cuda.tile's own _context.py configures
+    except ImportError:
+        return
+    base = _cache.root()
+    default_tile_context.config.cache_dir = None if base is None else str(base / "cutile")
 
 
 @functools.cache
@@ -296,6 +313,7 @@ def export_cubin(kernel: Any, sig: Any, arch: str, where: str) -> bytes:
     """The cubin of ``kernel`` compiled for ``sig`` and ``arch`` (tileiras; no GPU needed)."""
     from cuda.tile.compilation import export_kernel
 
+    _place_cache()  # the cache root of this call (KERNELGRAFT_CACHE_DIR may have changed since import)
     buf = io.BytesIO()
     try:
         export_kernel(kernel, [sig], buf, gpu_code=arch, output_format="cubin")
