@@ -19,11 +19,26 @@ def env() -> dict:
     return out
 
 
-def build_bundle(out: Path, arch: str, timeout: int) -> Path:
-    cmd = [sys.executable, "-m", "kernelgraft", "aot", *EXAMPLES, "--arch", arch, "-o", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=timeout)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+def build_bundle(out: Path, arch: str, timeout: int, examples=EXAMPLES, allow_partial: bool = False) -> Path:
+    cmd = [sys.executable, "-m", "kernelgraft", "aot", *examples, "--arch", arch, "-o", str(out)]
+    proc = subprocess.run(cmd + ["--allow-partial"] * allow_partial, capture_output=True, text=True, env=env(),
+                          timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return out
+
+
+def gpu_bundle(tmp_path_factory, variable: str, examples=EXAMPLES, allow_partial: bool = False,
+               timeout: int = 900) -> Path:
+    """The bundle named in the environment ``variable`` (built where every toolchain is), else one
+    built here for this GPU's arch."""
+    given = os.environ.get(variable)
+    if given:
+        return Path(given)
+    import torch
+
+    major, minor = torch.cuda.get_device_capability()
+    return build_bundle(tmp_path_factory.mktemp("bundle") / "b", f"sm_{major}{minor}", timeout, examples,
+                        allow_partial)
 
 
 def run_child(bundle: Path, mode: str, out: Path, timeout: int) -> dict:

@@ -37,6 +37,19 @@ def variant(bundle: Path, dst: Path, namespace: str, edit=None, edit_op=None) ->
     return dst
 
 
+def backend_only(bundle: Path, dst: Path, namespace: str, backend: str) -> list[bool]:
+    """A copy of ``bundle`` at ``dst`` whose ops live in ``namespace`` and hold only ``backend``'s
+    candidates (no decision rows); per op, whether any candidate is left."""
+    shutil.copytree(bundle, dst)
+    manifest = _manifest.read(dst)
+    for op in manifest["ops"]:
+        op["name"] = f"{namespace}::" + op["name"].split("::")[1]
+        op["candidates"] = [c for c in op["candidates"] if c["backend"] == backend]
+        op["decisions"] = []
+    _manifest.write(dst, manifest)
+    return [bool(op["candidates"]) for op in manifest["ops"]]
+
+
 # The start of a child script run where ``import kernelgraft`` and ``import triton`` fail (a
 # meta-path finder refuses them): what a process without kernelgraft's Python looks like.
 WITHOUT_KERNELGRAFT = r"""

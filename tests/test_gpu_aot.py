@@ -5,7 +5,6 @@ the op's reference (float64); the same bundle attached to the ops in a normal pr
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -14,18 +13,14 @@ import torch
 import kernelgraft as kg
 from kernelgraft._verify import rtol_for as tolerance
 
-from _aot_helpers import build_bundle, run_child
+from _aot_helpers import gpu_bundle, run_child
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory) -> Path:
-    given = os.environ.get("KERNELGRAFT_TEST_BUNDLE")
-    if given:
-        return Path(given)
-    major, minor = torch.cuda.get_device_capability()
-    return build_bundle(tmp_path_factory.mktemp("bundle"), f"sm_{major}{minor}", timeout=900)
+    return gpu_bundle(tmp_path_factory, "KERNELGRAFT_TEST_BUNDLE")
 
 
 def _reference(op_name, args):

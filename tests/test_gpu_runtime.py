@@ -10,7 +10,6 @@ and name it in ``$KERNELGRAFT_TEST_BUNDLE``."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import zlib
 import subprocess
@@ -23,8 +22,8 @@ import torch
 from kernelgraft.aot import _manifest
 from kernelgraft.examples import add_relu, rmsnorm  # registered before the per-test registry snapshot
 
-from _runtime_helpers import WITHOUT_KERNELGRAFT, so  # noqa: F401 (so: a fixture)
-from _aot_helpers import build_bundle, env
+from _runtime_helpers import WITHOUT_KERNELGRAFT, backend_only, so  # noqa: F401 (so: a fixture)
+from _aot_helpers import env, gpu_bundle
 
 pytestmark = pytest.mark.gpu
 
@@ -37,17 +36,9 @@ CASES = {
 PYTHON_OPS = {"add_relu": add_relu.add_relu, "rmsnorm": rmsnorm.rmsnorm}
 
 
-def _arch() -> str:
-    major, minor = torch.cuda.get_device_capability()
-    return f"sm_{major}{minor}"
-
-
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory) -> Path:
-    given = os.environ.get("KERNELGRAFT_TEST_BUNDLE")
-    if given:
-        return Path(given)
-    return build_bundle(tmp_path_factory.mktemp("bundle"), _arch(), timeout=900)
+    return gpu_bundle(tmp_path_factory, "KERNELGRAFT_TEST_BUNDLE")
 
 
 @pytest.fixture(scope="module")
@@ -132,15 +123,8 @@ def test_runs_where_kernelgraft_and_triton_do_not_import(so, bundle, tmp_path):
 
 
 def _only(bundle: Path, dst: Path, namespace: str, backend: str) -> bool:
-    """A copy of ``bundle`` under ``namespace`` holding only ``backend``'s candidates (False: none)."""
-    shutil.copytree(bundle, dst)
-    manifest = _manifest.read(dst)
-    for op in manifest["ops"]:
-        op["name"] = f"{namespace}::" + op["name"].split("::")[1]
-        op["candidates"] = [c for c in op["candidates"] if c["backend"] == backend]
-        op["decisions"] = []
-    _manifest.write(dst, manifest)
-    return all(op["candidates"] for op in manifest["ops"])
+    """A copy of ``bundle`` under ``namespace`` holding only ``backend``'s candidates (False: an op has none)."""
+    return all(backend_only(bundle, dst, namespace, backend))
 
 
 def _each_case_equals_python(ns, backend: str) -> int:

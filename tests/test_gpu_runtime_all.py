@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,11 +24,10 @@ import pytest
 import torch
 
 from kernelgraft import _verify
-from kernelgraft.aot import _manifest
 from kernelgraft.check._inputs import samples
 
-from _aot_helpers import env
-from _runtime_helpers import WITHOUT_KERNELGRAFT, so  # noqa: F401 (so: a fixture)
+from _aot_helpers import env, gpu_bundle
+from _runtime_helpers import WITHOUT_KERNELGRAFT, backend_only, so  # noqa: F401 (so: a fixture)
 
 pytestmark = pytest.mark.gpu
 
@@ -44,34 +41,14 @@ def _op(short: str):
 
 @pytest.fixture(scope="module")
 def bundle_all(tmp_path_factory) -> Path:
-    given = os.environ.get("KERNELGRAFT_TEST_BUNDLE_ALL")
-    if given:
-        return Path(given)
-    major, minor = torch.cuda.get_device_capability()
-    out = tmp_path_factory.mktemp("all") / "bundle"
-    cmd = [sys.executable, "-m", "kernelgraft", "aot", *(f"kernelgraft.examples.{s}" for s in EXAMPLES),
-           "--arch", f"sm_{major}{minor}", "-o", str(out), "--allow-partial"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=1800)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out
+    return gpu_bundle(tmp_path_factory, "KERNELGRAFT_TEST_BUNDLE_ALL", [f"kernelgraft.examples.{s}" for s in EXAMPLES],
+                      allow_partial=True, timeout=1800)
 
 
 def _backend_copies(bundle: Path, dst: Path) -> dict[str, str]:
     """``{backend: path}``: copies of ``bundle`` holding only that backend's candidates, their ops
     in the namespace ``kgrt_every_<backend>``; backends with no candidate at all are left out."""
-    out = {}
-    for backend in BACKENDS:
-        path = dst / backend
-        shutil.copytree(bundle, path)
-        manifest = _manifest.read(path)
-        for op in manifest["ops"]:
-            op["name"] = f"kgrt_every_{backend}::" + op["name"].split("::")[1]
-            op["candidates"] = [c for c in op["candidates"] if c["backend"] == backend]
-            op["decisions"] = []
-        if any(op["candidates"] for op in manifest["ops"]):
-            _manifest.write(path, manifest)
-            out[backend] = str(path)
-    return out
+    return {b: str(dst / b) for b in BACKENDS if any(backend_only(bundle, dst / b, f"kgrt_every_{b}", b))}
 
 
 CHILD = WITHOUT_KERNELGRAFT + r"""
