@@ -1,4 +1,4 @@
-"""Shared bits of the benchmark scripts: environment facts and result files."""
+"""Shared bits of the benchmark scripts: environment facts, result files, host-cost timing."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import datetime
 import json
 import os
 import platform
+import time
 from pathlib import Path
 
 
@@ -77,3 +78,22 @@ def build_llama(args):
     )
     model = LlamaForCausalLM(config).to(device="cuda", dtype=torch.bfloat16).eval()
     return model, torch.randint(0, args.vocab, (args.batch, args.seq), device="cuda")
+
+
+def interleaved_host_us(variants: dict, args: tuple, calls: int, rounds: int) -> dict[str, list[float]]:
+    """Host microseconds per call of each ``fn(*args)`` in ``variants``: ``rounds`` rounds of
+    ``calls`` back-to-back calls each, the variants interleaved within a round so drift hits all
+    alike; the GPU is idle at each round's start and drained after it (launches queue meanwhile)."""
+    import torch
+
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn(*args)
+            elapsed = time.perf_counter() - start
+            torch.cuda.synchronize()
+            samples[name].append(elapsed / calls * 1e6)
+    return samples

@@ -18,7 +18,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -32,6 +31,7 @@ def python_side(calls: int, rounds: int, n: int) -> dict:
     from kernelgraft.examples.add_relu import add_relu
     from kernelgraft.examples.rmsnorm import rmsnorm
     from kernelgraft import _native
+    from _common import interleaved_host_us
 
     x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
     rows, w = torch.randn(4, 256, device="cuda"), torch.randn(256, device="cuda")
@@ -46,16 +46,7 @@ def python_side(calls: int, rounds: int, n: int) -> dict:
         for _ in range(50):
             fn()
     torch.cuda.synchronize()
-    samples: dict[str, list[float]] = {k: [] for k in variants}
-    for _ in range(rounds):
-        for name, fn in variants.items():
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            elapsed = time.perf_counter() - start
-            torch.cuda.synchronize()
-            samples[name].append(elapsed / calls * 1e6)
+    samples = interleaved_host_us(variants, (), calls, rounds)
     plans = {op.name: [p.candidate.label if p.candidate is not None else "reference"
                        for p in op.dispatcher.plans().values()] for op in (add_relu, rmsnorm)}
     return {"host_us_median": {k: statistics.median(v) for k, v in samples.items()},

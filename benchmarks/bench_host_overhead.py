@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import os  # noqa: E402
@@ -26,7 +25,7 @@ os.environ.setdefault("KERNELGRAFT_COMPETE", "0")
 import torch
 import triton
 
-from _common import environment, write_json
+from _common import environment, interleaved_host_us, write_json
 import kernelgraft as kg
 from kernelgraft.examples.add_relu import TRITON, _add_relu_kernel
 from kernelgraft.examples.add_relu import add_relu as example_add_relu
@@ -88,16 +87,7 @@ def main() -> int:
         torch.cuda.synchronize()
         torch.testing.assert_close(got, expected, msg=name)
 
-    samples: dict[str, list[float]] = {k: [] for k in variants}
-    for _ in range(args.rounds):
-        for name, fn in variants.items():  # interleaved so drift hits all variants alike
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(args.calls):
-                fn(x, y)
-            elapsed = time.perf_counter() - start
-            torch.cuda.synchronize()
-            samples[name].append(elapsed / args.calls * 1e6)
+    samples = interleaved_host_us(variants, (x, y), args.calls, args.rounds)
     host = {k: statistics.median(v) for k, v in samples.items()}
 
     # CUDA-graph replay: 100 calls captured per graph, two captures per variant, replays
