@@ -4,13 +4,18 @@ stay apart from the others' and from the Python ops of the same name."""
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from kernelgraft.aot import _manifest
+
+from _aot_helpers import env
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +53,19 @@ def backend_only(bundle: Path, dst: Path, namespace: str, backend: str) -> list[
         op["decisions"] = []
     _manifest.write(dst, manifest)
     return [bool(op["candidates"]) for op in manifest["ops"]]
+
+
+def json_child(tmp_path: Path, text: str, *args, extra_env: dict | None = None, isolated: bool = True,
+               timeout: int = 300):
+    """Run ``text`` as a script in ``tmp_path`` (``-P``: not the test directory on its path, when
+    ``isolated``) with ``args``; it must succeed. Returns (the JSON of its last stdout line, the process)."""
+    script = tmp_path / "child.py"
+    script.write_text(text)
+    cmd = [sys.executable, *(["-P"] if isolated else []), str(script), *map(str, args)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**env(), **(extra_env or {})}, timeout=timeout,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc
 
 
 # The start of a child script run where ``import kernelgraft`` and ``import triton`` fail (a

@@ -11,7 +11,6 @@ import hashlib
 import json
 import shutil
 import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -24,8 +23,7 @@ from kernelgraft.aot._load import reset_bundles
 from kernelgraft.aot._sign import sign_bundle
 from kernelgraft.examples import add_relu, rmsnorm  # registered before the per-test registry snapshot
 
-from _aot_helpers import env
-from _runtime_helpers import so, variant  # noqa: F401 (so: a fixture)
+from _runtime_helpers import json_child, so, variant  # noqa: F401 (so: a fixture)
 
 pytest.importorskip("cutlass.cute")
 if not (shutil.which("gcc") or shutil.which("cc")):
@@ -155,12 +153,7 @@ def test_libraries_load_and_call_through_to_the_driver(bundle, tmp_path, mode):
             seen.add(k["images"]["so"]["file"])
             kernels.append({"so": k["images"]["so"]["file"], "runtime": k["images"]["runtime"]["file"],
                             "kinds": [p["kind"] for p in k["params"]]})
-    script = tmp_path / "child.py"
-    script.write_text(CHILD)
-    proc = subprocess.run([sys.executable, str(script), str(bundle), str(tmp_path), json.dumps(kernels), mode],
-                          capture_output=True, text=True, env=env(), timeout=300, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report, _ = json_child(tmp_path, CHILD, bundle, tmp_path, json.dumps(kernels), mode, isolated=False)
     # the library names the runtime by soname: the loaders must open the bundle's copy first
     assert "libcuda_dialect_runtime.so" in report["without_runtime"]
     for want, got in zip(kernels, report["kernels"]):
@@ -341,12 +334,7 @@ def test_runtime_opens_the_verified_libraries_and_calls_them(so, bundle, tmp_pat
     _tool("nm")
     path = variant(bundle, tmp_path / "b", "kgrt_cute_probe", edit_op=_only_cutedsl)
     runtime = next(iter(_native(_manifest.read(path))))[2]["images"]["runtime"]["file"]
-    script = tmp_path / "child.py"
-    script.write_text(RUNTIME_CHILD)
-    proc = subprocess.run([sys.executable, str(script), str(so), str(path), str(tmp_path), str(path / runtime)],
-                          capture_output=True, text=True, env=env(), timeout=300, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    probes = json.loads(proc.stdout.strip().splitlines()[-1])
+    probes, _ = json_child(tmp_path, RUNTIME_CHILD, so, path, tmp_path, path / runtime, isolated=False)
     kernels = {k["kernel"] for op, _, k in _native(_manifest.read(path)) if op["name"].endswith("add_relu")}
     assert {p["kernel"] for p in probes} == kernels
     for p in probes:  # opened, the ABI and kinds matched the manifest, and the call reached the driver
@@ -388,12 +376,8 @@ def test_python_loader_opens_the_verified_libraries_and_calls_them(bundle, tmp_p
     _tool("nm")
     path = variant(bundle, tmp_path / "b", "kgpy_cute_probe", edit_op=_only_cutedsl)
     first = next(iter(_native(_manifest.read(path))))[2]["images"]
-    script = tmp_path / "child.py"
-    script.write_text(PYTHON_CHILD)
-    proc = subprocess.run([sys.executable, str(script), str(path), str(tmp_path), str(path / first["runtime"]["file"]),
-                           str(path / first["so"]["file"])], capture_output=True, text=True, env=env(), timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report, _ = json_child(tmp_path, PYTHON_CHILD, path, tmp_path, path / first["runtime"]["file"],
+                           path / first["so"]["file"], isolated=False)
     assert len(report) == len(list(_native(_manifest.read(path))))
     for r in report:  # every library opened (not the previous one under a reused /proc path) and reached the driver
         assert r["error"].endswith("cuInit: CUDA error 100 (unknown)"), r

@@ -6,8 +6,6 @@ example is the FP8 KV-cache scatter, whose ``scale_fmt`` ('' or 'ue8m0') picks t
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +13,7 @@ import torch
 
 from kernelgraft.aot import _manifest
 
-from _aot_helpers import env
+from _aot_helpers import build_bundle
 from _runtime_helpers import so, variant  # noqa: F401 (so: a fixture)
 
 FORMATS = ("", "ue8m0")
@@ -24,12 +22,9 @@ FORMATS = ("", "ue8m0")
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory) -> Path:
     pytest.importorskip("cuda.bindings")
-    out = tmp_path_factory.mktemp("fp8") / "bundle"
-    cmd = [sys.executable, "-m", "kernelgraft", "aot", "kernelgraft.examples.fp8_kcache_scatter", "--arch", "sm_90",
-           "-o", str(out), "--allow-partial"]  # padded-row caches are not bundled (non-contiguous)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out
+    # partial: the samples' padded-row caches are not bundled (non-contiguous)
+    return build_bundle(tmp_path_factory.mktemp("fp8") / "bundle", "sm_90", 900,
+                        examples=("kernelgraft.examples.fp8_kcache_scatter",), allow_partial=True)
 
 
 def _call(fmt: str, tokens: int = 37):

@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import shutil
 import zlib
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,8 +20,8 @@ import torch
 from kernelgraft.aot import _manifest
 from kernelgraft.examples import add_relu, rmsnorm  # registered before the per-test registry snapshot
 
-from _runtime_helpers import WITHOUT_KERNELGRAFT, backend_only, so  # noqa: F401 (so: a fixture)
-from _aot_helpers import env, gpu_bundle
+from _runtime_helpers import WITHOUT_KERNELGRAFT, backend_only, json_child, so  # noqa: F401 (so: a fixture)
+from _aot_helpers import gpu_bundle
 
 pytestmark = pytest.mark.gpu
 
@@ -113,12 +111,7 @@ print(json.dumps({"add_relu_equal": ok, "rmsnorm_close": torch.allclose(norm, re
 
 
 def test_runs_where_kernelgraft_and_triton_do_not_import(so, bundle, tmp_path):
-    script = tmp_path / "child.py"
-    script.write_text(CHILD)
-    proc = subprocess.run([sys.executable, "-P", str(script), str(so), str(bundle)], capture_output=True, text=True,
-                          env=env(), timeout=300, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"add_relu_equal": True, "rmsnorm_close": True,
+    assert json_child(tmp_path, CHILD, so, bundle)[0] == {"add_relu_equal": True, "rmsnorm_close": True,
                                                                 "modules": []}
 
 
@@ -212,12 +205,7 @@ def test_every_backend_serves_every_example_op_where_kernelgraft_and_triton_do_n
         assert _only(bundle, dst, f"kgrt_all_{backend}", backend), f"the bundle has no {backend} candidates for every op"
         paths[backend] = str(dst)
     cases = {short: [(list(shape), str(dtype).removeprefix("torch.")) for shape, dtype in c] for short, c in CASES.items()}
-    script = tmp_path / "child.py"
-    script.write_text(ALL_BACKENDS_CHILD)
-    proc = subprocess.run([sys.executable, "-P", str(script), str(so), json.dumps(paths), json.dumps(cases)],
-                          capture_output=True, text=True, env=env(), timeout=600, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report, _ = json_child(tmp_path, ALL_BACKENDS_CHILD, so, json.dumps(paths), json.dumps(cases), timeout=600)
     assert report.pop("modules") == []
     for label, (served, failed) in report.items():
         assert served >= 1 and failed == 0, (label, served, failed, report)

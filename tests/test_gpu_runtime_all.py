@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,8 +24,8 @@ import torch
 from kernelgraft import _verify
 from kernelgraft.check._inputs import samples
 
-from _aot_helpers import env, gpu_bundle
-from _runtime_helpers import WITHOUT_KERNELGRAFT, backend_only, so  # noqa: F401 (so: a fixture)
+from _aot_helpers import gpu_bundle
+from _runtime_helpers import WITHOUT_KERNELGRAFT, backend_only, json_child, so  # noqa: F401 (so: a fixture)
 
 pytestmark = pytest.mark.gpu
 
@@ -83,13 +81,9 @@ def test_every_example_op_from_a_bundle_matches_the_reference_without_kernelgraf
         cases[short] = (list(op.signature.mutated), args_list)
         refs[short] = [_verify.reference(op, args) for args in args_list]
     torch.save(cases, tmp_path / "cases.pt")
-    script = tmp_path / "child.py"
-    script.write_text(CHILD)
-    proc = subprocess.run([sys.executable, "-P", str(script), str(so), json.dumps(copies), str(tmp_path / "cases.pt"),
-                           str(tmp_path / "results.pt")], capture_output=True, text=True, env=env(), timeout=900,
-                          cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"modules": []}
+    report, _ = json_child(tmp_path, CHILD, so, json.dumps(copies), tmp_path / "cases.pt", tmp_path / "results.pt",
+                           timeout=900)
+    assert report == {"modules": []}
     results = torch.load(tmp_path / "results.pt")
 
     served: dict[tuple[str, str], int] = {}

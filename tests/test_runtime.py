@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,8 +20,8 @@ from kernelgraft.aot._expr import compile_exprs
 from kernelgraft.aot._sign import sign_bundle
 from kernelgraft.examples import add_relu, rmsnorm  # registered before the per-test registry snapshot
 
-from _aot_helpers import build_bundle, env
-from _runtime_helpers import WITHOUT_KERNELGRAFT, so, variant  # noqa: F401 (so: a fixture)
+from _aot_helpers import build_bundle
+from _runtime_helpers import WITHOUT_KERNELGRAFT, json_child, so, variant  # noqa: F401 (so: a fixture)
 
 PYTHON_OPS = {"add_relu": add_relu.add_relu, "rmsnorm": rmsnorm.rmsnorm}
 
@@ -412,12 +410,7 @@ print(json.dumps({"names": names, "shape": list(out.shape), "dtype": str(out.dty
 
 
 def test_works_where_kernelgraft_and_triton_do_not_import(so, bundle, tmp_path):
-    script = tmp_path / "child.py"
-    script.write_text(CHILD)
-    proc = subprocess.run([sys.executable, "-P", str(script), str(so), str(bundle)], capture_output=True, text=True,
-                          env=env(), timeout=300, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report, _ = json_child(tmp_path, CHILD, so, bundle)
     assert report == {"names": ["kgexamples::add_relu", "kgexamples::rmsnorm"], "shape": [9, 768],
                       "dtype": "torch.float16", "modules": []}
 
@@ -431,14 +424,10 @@ print(json.dumps(list(torch.ops.kgexamples.add_relu(x, x).shape)))
 
 
 def test_bundles_named_in_the_environment_load_with_the_library(so, bundle, tmp_path):
-    script = tmp_path / "child.py"
-    script.write_text(ENV_CHILD)
     missing = tmp_path / "missing"
-    child_env = {**env(), "KERNELGRAFT_BUNDLES": f"{missing}:{bundle}", "KERNELGRAFT_BUNDLE_ARCH": "sm_90"}
-    proc = subprocess.run([sys.executable, "-P", str(script), str(so)], capture_output=True, text=True,
-                          env=child_env, timeout=300, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [33, 97]
+    shape, proc = json_child(tmp_path, ENV_CHILD, so, extra_env={"KERNELGRAFT_BUNDLES": f"{missing}:{bundle}",
+                                                                  "KERNELGRAFT_BUNDLE_ARCH": "sm_90"})
+    assert shape == [33, 97]
     assert f"KERNELGRAFT_BUNDLES: bundle {missing} not loaded" in proc.stderr
 
 
@@ -495,12 +484,8 @@ def test_the_cuda_kernel_plans_each_signature_once(so, bundle, tmp_path):
     alignment, scalars): a repeated call reuses it, any difference plans again, and every plan,
     cached or new, is the one the full path gives (``_runtime_plan``). Run through the CPU test hook
     (KERNELGRAFT_RUNTIME_PLAN_ON_CPU=1), which plans as the CUDA kernel does and then refuses."""
-    script = tmp_path / "child.py"
-    script.write_text(CACHE_CHILD)
-    proc = subprocess.run([sys.executable, str(script), str(so), str(bundle)], capture_output=True, text=True,
-                          env={**env(), "KERNELGRAFT_RUNTIME_PLAN_ON_CPU": "1"}, timeout=300, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report, _ = json_child(tmp_path, CACHE_CHILD, so, bundle, extra_env={"KERNELGRAFT_RUNTIME_PLAN_ON_CPU": "1"},
+                           isolated=False)
     hows = []
     for got, want in report["calls"]:
         if "error" in want:  # the full path refuses: so does the kernel, with the same message

@@ -5,9 +5,6 @@ never imports, and every output-size operator gives Python's value for any value
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,8 +13,8 @@ import torch
 from kernelgraft.aot._expr import compile_exprs
 from kernelgraft.aot._rpn import compile_rpn
 
-from _aot_helpers import build_bundle, env
-from _runtime_helpers import so, variant  # noqa: F401 (so: a fixture)
+from _aot_helpers import build_bundle
+from _runtime_helpers import json_child, so, variant  # noqa: F401 (so: a fixture)
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +35,30 @@ def _symbolic(shape_env, t: torch.Tensor, dynamic: list[bool]):
     mode = FakeTensorMode(shape_env=shape_env) if not isinstance(shape_env, FakeTensorMode) else shape_env
     sizes = [DimDynamic.DYNAMIC if d else DimDynamic.STATIC for d in dynamic]
     return mode.from_tensor(t, symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes))
+
+
+def _serve_rmsnorm_rules(bundle: Path, dst: Path, namespace: str, **fields) -> None:
+    """Serve a copy of ``bundle`` whose rmsnorm meta rules all take ``fields`` (guard, shapes)."""
+    def edit(op):
+        if op["name"].endswith("::rmsnorm"):
+            for rule in op["meta"]:
+                rule.update(fields)
+
+    _serve(bundle, dst, namespace, edit)
+
+
+def _fake_rmsnorm(namespace: str, weight_dynamic: bool):
+    """(output, x, shape_env) of the served rmsnorm on fake float32 [9, 768] x (both dims dynamic)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    shape_env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=shape_env)
+    x = _symbolic(mode, torch.randn(9, 768), [True, True])
+    w = _symbolic(mode, torch.randn(768), [weight_dynamic])
+    with mode:
+        out = getattr(torch.ops, namespace).rmsnorm(x, w, 1e-6)
+    return out, x, shape_env
 
 
 def _free(size) -> set:
@@ -68,12 +89,7 @@ print(json.dumps({"shapes": shapes, "ranges": ranges,
 
 
 def test_export_with_a_dim_keeps_it_symbolic_through_bundled_ops(so, bundle, tmp_path):
-    script = tmp_path / "child.py"
-    script.write_text(EXPORT_CHILD)
-    proc = subprocess.run([sys.executable, "-P", str(script), str(so), str(bundle)], capture_output=True, text=True,
-                          env=env(), timeout=300, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report, _ = json_child(tmp_path, EXPORT_CHILD, so, bundle)
     symbol = report["shapes"]["x"][0]
     assert not symbol.isdigit(), report  # the dim stayed dynamic: no specialisation to 9
     assert report["ranges"] == {symbol: [2, 4096]}
@@ -112,24 +128,10 @@ EXPRESSIONS = [  # output sizes as a bundle's meta rule could hold them, over a 
 
 
 def test_every_symbolic_output_size_equals_python_for_any_value(so, bundle, tmp_path):
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
     names = ["x", "weight", "eps"]
     rule_shape = [compile_rpn(e, names) for e in EXPRESSIONS] + [compile_rpn("x.shape[1] ** 2", names)]
-
-    def edit(op):
-        if op["name"].endswith("::rmsnorm"):
-            for rule in op["meta"]:
-                rule["shapes"] = [rule_shape]
-
-    _serve(bundle, tmp_path / "b", "kgrt_symexpr", edit)
-    shape_env = ShapeEnv()
-    mode = FakeTensorMode(shape_env=shape_env)
-    x = _symbolic(mode, torch.randn(9, 768), [True, True])
-    w = _symbolic(mode, torch.randn(768), [False])
-    with mode:
-        out = torch.ops.kgrt_symexpr.rmsnorm(x, w, 1e-6)
+    _serve_rmsnorm_rules(bundle, tmp_path / "b", "kgrt_symexpr", shapes=[rule_shape])
+    out, x, _ = _fake_rmsnorm("kgrt_symexpr", weight_dynamic=False)
     s0 = x.shape[0].node.expr
     *symbolic, power = out.shape
     # ** has no SymInt form: its operand's value is taken, which specialises x.shape[1] (768 already,
@@ -159,25 +161,11 @@ def test_a_dtype_no_rule_holds_for_names_the_symbolic_sizes(so, bundle, tmp_path
 def test_next_pow2_in_a_rule_guards_a_range_not_a_value(so, bundle, tmp_path):
     """A rule whose guard holds only through next_pow2 (no other rule holds): the runtime puts the
     size in its power-of-two bucket, (512, 1024] for 768, and keeps it symbolic there."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
     names = ["x", "weight", "eps"]
     guard = compile_rpn("(next_pow2(x.shape[1]) == 1024) and (x.shape[1] == weight.shape[0])", names)
     shape = [compile_rpn("x.shape[0]", names), compile_rpn("x.shape[1]", names)]
-
-    def edit(op):
-        if op["name"].endswith("::rmsnorm"):
-            for rule in op["meta"]:
-                rule["guard"], rule["shapes"] = guard, [shape]
-
-    _serve(bundle, tmp_path / "b", "kgrt_sympow2", edit)
-    shape_env = ShapeEnv()
-    mode = FakeTensorMode(shape_env=shape_env)
-    x = _symbolic(mode, torch.randn(9, 768), [True, True])
-    w = _symbolic(mode, torch.randn(768), [True])
-    with mode:
-        out = torch.ops.kgrt_sympow2.rmsnorm(x, w, 1e-6)
+    _serve_rmsnorm_rules(bundle, tmp_path / "b", "kgrt_sympow2", guard=guard, shapes=[shape])
+    out, x, shape_env = _fake_rmsnorm("kgrt_sympow2", weight_dynamic=True)
     s1 = x.shape[1].node.expr
     assert _free(out.shape[1]) and not any(v.is_number for v in shape_env.replacements.values())
     bounds = shape_env.var_to_range[shape_env.replacements.get(s1, s1)]
