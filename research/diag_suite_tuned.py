@@ -5,7 +5,10 @@ diag_small_shapes.py a minute before; softmax 32 x 4096 9.6 us; add_relu 4096 5.
 Replays the suite's sequence for each shape (eager reference, torch.compile(dynamic=True) of it,
 then the op under kg.tune("on") timed by kernelgraft.bench.measure with the suite's settings), then
 profiles replays of a graph captured the way the bench captures it (capture_calls, 20 calls) and
-lists the GPU kernels one call runs, with their times."""
+lists the GPU kernels one call runs, with their times. Each timing prints its calls per graph:
+the hypothesis of session 9 is that the suite's graphs held one or two calls (an eager estimate
+inflated by the first calls' host work), adding the graph launch's latency to every call; the
+bench and tuner timers now correct the count by a timed replay (_timing._capture.replay_graph)."""
 
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ def cases():
 
 def timed(label: str, fn) -> None:
     t = measure(fn, graph=True, warmup_ms=30.0, rep_ms=40.0)
-    print(f"   {label:28s} {t.median_us:8.2f} us (p20 {t.p20_us:.2f}, p80 {t.p80_us:.2f}, {t.reps} reps, {t.method})")
+    print(f"   {label:28s} {t.median_us:8.2f} us (p20 {t.p20_us:.2f}, p80 {t.p80_us:.2f}, {t.reps} reps, {t.method}, {getattr(t, 'calls', '?')} calls per graph)")
 
 
 def kernels_of(fn, calls: int = 20) -> None:
@@ -67,6 +70,8 @@ def main() -> None:
             kernels_of(lambda: op(*args))
         with kg.tune("off"):
             timed("default candidate, tune off", lambda: op(*args))
+        with kg.tune("on", compete=False):
+            timed("tuned op, compete off", lambda: op(*args))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 
 from .._timing import on_device
-from .._timing._capture import capture_calls
+from .._timing._capture import replay_graph
 from .._timing._gpu_busy import cover
 from .._timing._l2 import FLUSH_BYTES, flush_buffer as _flush
 
@@ -45,15 +45,16 @@ class Timing:
     p80_us: float
     reps: int
     method: str = "events"  # "events": per-call CUDA events; "graph": CUDA-graph replay
+    calls: int = 1  # calls per replayed graph ("graph"), 1 for per-call events
 
 
-def summarize(samples_us: list[float], method: str = "events") -> Timing:
+def summarize(samples_us: list[float], method: str = "events", calls: int = 1) -> Timing:
     """Median and spread of per-call times (microseconds)."""
     if not samples_us:
         raise ValueError("no timing samples")
     ordered = sorted(samples_us)
     q = lambda f: ordered[min(len(ordered) - 1, int(f * len(ordered)))]  # noqa: E731
-    return Timing(statistics.median(ordered), ordered[0], q(0.2), q(0.8), len(ordered), method)
+    return Timing(statistics.median(ordered), ordered[0], q(0.2), q(0.8), len(ordered), method, calls)
 
 
 def measure(
@@ -93,20 +94,23 @@ def _measure_graph(fn, device, warmup_ms, rep_ms, min_reps, max_reps) -> Timing 
         fn()
     end.record()
     torch.cuda.synchronize(device)
-    # an eager estimate includes launch gaps, so it errs towards fewer calls per graph
-    estimate_ms = max(start.elapsed_time(end) / 3, 1e-3)
-    inner = max(1, min(_MAX_CALLS_PER_GRAPH, int(_REPLAY_TARGET_MS / estimate_ms)))
-    graph = torch.cuda.CUDAGraph()
-    failed = capture_calls(graph, lambda _: fn(), inner)  # ``device`` is current (measure)
-    if failed is not None:
-        log.info("CUDA-graph capture failed (%s); timing by per-call events", failed)
+    # an eager estimate includes launch gaps: replay_graph corrects the calls per graph
+    made = replay_graph(lambda _: fn(), max(start.elapsed_time(end) / 3, 1e-3), _REPLAY_TARGET_MS,
+                        _MAX_CALLS_PER_GRAPH)  # ``device`` is current (measure)
+    if isinstance(made, str):
+        log.info("CUDA-graph capture failed (%s); timing by per-call events", made)
         return None
+    graph, inner = made
     deadline = time.perf_counter() + warmup_ms / 1e3
     graph.replay()
     while time.perf_counter() < deadline:  # bring the clocks up, as the eager path does
         graph.replay()
         torch.cuda.synchronize(device)
-    replay_ms = max(estimate_ms * inner, 1e-3)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    replay_ms = max(start.elapsed_time(end), 1e-3)
     reps = int(min(max_reps, max(min_reps, rep_ms / replay_ms)))
     pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
     for s, e in pairs:
@@ -116,7 +120,7 @@ def _measure_graph(fn, device, warmup_ms, rep_ms, min_reps, max_reps) -> Timing 
     torch.cuda.synchronize(device)
     samples = [s.elapsed_time(e) * 1e3 / inner for s, e in pairs]
     del graph
-    return summarize(samples, "graph")
+    return summarize(samples, "graph", inner)
 
 
 def _measure(fn, device, warmup_ms, rep_ms, min_reps, max_reps, cold_l2) -> Timing:

@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from .._timing import on_device
-from .._timing._capture import capture_calls
+from .._timing._capture import capture_calls, replay_graph
 from .._timing._gpu_busy import cover
 from .._timing._l2 import flush
 
@@ -132,13 +132,11 @@ def _probe(trial: Trial) -> str | None:
 
 def _graphed(trial: Trial, reps: int, est_ms: float) -> tuple[list[float] | None, str | None]:
     """Per-launch times from graph replay, or (None, why the capture failed)."""
-    inner = max(1, min(200, int(_REPLAY_TARGET_MS / max(est_ms, 1e-4))))
-    graph = torch.cuda.CUDAGraph()
-    failed = _captured(trial, graph, inner)
-    if failed is not None:
-        log.debug("graph capture of %s failed (%s); timing eagerly", trial.candidate, failed)
-        return None, failed
-    graph.replay()
+    made = replay_graph(lambda j: trial.run(j % trial.n_sets), est_ms, _REPLAY_TARGET_MS)
+    if isinstance(made, str):
+        log.debug("graph capture of %s failed (%s); timing eagerly", trial.candidate, made)
+        return None, made
+    graph, inner = made
     pairs = _events(reps)
     for start, end in pairs:
         start.record()
