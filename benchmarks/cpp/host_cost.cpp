@@ -1,12 +1,20 @@
 // Host cost per call from C++ of bundled kernelgraft ops through the dispatcher, side by side with
-// at::add, on tiny CUDA tensors. Each round times CALLS back-to-back calls (launches queue on the
-// GPU; the loop measures what the host spends per call) and rounds of the variants alternate, so
-// drift hits all alike. Prints one JSON object: the median microseconds per call of each variant.
+// at::add, on tiny CUDA tensors. Each round times CALLS back-to-back calls and rounds of the
+// variants alternate, so drift hits all alike. Two modes per variant:
+//   queued: a spin kernel (at::cuda::sleep) keeps the GPU busy for CALLS x COVERED_US before the
+//           round, so every timed call only queues its launch: the host's own cost. A round whose
+//           spin ended before its last call is dropped and counted.
+//   idle:   the GPU idle at the round's start; past the launch queue's depth the host waits for
+//           the GPU, so a tiny kernel's GPU time per launch can set the pace (session 8's numbers).
+// Prints one JSON object: the median microseconds per call of each variant and mode.
 //
-//   ./host_cost BUNDLE_DIR [--calls 2000] [--rounds 25] [--n 4096]
+//   ./host_cost BUNDLE_DIR [--calls 400] [--rounds 25] [--n 4096] [--covered-us 40]
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/cuda/Sleep.h>
 #include <ATen/detail/CUDAHooksInterface.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <algorithm>
 #include <chrono>
@@ -26,7 +34,20 @@ c10::OperatorHandle op(const char* name) {
 
 void sync() { at::detail::getCUDAHooks().deviceSynchronize(0); }  // the tensors live on cuda:0
 
+// Spin-kernel cycles per microsecond: one long spin timed by the host (its launch and sync are noise).
+double spin_rate() {
+  const int64_t cycles = 50'000'000;
+  at::cuda::sleep(1000);
+  sync();
+  auto start = std::chrono::steady_clock::now();
+  at::cuda::sleep(cycles);
+  sync();
+  double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+  return cycles / us;
+}
+
 double median(std::vector<double> v) {
+  if (v.empty()) return -1.0;
   std::sort(v.begin(), v.end());
   size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
@@ -37,13 +58,15 @@ int run(int argc, char** argv) {
     std::cerr << "usage: " << argv[0] << " BUNDLE_DIR [--calls N] [--rounds R] [--n N]\n";
     return 2;
   }
-  int calls = 2000, rounds = 25;
+  int calls = 400, rounds = 25;
   int64_t n = 4096;
+  double covered_us = 40.0;
   for (int i = 2; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--calls") calls = std::stoi(argv[i + 1]);
     else if (a == "--rounds") rounds = std::stoi(argv[i + 1]);
     else if (a == "--n") n = std::stoll(argv[i + 1]);
+    else if (a == "--covered-us") covered_us = std::stod(argv[i + 1]);
     else {
       std::cerr << "unknown argument " << a << "\n";
       return 2;
@@ -73,22 +96,40 @@ int run(int argc, char** argv) {
     for (int i = 0; i < 50; ++i) v.second();
   sync();
 
-  std::vector<std::vector<double>> samples(variants.size());
+  const double rate = spin_rate();
+  auto* guard = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  const c10::Stream stream = guard->getStream(c10::Device(c10::DeviceType::CUDA, 0));
+  std::vector<std::vector<double>> queued(variants.size()), idle(variants.size());
+  int uncovered = 0;
   for (int r = 0; r < rounds; ++r) {
     for (size_t k = 0; k < variants.size(); ++k) {
-      sync();
-      auto start = std::chrono::steady_clock::now();
-      for (int i = 0; i < calls; ++i) variants[k].second();
-      double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
-      sync();
-      samples[k].push_back(us / calls);
+      for (int mode = 0; mode < 2; ++mode) {
+        sync();
+        c10::Event spun(c10::DeviceType::CUDA);
+        if (mode == 0) {
+          at::cuda::sleep(static_cast<int64_t>(calls * covered_us * rate));
+          spun.record(stream);
+        }
+        auto start = std::chrono::steady_clock::now();
+        for (int i = 0; i < calls; ++i) variants[k].second();
+        double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+        if (mode == 0 && spun.query()) {  // the GPU caught up with the host: not the host's cost alone
+          ++uncovered;
+          continue;
+        }
+        sync();
+        (mode == 0 ? queued : idle)[k].push_back(us / calls);
+      }
     }
   }
   std::cout << std::setprecision(4) << "{\"served\": [";
   for (size_t i = 0; i < served.size(); ++i) std::cout << (i ? ", " : "") << '"' << served[i] << '"';
-  std::cout << "], \"calls\": " << calls << ", \"rounds\": " << rounds << ", \"n\": " << n << ", \"host_us_median\": {";
+  std::cout << "], \"calls\": " << calls << ", \"rounds\": " << rounds << ", \"n\": " << n
+            << ", \"covered_us\": " << covered_us << ", \"spin_cycles_per_us\": " << rate
+            << ", \"uncovered_rounds\": " << uncovered << ", \"host_us_median\": {";
   for (size_t k = 0; k < variants.size(); ++k)
-    std::cout << (k ? ", " : "") << '"' << variants[k].first << "\": " << median(samples[k]);
+    std::cout << (k ? ", " : "") << '"' << variants[k].first << "\": " << median(queued[k]) << ", \""
+              << variants[k].first << " [idle GPU]\": " << median(idle[k]);
   std::cout << "}}\n";
   return 0;
 }
