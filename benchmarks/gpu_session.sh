@@ -23,10 +23,20 @@ export PYTHONPATH="/tmp/site/nvidia_cutlass_dsl/python_packages:/tmp/site:$ROOT/
 [ -d .carry/cutile/cubins ] && export KERNELGRAFT_CUTILE_CUBINS="$ROOT/.carry/cutile/cubins"
 export KERNELGRAFT_CACHE_DIR=/tmp/kgcache KERNELGRAFT_TEST_INSTAFAIL=1
 [ -d .carry/bundle ] && export KERNELGRAFT_TEST_BUNDLE="$ROOT/.carry/bundle"
+# every example op, every backend (xz: cubins shrink tenfold): tests/test_gpu_runtime_all.py
+if [ -f .carry/bundle_all.tar.xz ]; then
+    tar -xJf .carry/bundle_all.tar.xz -C /tmp && export KERNELGRAFT_TEST_BUNDLE_ALL=/tmp/bundle_all
+fi
 [ -d .carry/bundle_bench ] && export KERNELGRAFT_BENCH_BUNDLE="$ROOT/.carry/bundle_bench"
 section() { echo; echo "=================== $1 ($(date +%T))"; }
+# GPU_SESSION_BUDGET (seconds, default 570): steps are cut to end before it, so the results are
+# packed before the device tool's 600 s limit kills the command.
+export SESSION_END=$(( $(date +%s) + ${GPU_SESSION_BUDGET:-570} ))
 step() {  # step NAME SECONDS CMD...
     local name=$1 secs=$2; shift 2
+    local left=$(( SESSION_END - $(date +%s) ))
+    if [ "$left" -lt 15 ]; then echo "[$name] skipped: the session's budget is spent"; return; fi
+    [ "$secs" -gt "$left" ] && secs=$left
     section "$name"
     timeout "$secs" "$@" 2>&1 | tee "$R/$name.txt" | tail -40
     echo "[$name] exit ${PIPESTATUS[0]}"

@@ -3,7 +3,7 @@
 # machine, which cannot install from a registry: the CuTe DSL wheel unpacked and xz-compressed, the
 # cuda-tile and liger-kernel wheels (cp312, the GPU machine's Python), cuTile cubins, a bundle of the
 # add_relu and rmsnorm examples (every backend: CuTe DSL libraries need gcc, cuTile tileiras, both
-# here), and an older tree for the host-cost A/B (OLD=REV, default 645f638). Run from the repository
+# here), one of every example op (xz-compressed, for tests/test_gpu_runtime_all.py), and an older tree for the host-cost A/B (OLD=REV, default 645f638). Run from the repository
 # root after scripts/test.sh made .venv (minutes: the xz pass and the bundle):
 #
 #   bash benchmarks/make_carry.sh            then: run(..., carry=[".carry"])
@@ -28,6 +28,11 @@ fi
 rm -rf .carry/bundle
 env -u TRITON_INTERPRET KERNELGRAFT_CACHE_DIR=/tmp/kg-carry-cache "$PY" -m kernelgraft aot \
     kernelgraft.examples.add_relu kernelgraft.examples.rmsnorm --arch sm_90 -o .carry/bundle
+rm -rf /tmp/bundle_all
+env -u TRITON_INTERPRET KERNELGRAFT_CACHE_DIR=/tmp/kg-carry-cache "$PY" -m kernelgraft aot \
+    kernelgraft.examples.{add_relu,rmsnorm,rmsnorm_residual,softmax,swiglu,gemm,fp8_kcache_scatter} \
+    --arch sm_90 --allow-partial -o /tmp/bundle_all
+tar -C /tmp -cf - bundle_all | xz -T0 -6 > .carry/bundle_all.tar.xz
 rm -rf .carry/old && mkdir -p .carry/old
 git archive "$OLD" src benchmarks | tar -x -C .carry/old
 rm -rf .carry/old/benchmarks/results
