@@ -2,7 +2,7 @@
 # One batched run on the GPU machine: installs carried wheels, runs the selected sections with
 # time limits, and packs every result into $OUT/results.tar.gz (plus the log).
 #   bash benchmarks/gpu_session.sh SECTION...     sections: tests core cute hostcost rmsnorm
-#                                                 examples tune tunequick ranks graft graftdecode aot explore explore5 explore6 explore7 diagsoftmax native devices verify verify2 firstsec diagsmall compete llmquick llm suitetests gputests_s7 cpp cppbuild llamaaoti diagsuite test_FILE
+#                                                 examples tune tunequick ranks graft graftdecode aot explore explore5 explore6 explore7 diagsoftmax native devices verify verify2 firstsec diagsmall diagload aotipre compete llmquick llm suitetests gputests_s7 cpp cppbuild llamaaoti diagsuite test_FILE
 # A "0:tests,aot|1:tune,rmsnorm" argument runs lanes side by side, each on its own GPU
 # (CUDA_VISIBLE_DEVICES) with its own kernelgraft cache; the next argument starts when all end.
 set -uo pipefail
@@ -92,6 +92,7 @@ run_section() {
     cpp)  # cppbuild, then the host cost from C++
       run_section cppbuild
       step cpp_host_cost 240 python3 benchmarks/bench_cpp_host_cost.py --build-dir /tmp/cppbuild --out "$R" ;;
+    aotipre) step aoti_preflight 150 python3 research/aoti_preflight.py ;;
     llamaaoti)  # issue 17: the grafted Llama as an AOTInductor package run by examples/cpp/run_aoti (after cpp)
       step aoti_preflight 150 python3 research/aoti_preflight.py
       step build_llama_aoti 260 python3 benchmarks/build_llama_aoti.py --out-dir /tmp/llama_aoti
@@ -101,6 +102,7 @@ run_section() {
       cp /tmp/llama_aoti/report.json "$R/llama_aoti_report.json" 2>/dev/null ;;
     firstfresh) step first_seconds_fresh 80 python3 benchmarks/bench_first_seconds.py --modes fresh --seconds 30 --gap 2 --skip-decisions --out "$R/fresh30" ;;  # past the moment the extension loads
     diagsmall) step diag_small_shapes 120 python3 research/diag_small_shapes.py ;;
+    diagload) step diag_runtime_load 240 python3 research/diag_runtime_load.py "$KERNELGRAFT_TEST_BUNDLE" ;;  # session 9's crash
     diagsuite) step diag_suite_tuned 150 python3 research/diag_suite_tuned.py ;;  # the suite's small-shape rows
     compete) step bench_compete 240 python3 benchmarks/bench_compete.py --out "$R" --limit 2 ;;
     firstsec) step first_seconds 420 python3 benchmarks/bench_first_seconds.py --out "$R" ;;  # issue 19; 2 GPUs: decisions side by side

@@ -327,5 +327,5 @@ def test_graph_timing_is_not_inflated_by_slow_first_calls():
 
     steady = measure(lambda: x.add_(1.0), graph=True, warmup_ms=20, rep_ms=20)
     inflated = measure(slow_at_first, graph=True, warmup_ms=20, rep_ms=20)
-    assert inflated.method == "graph" and inflated.calls >= 50, inflated
+    assert inflated.method == "graph" and inflated.calls >= 20, inflated
     assert inflated.median_us < steady.median_us * 1.5 + 0.5, (steady, inflated)

@@ -1,0 +1,96 @@
+"""Why did ``torch.ops.kernelgraft.load_bundle(path, None, None)`` crash the pytest process on the
+GPU machine (session 9, run 1: tests/test_gpu_runtime.py's ``served`` fixture, a bundle holding
+CuTe DSL candidates, native code not allowed)? The same call passes on the CPU machine with
+arch='sm_90', and the C++ examples load the same bundle with native code allowed.
+
+Runs the load in child processes, one variant each, and prints each one's exit status and last
+lines; the first variant that crashes is run again under cuda-gdb (no gdb there) for a backtrace.
+
+    python research/diag_runtime_load.py BUNDLE_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CHILD = r"""
+import faulthandler, json, sys, warnings
+faulthandler.enable()
+import torch
+so, path, arch, allow, pre = sys.argv[1], sys.argv[2], sys.argv[3] or None, sys.argv[4] == "1", sys.argv[5]
+if "examples" in pre:
+    import kernelgraft.examples.add_relu  # noqa: F401  (as the pytest process had)
+if "errors" in pre:
+    warnings.simplefilter("error")
+if "cuda" in pre:
+    torch.zeros(1, device="cuda")
+torch.ops.load_library(so)
+print("loading", flush=True)
+names = torch.ops.kernelgraft.load_bundle(path, None, arch, allow)
+print("loaded", list(names), flush=True)
+ns = getattr(torch.ops, names[0].split("::")[0])
+x = torch.randn(33, 97, device="cuda")
+print("add_relu equal:", torch.equal(ns.add_relu(x, x), torch.relu(x + x)), flush=True)
+"""
+
+
+def variant(bundle: Path, dst: Path, namespace: str, drop_cutedsl: bool) -> Path:
+    from kernelgraft.aot import _manifest
+
+    shutil.copytree(bundle, dst)
+    manifest = _manifest.read(dst)
+    for op in manifest["ops"]:
+        op["name"] = f"{namespace}::" + op["name"].split("::")[1]
+        if drop_cutedsl:
+            op["candidates"] = [c for c in op["candidates"] if c["backend"] != "cutedsl"]
+            op["decisions"] = []
+    _manifest.write(dst, manifest)
+    return dst
+
+
+def main() -> None:
+    from kernelgraft import runtime
+
+    bundle = Path(sys.argv[1] if len(sys.argv) > 1 else os.environ["KERNELGRAFT_TEST_BUNDLE"])
+    so = str(runtime.library())
+    tmp = Path(tempfile.mkdtemp())
+    script = tmp / "child.py"
+    script.write_text(CHILD)
+    cases = [  # (label, drop CuTe DSL, arch, allow native, what the child does first)
+        ("not allowed, arch from the GPU", False, "", "0", ""),
+        ("not allowed, arch sm_90", False, "sm_90", "0", ""),
+        ("not allowed, CUDA initialised first", False, "", "0", "cuda"),
+        ("not allowed, examples imported (as in pytest)", False, "", "0", "examples,cuda"),
+        ("not allowed, warnings are errors", False, "", "0", "errors"),
+        ("allowed", False, "", "1", ""),
+        ("no CuTe DSL candidates", True, "", "0", ""),
+    ]
+    crashed = None
+    for i, (label, drop, arch, allow, pre) in enumerate(cases):
+        path = variant(bundle, tmp / f"b{i}", f"kgdiag{i}", drop)
+        cmd = [sys.executable, str(script), so, str(path), arch, allow, pre]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-6:]
+        print(f"== {label}: exit {proc.returncode}")
+        for line in tail:
+            print(f"   {line[:300]}")
+        if proc.returncode < 0 and crashed is None:
+            crashed = cmd
+    if crashed and shutil.which("cuda-gdb"):
+        print("== cuda-gdb backtrace of the first crash")
+        proc = subprocess.run(["cuda-gdb", "-batch", "-ex", "run", "-ex", "bt 40", "--args", *crashed],
+                              capture_output=True, text=True, timeout=240)
+        lines = (proc.stdout + proc.stderr).splitlines()
+        start = next((i for i, l in enumerate(lines) if "SIGSEGV" in l or "signal" in l.lower()), max(0, len(lines) - 60))
+        print("\n".join(lines[start:start + 60]))
+    print(json.dumps({"crashed": crashed is not None}))
+
+
+if __name__ == "__main__":
+    main()
