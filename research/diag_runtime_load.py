@@ -54,20 +54,56 @@ def variant(bundle: Path, dst: Path, namespace: str, drop_cutedsl: bool) -> Path
     return dst
 
 
+OPEN_NATIVE = r"""
+import sys
+from kernelgraft.aot._native_kernel import open_library
+runtime, library = open(sys.argv[1], "rb").read(), open(sys.argv[2], "rb").read()
+print("runtime:", open_library("runtime", runtime), flush=True)
+print("library:", open_library("library", library), flush=True)
+"""
+
+
+def facts(so: str, bundle: Path, tmp: Path) -> None:
+    """What the crash and the CuTe DSL library's failed load (session 9, run 2) may depend on: the
+    compiler, glibc, the libstdc++ symbols the runtime library defines, the kernel (gVisor or not),
+    and glibc's own account of resolving a bundled library's DT_NEEDED on the dialect runtime."""
+    for cmd in (["c++", "--version"], ["ldd", "--version"], ["uname", "-a"], ["cat", "/proc/version"]):
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        print(f"$ {' '.join(cmd)}: {(proc.stdout + proc.stderr).strip().splitlines()[:1]}")
+    proc = subprocess.run(["nm", "-D", "--defined-only", "-C", so], capture_output=True, text=True)
+    std = [l for l in proc.stdout.splitlines() if " std::" in l or "__cxx" in l]
+    print(f"runtime .so defines {len(std)} std:: symbols; e.g. {[l.split(' ', 2)[-1][:90] for l in std[:8]]}")
+    proc = subprocess.run(["ldd", so], capture_output=True, text=True)
+    print("ldd runtime .so:", [l.strip() for l in proc.stdout.splitlines() if "stdc++" in l or "c10" in l])
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    pair = next(((k["images"]["runtime"]["file"], k["images"]["so"]["file"]) for op in manifest["ops"]
+                 for c in op["candidates"] for k in c["kernels"] if "so" in k.get("images", {})), None)
+    if pair is None:
+        print("the bundle holds no CuTe DSL library")
+        return
+    script = tmp / "open_native.py"
+    script.write_text(OPEN_NATIVE)
+    proc = subprocess.run([sys.executable, str(script), str(bundle / pair[0]), str(bundle / pair[1])],
+                          capture_output=True, text=True, env={**os.environ, "LD_DEBUG": "libs,files"}, timeout=120)
+    lines = (proc.stdout + proc.stderr).splitlines()
+    keep = [l for l in lines if "dialect" in l or "/proc/self/fd" in l or "runtime:" in l or "library:" in l
+            or "Error" in l or "error" in l]
+    print(f"== open a bundled CuTe DSL library (LD_DEBUG=libs,files): exit {proc.returncode}")
+    print("\n".join(l[:240] for l in keep[-40:]))
+
+
 def main() -> None:
     from kernelgraft import runtime
 
     bundle = Path(sys.argv[1] if len(sys.argv) > 1 else os.environ["KERNELGRAFT_TEST_BUNDLE"])
     so = str(runtime.library())
     tmp = Path(tempfile.mkdtemp())
+    facts(so, bundle, tmp)
     script = tmp / "child.py"
     script.write_text(CHILD)
     cases = [  # (label, drop CuTe DSL, arch, allow native, what the child does first)
         ("not allowed, arch from the GPU", False, "", "0", ""),
         ("not allowed, arch sm_90", False, "sm_90", "0", ""),
-        ("not allowed, CUDA initialised first", False, "", "0", "cuda"),
-        ("not allowed, examples imported (as in pytest)", False, "", "0", "examples,cuda"),
-        ("not allowed, warnings are errors", False, "", "0", "errors"),
         ("allowed", False, "", "1", ""),
         ("no CuTe DSL candidates", True, "", "0", ""),
     ]

@@ -68,23 +68,27 @@ def json_child(tmp_path: Path, text: str, *args, extra_env: dict | None = None, 
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc
 
 
-# The start of a child script run where ``import kernelgraft`` and ``import triton`` fail (a
-# meta-path finder refuses them): what a process without kernelgraft's Python looks like.
+# The start of a child script run where ``import kernelgraft`` and ``import triton`` fail: what a
+# process without kernelgraft's Python looks like. A None in sys.modules is how Python marks a
+# module absent: ``import`` raises ModuleNotFoundError and ``importlib.util.find_spec`` answers None
+# (torch's CUDA initialisation asks find_spec("triton"), and a meta-path finder that raised there
+# broke CUDA in the child). ``loaded_blocked()`` lists what got imported anyway.
 WITHOUT_KERNELGRAFT = r"""
-import importlib.abc, json, sys
+import json, sys
 
-class Block(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("kernelgraft", "triton"):
-            raise ModuleNotFoundError(f"No module named {name!r} (blocked)")
-        return None
-
-sys.meta_path.insert(0, Block())
-for blocked in ("kernelgraft", "triton"):
+BLOCKED = ("kernelgraft", "triton")
+for blocked in BLOCKED:
+    sys.modules[blocked] = None
     try:
         __import__(blocked)
         raise SystemExit(f"{blocked} imported")
     except ModuleNotFoundError:
         pass
+
+
+def loaded_blocked():
+    return sorted(m for m, v in list(sys.modules.items()) if v is not None and m.split(".")[0] in BLOCKED)
+
+
 import torch
 """

@@ -68,7 +68,7 @@ for backend, path in bundles.items():
             out = [] if out is None else [out] if isinstance(out, torch.Tensor) else list(out)
             results[f"{backend} {short} {i}"] = [t.cpu() for t in out + [args[m] for m in mutated]]
 torch.save(results, sys.argv[4])
-print(json.dumps({"modules": sorted(m for m in sys.modules if m.split(".")[0] in ("kernelgraft", "triton"))}))
+print(json.dumps({"modules": loaded_blocked()}))
 """
 
 

@@ -405,7 +405,7 @@ names = list(torch.ops.kernelgraft.load_bundle(sys.argv[2], None, "sm_90"))
 x = torch.empty(9, 768, dtype=torch.float16, device="meta")
 out = torch.ops.kgexamples.rmsnorm(x, torch.empty(768, dtype=torch.float16, device="meta"), 1e-6)
 print(json.dumps({"names": names, "shape": list(out.shape), "dtype": str(out.dtype),
-                  "modules": sorted(m for m in sys.modules if m.split(".")[0] in ("kernelgraft", "triton"))}))
+                  "modules": loaded_blocked()}))
 """
 
 
