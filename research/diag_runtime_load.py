@@ -56,6 +56,14 @@ def variant(bundle: Path, dst: Path, namespace: str, drop_cutedsl: bool) -> Path
 
 OPEN_NATIVE = r"""
 import sys
+mode = sys.argv[3]
+if mode == "cutlass":
+    import cutlass.cute  # noqa: F401  (CuTe DSL's own libraries in the process, as in pytest)
+elif mode == "candidates":
+    import torch
+    from kernelgraft.examples.add_relu import add_relu
+    x = torch.randn(4096, device="cuda")
+    print("supported:", [c.label for c in add_relu.candidates(x, x) if c.supported], flush=True)
 from kernelgraft.aot._native_kernel import open_library
 runtime, library = open(sys.argv[1], "rb").read(), open(sys.argv[2], "rb").read()
 print("runtime:", open_library("runtime", runtime), flush=True)
@@ -67,9 +75,17 @@ def facts(so: str, bundle: Path, tmp: Path) -> None:
     """What the crash and the CuTe DSL library's failed load (session 9, run 2) may depend on: the
     compiler, glibc, the libstdc++ symbols the runtime library defines, the kernel (gVisor or not),
     and glibc's own account of resolving a bundled library's DT_NEEDED on the dialect runtime."""
-    for cmd in (["c++", "--version"], ["ldd", "--version"], ["uname", "-a"], ["cat", "/proc/version"]):
+    print("LDFLAGS:", os.environ.get("LDFLAGS"), "CXXFLAGS:", os.environ.get("CXXFLAGS"))
+    log = Path(so).parent / "build.log"
+    if log.exists():
+        print("build.log (link lines):", [l[:400] for l in log.read_text(errors="replace").splitlines() if " -shared" in l][:2])
+    specs = subprocess.run(["c++", "-dumpspecs"], capture_output=True, text=True).stdout
+    print("c++ specs mentioning static:", [l[:200] for l in specs.splitlines() if "static" in l][:6])
+    for cmd in (["c++", "--version"], ["ldd", "--version"], ["c++", "-print-file-name=libstdc++.so"],
+                ["c++", "-print-file-name=libstdc++.a"], ["readelf", "-d", so]):
         proc = subprocess.run(cmd, capture_output=True, text=True)
-        print(f"$ {' '.join(cmd)}: {(proc.stdout + proc.stderr).strip().splitlines()[:1]}")
+        lines = (proc.stdout + proc.stderr).strip().splitlines()
+        print(f"$ {' '.join(cmd)}: {[l for l in lines if 'NEEDED' in l] if cmd[0] == 'readelf' else lines[:1]}")
     proc = subprocess.run(["nm", "-D", "--defined-only", "-C", so], capture_output=True, text=True)
     std = [l for l in proc.stdout.splitlines() if " std::" in l or "__cxx" in l]
     print(f"runtime .so defines {len(std)} std:: symbols; e.g. {[l.split(' ', 2)[-1][:90] for l in std[:8]]}")
@@ -83,13 +99,15 @@ def facts(so: str, bundle: Path, tmp: Path) -> None:
         return
     script = tmp / "open_native.py"
     script.write_text(OPEN_NATIVE)
-    proc = subprocess.run([sys.executable, str(script), str(bundle / pair[0]), str(bundle / pair[1])],
-                          capture_output=True, text=True, env={**os.environ, "LD_DEBUG": "libs,files"}, timeout=120)
-    lines = (proc.stdout + proc.stderr).splitlines()
-    keep = [l for l in lines if "dialect" in l or "/proc/self/fd" in l or "runtime:" in l or "library:" in l
-            or "Error" in l or "error" in l]
-    print(f"== open a bundled CuTe DSL library (LD_DEBUG=libs,files): exit {proc.returncode}")
-    print("\n".join(l[:240] for l in keep[-40:]))
+    for mode in ("fresh", "cutlass", "candidates"):
+        proc = subprocess.run([sys.executable, str(script), str(bundle / pair[0]), str(bundle / pair[1]), mode],
+                              capture_output=True, text=True, env={**os.environ, "LD_DEBUG": "libs,files"},
+                              timeout=180)
+        lines = (proc.stdout + proc.stderr).splitlines()
+        keep = [l for l in lines if "dialect" in l or "/proc/self/fd" in l or l.startswith(("runtime:", "library:"))
+                or "cannot open" in l or "BundleError" in l]
+        print(f"== open a bundled CuTe DSL library after '{mode}' (LD_DEBUG=libs,files): exit {proc.returncode}")
+        print("\n".join(l[:240] for l in keep[-30:]))
 
 
 def main() -> None:

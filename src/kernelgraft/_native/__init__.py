@@ -50,7 +50,8 @@ def enabled() -> bool:
 def _tag() -> str:
     import torch
 
-    digest = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:16]
+    # the link flags too: a build made with other flags is another build
+    digest = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_build.LDFLAGS).encode()).hexdigest()[:16]
     tag = f"torch{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}-{digest}"
     return tag.replace("+", "_")
 

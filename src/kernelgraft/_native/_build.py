@@ -28,6 +28,11 @@ from pathlib import Path
 NAME = "kernelgraft_native"
 RECORD = "record.json"
 _RECORD_LIMIT = 4096  # bytes: a record is a few lines; anything larger is not one
+# A toolchain that links libstdc++ statically into shared objects (the GPU machine's did: the
+# runtime library defined 4685 std:: symbols and needed no libstdc++.so) exports that copy's
+# symbols, and a process then runs a mix of two libstdc++ copies: formatting a number into a
+# TORCH_WARN message crashed in std::ostream (session 9). Symbols from static archives stay local.
+LDFLAGS = ["-Wl,--exclude-libs,ALL"]
 
 
 def untrusted(path: Path) -> str | None:
@@ -164,7 +169,7 @@ def build(directory: Path, source: Path | list[Path], name: str = NAME, python_m
         work = Path(tempfile.mkdtemp(prefix="build-", dir=directory))
         try:
             cpp_extension.load(name, [str(s) for s in sources], build_directory=str(work), extra_cflags=["-O2"],
-                               extra_include_paths=[str(sources[0].parent)], extra_ldflags=["-ldl"],
+                               extra_include_paths=[str(sources[0].parent)], extra_ldflags=["-ldl", *LDFLAGS],
                                is_python_module=python_module, verbose=False)
             data = (work / f"{name}.so").read_bytes()
         finally:

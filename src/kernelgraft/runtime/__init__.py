@@ -54,6 +54,7 @@ def _tag() -> str:
     digest = hashlib.sha256()
     for path in sorted(p for p in SOURCE_DIR.rglob("*") if p.is_file()):
         digest.update(path.relative_to(SOURCE_DIR).as_posix().encode() + b"\0" + path.read_bytes())
+    digest.update(" ".join(_build.LDFLAGS).encode())  # the link flags too: other flags, another build
     tag = f"torch{torch.__version__}-{digest.hexdigest()[:16]}"
     return tag.replace("+", "_")
 
