@@ -774,3 +774,34 @@ def test_launch_record_packs_like_the_driver_buffer():
     assert rec.offsets == buffer.offsets == (0, 8, 12, 16, 24, 32)
     assert rec.pointers == [(0, 0x7F0000001000), (24, 0x7F0000002000), (32, 0)]
     assert rec.stream == 0 and rec.owner is owner
+
+
+def _tiny_library(path: Path, symbol: str, value: int) -> Path:
+    import subprocess
+
+    source = path.with_suffix(".c")
+    source.write_text(f"int {symbol}(void) {{ return {value}; }}\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(path), str(source)], check=True)
+    return path
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir() or shutil.which("cc") is None,
+                    reason="needs /proc/self/fd and a C compiler")
+def test_a_library_loaded_through_its_fd_keeps_the_fd_so_the_next_memfd_library_is_itself(tmp_path):
+    # The dynamic loader matches a library by the path it came from before it looks at the file:
+    # when the native replay's fd closed after loading from /proc/self/fd/<n> and a bundle's CuTe
+    # DSL runtime then got fd <n> in memory, its dlopen returned the replay extension instead
+    # (session 9 on the H200), and the kernel library that needs the runtime did not load.
+    import os
+
+    from kernelgraft._native import _build
+    from kernelgraft.aot._native_kernel import open_library
+
+    first = _tiny_library(tmp_path / "first.so", "first_marker", 1)
+    second = _tiny_library(tmp_path / "second.so", "second_marker", 2)
+    fd = os.open(first, os.O_RDONLY)
+    loaded = ctypes.CDLL(_build.fd_path(fd, first))
+    assert loaded.first_marker() == 1 and _build.handed_over(fd)
+    os.fstat(fd)  # still open: its number cannot come back for the next memfd
+    lib = open_library("second", second.read_bytes())
+    assert hasattr(lib, "second_marker") and lib.second_marker() == 2

@@ -128,7 +128,8 @@ def _load_built(path: Path) -> ModuleType | None | str:
         return f"the native replay at {library} did not load: {type(exc).__name__}: {exc}"
     finally:
         _STATE["loading"] = False
-        os.close(fd)
+        if not _build.handed_over(fd):  # an fd a library was loaded from stays open (fd_path)
+            os.close(fd)
 
 
 def _start_child(path: Path) -> None:

@@ -114,7 +114,8 @@ def load() -> Path:
     try:
         torch.ops.load_library(_build.fd_path(fd, checked))
     finally:
-        os.close(fd)
+        if not _build.handed_over(fd):  # an fd a library was loaded from stays open (fd_path)
+            os.close(fd)
     return checked
 
 
