@@ -94,12 +94,10 @@ run_section() {
       run_section cppbuild
       step cpp_host_cost 240 python3 benchmarks/bench_cpp_host_cost.py --build-dir /tmp/cppbuild --out "$R" ;;
     aotipre) step aoti_preflight 150 python3 research/aoti_preflight.py ;;
-    llamaaoti)  # issue 17: the grafted Llama as an AOTInductor package run by examples/cpp/run_aoti (after cpp)
-      step aoti_preflight 150 python3 research/aoti_preflight.py
+    llamaaoti)  # issue 17: the grafted Llama as an AOTInductor package run by examples/cpp/run_aoti (after cppbuild; aotipre first where Inductor's AOT path is in doubt)
       step build_llama_aoti 260 python3 benchmarks/build_llama_aoti.py --out-dir /tmp/llama_aoti
       step llama_python_warm_start 90 python3 benchmarks/build_llama_aoti.py --out-dir /tmp/llama_aoti --cold-start-only
       step run_aoti 60 /tmp/cppbuild/examples/run_aoti /tmp/llama_aoti/bundle /tmp/llama_aoti/llama.pt2 /tmp/llama_aoti/io.pt --atol 5e-2 --rtol 5e-2 --runs 20 --allow-native
-      step run_aoti_again 60 /tmp/cppbuild/examples/run_aoti /tmp/llama_aoti/bundle /tmp/llama_aoti/llama.pt2 /tmp/llama_aoti/io.pt --atol 5e-2 --rtol 5e-2 --runs 20 --allow-native
       cp /tmp/llama_aoti/report.json "$R/llama_aoti_report.json" 2>/dev/null ;;
     firstfresh) step first_seconds_fresh 80 python3 benchmarks/bench_first_seconds.py --modes fresh --seconds 30 --gap 2 --skip-decisions --out "$R/fresh30" ;;  # past the moment the extension loads
     diagsmall) step diag_small_shapes 120 python3 research/diag_small_shapes.py ;;
