@@ -36,6 +36,24 @@ def _process_age_s() -> float:
     return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
 
 
+def _spaced_kernel_type() -> None:
+    """Work around the H200 machine's torch 2.11 AOTInductor: the C++ wrapper it generated for the
+    grafted Llama declared its Triton kernels as ``CUfunctiontriton_...{nullptr};`` (type and name
+    run together; sessions 8 and 9, ``*_build_llama_aoti*.txt``), so g++ refused the package. A
+    trailing space on the type Inductor writes is harmless in every C++ context it is used in and
+    separates the two; torch 2.13 writes the space itself."""
+    try:
+        from torch._inductor.codegen.cuda.device_op_overrides import CUDADeviceOpOverrides
+    except ImportError:  # another torch layout: nothing to work around
+        return
+    kernel_type = CUDADeviceOpOverrides.cpp_kernel_type
+    if not getattr(kernel_type, "kernelgraft_spaced", False):
+        def spaced(self) -> str:
+            return kernel_type(self).rstrip() + " "
+        spaced.kernelgraft_spaced = True  # type: ignore[attr-defined]
+        CUDADeviceOpOverrides.cpp_kernel_type = spaced
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_llama_arguments(parser)
@@ -98,6 +116,7 @@ def main() -> int:
         report["exported_vs_grafted_max_abs"] = (expected.float() - grafted.float()).abs().max().item()
 
         t = time.perf_counter()
+        _spaced_kernel_type()
         package = torch._inductor.aoti_compile_and_package(ep, package_path=str(out / "llama.pt2"))
         report["aoti_compile_s"] = round(time.perf_counter() - t, 1)
 
