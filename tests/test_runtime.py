@@ -499,3 +499,21 @@ def test_the_cuda_kernel_plans_each_signature_once(so, bundle, tmp_path):
     assert hows == ["new", "cached", "new", "error", "error", "new", "cached", "new", "error"], hows
     assert report["planned"] == 300, report["errors"]
     assert 200 < report["max_size"] <= 256  # bounded
+
+
+def test_the_runtime_library_exports_no_copy_of_libstdcxx(so):
+    # The GPU machine's toolchain linked libstdc++ statically into the runtime and exported that
+    # copy; a TORCH_WARN with a number then crashed the process inside std::ostream (session 9).
+    # Symbols from static archives are kept local (-Wl,--exclude-libs,ALL): whatever the toolchain,
+    # the library defines none of libstdc++'s own.
+    import shutil
+    import subprocess
+
+    if shutil.which("nm") is None:
+        pytest.skip("needs nm (binutils)")
+    out = subprocess.run(["nm", "-D", "--defined-only", "-C", str(so)], capture_output=True, text=True,
+                         check=True).stdout
+    own = [line for line in out.splitlines()
+           if any(s in line for s in ("std::locale::", "std::ios_base::", "std::basic_ostream<char, std::char_traits<char> >::_M_insert",
+                                      "std::codecvt<", "transaction clone for std::"))]
+    assert not own, own[:5]
