@@ -80,25 +80,35 @@ def build_llama(args):
     return model, torch.randint(0, args.vocab, (args.batch, args.seq), device="cuda")
 
 
-def interleaved_host_us(variants: dict, args: tuple, calls: int, rounds: int,
-                        covered_us: float | None = None) -> dict[str, list[float]]:
+def interleaved_host_us(variants: dict, args: tuple, calls: int, rounds: int) -> dict[str, list[float]]:
     """Host microseconds per call of each ``fn(*args)`` in ``variants``: ``rounds`` rounds of
     ``calls`` back-to-back calls each, the variants interleaved within a round so drift hits all
-    alike.
+    alike. The GPU is idle at each round's start and drained after it: past the launch queue's
+    depth (about a thousand launches) the host waits for the GPU, so a tiny kernel's GPU time per
+    launch can set the pace (``covered_host_us`` measures the host alone)."""
+    return _rounds(variants, args, calls, rounds, None)[0]
 
-    Without ``covered_us`` the GPU is idle at each round's start and drained after it: past the
-    launch queue's depth (about a thousand launches) the host waits for the GPU, so a tiny kernel's
-    GPU time per launch can set the pace. With ``covered_us`` (a generous bound on one call's
-    host cost, in microseconds) a spin kernel keeps the GPU busy for ``calls * covered_us`` before
-    each round, so every timed launch only queues: the host's own cost. A round whose spin ended
-    before its last call is dropped (and counted under ``"uncovered rounds"``)."""
+
+def covered_host_us(variants: dict, args: tuple, calls: int, rounds: int,
+                    covered_us: float) -> tuple[dict[str, list[float]], int]:
+    """Like ``interleaved_host_us``, with a spin kernel keeping the GPU busy for ``calls *
+    covered_us`` microseconds before each round (``covered_us``: a generous bound on one call's
+    host cost), so every timed launch only queues: the host's own cost. ``calls`` must stay under
+    the launch queue's depth. Returns the samples and how many rounds were dropped because the
+    spin ended before their last call."""
+    if calls > 900:
+        raise ValueError(f"covered_host_us: {calls} calls per round overrun the launch queue (about 1000)")
+    return _rounds(variants, args, calls, rounds, covered_us)
+
+
+def _rounds(variants: dict, args: tuple, calls: int, rounds: int,
+            covered_us: float | None) -> tuple[dict[str, list[float]], int]:
     import torch
 
-    samples: dict[str, list[float]] = {name: [] for name in variants}
-    if covered_us is not None:
-        from kernelgraft._timing._gpu_busy import cover
+    from kernelgraft._timing._gpu_busy import cover
 
-        samples["uncovered rounds"] = [0.0]
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    uncovered = 0
     for _ in range(rounds):
         for name, fn in variants.items():
             torch.cuda.synchronize()
@@ -111,10 +121,10 @@ def interleaved_host_us(variants: dict, args: tuple, calls: int, rounds: int,
             for _ in range(calls):
                 fn(*args)
             elapsed = time.perf_counter() - start
-            if done is not None and done.query():  # the GPU caught up: not the host's cost alone
-                samples["uncovered rounds"][0] += 1
-                torch.cuda.synchronize()
-                continue
+            caught_up = done is not None and done.query()  # the GPU caught up: not the host alone
             torch.cuda.synchronize()
+            if caught_up:
+                uncovered += 1
+                continue
             samples[name].append(elapsed / calls * 1e6)
-    return samples
+    return samples, uncovered

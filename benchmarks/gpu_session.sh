@@ -6,6 +6,9 @@
 # A "0:tests,aot|1:tune,rmsnorm" argument runs lanes side by side, each on its own GPU
 # (CUDA_VISIBLE_DEVICES) with its own kernelgraft cache; the next argument starts when all end.
 set -uo pipefail
+# GPU_SESSION_BUDGET (seconds from the command's start, default 570): steps are cut to end before
+# it, so the results are packed before the device tool's 600 s limit kills the command.
+export SESSION_END=$(( $(date +%s) + ${GPU_SESSION_BUDGET:-570} ))
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
@@ -29,9 +32,6 @@ if [ -f .carry/bundle_all.tar.xz ]; then
 fi
 [ -d .carry/bundle_bench ] && export KERNELGRAFT_BENCH_BUNDLE="$ROOT/.carry/bundle_bench"
 section() { echo; echo "=================== $1 ($(date +%T))"; }
-# GPU_SESSION_BUDGET (seconds, default 570): steps are cut to end before it, so the results are
-# packed before the device tool's 600 s limit kills the command.
-export SESSION_END=$(( $(date +%s) + ${GPU_SESSION_BUDGET:-570} ))
 step() {  # step NAME SECONDS CMD...
     local name=$1 secs=$2; shift 2
     local left=$(( SESSION_END - $(date +%s) ))
@@ -79,7 +79,8 @@ run_section() {
     verify) step test_verify 480 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_verify.py -rs --tb=short --durations=10 ;;  # checks every example (the GEMM's 30 configs take minutes)
     llmquick) step llm_suite_quick 280 python3 benchmarks/bench_llm_suite.py --quick --out "$R" --time-limit 240 ;;  # issue 18
     llm) limit=$(( SESSION_END - $(date +%s) - 60 )); [ "$limit" -gt 500 ] && limit=500  # ends writing its tables in time
-         step llm_suite 560 python3 benchmarks/bench_llm_suite.py --out "$R" --time-limit "$limit" ;;
+         if [ "$limit" -lt 30 ]; then echo "[llm_suite] skipped: the session's budget is spent"
+         else step llm_suite 560 python3 benchmarks/bench_llm_suite.py --out "$R" --time-limit "$limit"; fi ;;
     suitetests) step test_bench_suite 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_bench_suite.py tests/test_example_kernels.py -rs --tb=short ;;
     hostcost_ab1)  # one alternation of hostcost_ab: old tree, then this one
             step native_build 150 python3 -c "import kernelgraft as kg; print(kg.native.build())"
@@ -89,7 +90,7 @@ run_section() {
     gputests_s7) step gpu_tests_s7 300 python3 -m pytest -q -s -p no:cacheprovider -m gpu -rs --tb=short ${GPU_TESTS:-tests/test_bad_input.py tests/test_fuzz.py tests/test_tune_gpu.py tests/test_compete.py tests/test_bench_suite.py tests/test_check_isolation.py tests/test_graft_pattern_generic.py tests/test_replace.py tests/test_gpu_core.py tests/test_gpu_runtime.py} ;;
     cppbuild)  # issue 17: the runtime, examples/cpp and host_cost built with CMake; run_bundle
       step cpp_build 300 bash -c 'cmake -S benchmarks/cpp -B /tmp/cppbuild -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$(python3 -c "import torch; print(torch.utils.cmake_prefix_path)")" >/dev/null && cmake --build /tmp/cppbuild -j"$(nproc)" 2>&1 | tail -5'
-      step run_bundle 60 env KERNELGRAFT_BUNDLE_ALLOW_NATIVE=1 /tmp/cppbuild/examples/run_bundle "$KERNELGRAFT_TEST_BUNDLE" ;;
+      step run_bundle 60 env KERNELGRAFT_BUNDLE_ALLOW_NATIVE=1 /tmp/cppbuild/examples/run_bundle "${KERNELGRAFT_TEST_BUNDLE:-.carry/bundle}" ;;
     cpp)  # cppbuild, then the host cost from C++
       run_section cppbuild
       step cpp_host_cost 240 python3 benchmarks/bench_cpp_host_cost.py --build-dir /tmp/cppbuild --out "$R" ;;
@@ -101,7 +102,7 @@ run_section() {
       cp /tmp/llama_aoti/report.json "$R/llama_aoti_report.json" 2>/dev/null ;;
     firstfresh) step first_seconds_fresh 80 python3 benchmarks/bench_first_seconds.py --modes fresh --seconds 30 --gap 2 --skip-decisions --out "$R/fresh30" ;;  # past the moment the extension loads
     diagsmall) step diag_small_shapes 120 python3 research/diag_small_shapes.py ;;
-    diagload) step diag_runtime_load 240 python3 research/diag_runtime_load.py "$KERNELGRAFT_TEST_BUNDLE" ;;  # session 9's crash
+    diagload) step diag_runtime_load 240 python3 research/diag_runtime_load.py "${KERNELGRAFT_TEST_BUNDLE:-.carry/bundle}" ;;  # session 9's crash
     diagsuite) step diag_suite_tuned 150 python3 research/diag_suite_tuned.py ;;  # the suite's small-shape rows
     compete) step bench_compete 240 python3 benchmarks/bench_compete.py --out "$R" --limit 2 ;;
     firstsec) step first_seconds 420 python3 benchmarks/bench_first_seconds.py --out "$R" ;;  # issue 19; 2 GPUs: decisions side by side

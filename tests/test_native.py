@@ -787,21 +787,21 @@ def _tiny_library(path: Path, symbol: str, value: int) -> Path:
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir() or shutil.which("cc") is None,
                     reason="needs /proc/self/fd and a C compiler")
-def test_a_library_loaded_through_its_fd_keeps_the_fd_so_the_next_memfd_library_is_itself(tmp_path):
+def test_the_fd_a_library_was_loaded_from_stays_open_so_the_next_memfd_library_is_itself(tmp_path):
     # The dynamic loader matches a library by the path it came from before it looks at the file:
     # when the native replay's fd closed after loading from /proc/self/fd/<n> and a bundle's CuTe
     # DSL runtime then got fd <n> in memory, its dlopen returned the replay extension instead
     # (session 9 on the H200), and the kernel library that needs the runtime did not load.
     import os
 
+    from kernelgraft import runtime
     from kernelgraft._native import _build
     from kernelgraft.aot._native_kernel import open_library
 
-    first = _tiny_library(tmp_path / "first.so", "first_marker", 1)
-    second = _tiny_library(tmp_path / "second.so", "second_marker", 2)
-    fd = os.open(first, os.O_RDONLY)
-    loaded = ctypes.CDLL(_build.fd_path(fd, first))
-    assert loaded.first_marker() == 1 and _build.handed_over(fd)
-    os.fstat(fd)  # still open: its number cannot come back for the next memfd
-    lib = open_library("second", second.read_bytes())
-    assert hasattr(lib, "second_marker") and lib.second_marker() == 2
+    # kernelgraft's own loads keep their fds: the runtime, loaded once per process
+    so = runtime.load()
+    assert runtime.load() == so
+    kept = [f for f in _build._LOADED_FDS if os.readlink(f"/proc/self/fd/{f}") == str(so)]
+    assert len(kept) == 1, (so, _build._LOADED_FDS)
+    lib = open_library("after", _tiny_library(tmp_path / "after.so", "after_marker", 3).read_bytes())
+    assert lib.after_marker() == 3

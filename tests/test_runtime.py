@@ -509,6 +509,9 @@ def test_the_runtime_library_exports_no_copy_of_libstdcxx(so):
     import shutil
     import subprocess
 
+    from kernelgraft._native import _build
+
+    assert "-Wl,--exclude-libs,ALL" in _build.LDFLAGS
     if shutil.which("nm") is None:
         pytest.skip("needs nm (binutils)")
     out = subprocess.run(["nm", "-D", "--defined-only", "-C", str(so)], capture_output=True, text=True,

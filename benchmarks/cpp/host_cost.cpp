@@ -4,8 +4,8 @@
 //   queued: a spin kernel (at::cuda::sleep) keeps the GPU busy for CALLS x COVERED_US before the
 //           round, so every timed call only queues its launch: the host's own cost. A round whose
 //           spin ended before its last call is dropped and counted.
-//   idle:   the GPU idle at the round's start; past the launch queue's depth the host waits for
-//           the GPU, so a tiny kernel's GPU time per launch can set the pace (session 8's numbers).
+//   idle:   the GPU idle at the round's start, as session 8 measured (its 2000 calls per round
+//           overran the launch queue, so the GPU's pace per tiny launch set the number).
 // Prints one JSON object: the median microseconds per call of each variant and mode.
 //
 //   ./host_cost BUNDLE_DIR [--calls 400] [--rounds 25] [--n 4096] [--covered-us 40]
@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <iomanip>
 #include <iostream>
@@ -46,8 +47,9 @@ double spin_rate() {
   return cycles / us;
 }
 
+// The median, or NaN when every round was dropped (printed as null).
 double median(std::vector<double> v) {
-  if (v.empty()) return -1.0;
+  if (v.empty()) return std::nan("");
   std::sort(v.begin(), v.end());
   size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
@@ -55,7 +57,7 @@ double median(std::vector<double> v) {
 
 int run(int argc, char** argv) {
   if (argc < 2) {
-    std::cerr << "usage: " << argv[0] << " BUNDLE_DIR [--calls N] [--rounds R] [--n N]\n";
+    std::cerr << "usage: " << argv[0] << " BUNDLE_DIR [--calls N<=900] [--rounds R] [--n N] [--covered-us US]\n";
     return 2;
   }
   int calls = 400, rounds = 25;
@@ -71,6 +73,10 @@ int run(int argc, char** argv) {
       std::cerr << "unknown argument " << a << "\n";
       return 2;
     }
+  }
+  if (calls < 1 || calls > 900) {
+    std::cerr << "--calls must be 1 to 900 (the launch queue holds about 1000 launches)\n";
+    return 2;
   }
   // the bundle's CuTe DSL libraries too (a bundle this benchmark's caller built: native code allowed)
   auto load = op("kernelgraft::load_bundle")
@@ -127,9 +133,10 @@ int run(int argc, char** argv) {
   std::cout << "], \"calls\": " << calls << ", \"rounds\": " << rounds << ", \"n\": " << n
             << ", \"covered_us\": " << covered_us << ", \"spin_cycles_per_us\": " << rate
             << ", \"uncovered_rounds\": " << uncovered << ", \"host_us_median\": {";
+  auto value = [](double v) { return std::isnan(v) ? std::string("null") : std::to_string(v); };
   for (size_t k = 0; k < variants.size(); ++k)
-    std::cout << (k ? ", " : "") << '"' << variants[k].first << "\": " << median(queued[k]) << ", \""
-              << variants[k].first << " [idle GPU]\": " << median(idle[k]);
+    std::cout << (k ? ", " : "") << '"' << variants[k].first << "\": " << value(median(queued[k])) << ", \""
+              << variants[k].first << " [idle GPU]\": " << value(median(idle[k]));
   std::cout << "}}\n";
   return 0;
 }

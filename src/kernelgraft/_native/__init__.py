@@ -121,15 +121,15 @@ def _load_built(path: Path) -> ModuleType | None | str:
     try:
         start = time.perf_counter()
         module = _open(library, fd)
+        _build.keep(fd)  # loaded from /proc/self/fd/<fd>: the number must not come back
         log.debug("kernelgraft native replay loaded from %s in %.1f ms", library,
                   1e3 * (time.perf_counter() - start))
         return module
     except Exception as exc:  # a library for another ABI, a missing symbol: the Python path stays
+        os.close(fd)
         return f"the native replay at {library} did not load: {type(exc).__name__}: {exc}"
     finally:
         _STATE["loading"] = False
-        if not _build.handed_over(fd):  # an fd a library was loaded from stays open (fd_path)
-            os.close(fd)
 
 
 def _start_child(path: Path) -> None:

@@ -96,7 +96,8 @@ def verified_library(directory: Path) -> Path | None | str:
 def open_verified(directory: Path) -> tuple[int, Path] | None | str:
     """Like ``verified_library``, with the library open: ``(fd, path)``, where the bytes hashed are
     the ones read through ``fd``, so loading ``/proc/self/fd/<fd>`` maps exactly the file that was
-    checked, whatever happens to the path meanwhile. The caller closes ``fd``."""
+    checked, whatever happens to the path meanwhile. The caller closes ``fd``, or, once a library
+was loaded through it, hands it to ``keep``."""
     why = untrusted(directory)
     if why:
         return why
@@ -129,27 +130,23 @@ def open_verified(directory: Path) -> tuple[int, Path] | None | str:
     return fd, library
 
 
-_LOADED_FDS: list[int] = []  # fds of libraries loaded through fd_path: open for the process
+_LOADED_FDS: list[int] = []  # fds that libraries were loaded from: open for the process
 
 
 def fd_path(fd: int, library: Path) -> str:
     """The path that loads the file open as ``fd`` (``/proc/self/fd/<fd>``: the inode that was
     hashed, whatever ``library`` names now), or ``library`` where the platform has no /proc.
+    Once the load succeeded, hand ``fd`` to ``keep``."""
+    return f"/proc/self/fd/{fd}" if os.path.isdir("/proc/self/fd") else str(library)
 
-    The caller hands ``fd`` over: it stays open for the process. The dynamic loader matches a
-    library by the path it was loaded from before it looks at the file, so once ``fd`` closed and
-    its number came back for another file, a ``dlopen`` of ``/proc/self/fd/<fd>`` would return
-    the library loaded before (session 9: a bundled CuTe DSL library opened from a memfd got the
-    native replay extension, loaded through the same fd number, in its place)."""
-    if not os.path.isdir("/proc/self/fd"):
-        return str(library)
+
+def keep(fd: int) -> None:
+    """Keep ``fd`` open for the process: a library was loaded from ``/proc/self/fd/<fd>``. The
+    dynamic loader matches a library by the path it was loaded from before it looks at the file,
+    so once ``fd`` closed and its number came back for another file, a ``dlopen`` of that path
+    would return the library loaded before (session 9: a bundled CuTe DSL runtime opened from a
+    memfd got the native replay extension, loaded through the same fd number, in its place)."""
     _LOADED_FDS.append(fd)
-    return f"/proc/self/fd/{fd}"
-
-
-def handed_over(fd: int) -> bool:
-    """Whether ``fd`` was handed to ``fd_path`` (so it must stay open)."""
-    return fd in _LOADED_FDS
 
 
 def _write_atomically(directory: Path, name: str, data: bytes) -> None:

@@ -31,6 +31,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from .._native import _build
@@ -100,23 +101,33 @@ def library() -> Path:
     return found
 
 
+_LOADED: list[Path] = []  # the runtime this process loaded (once: a second load_library is a no-op)
+_LOAD_LOCK = threading.Lock()
+
+
 def load() -> Path:
-    """``torch.ops.load_library`` of the runtime (built first if needed); returns its path."""
+    """``torch.ops.load_library`` of the runtime (built first if needed), once per process;
+    returns its path."""
     import torch
 
-    so = library()
-    found = _build.open_verified(so.parent)  # the bytes hashed are the bytes loaded (see _native)
-    if not isinstance(found, tuple):
-        from .._errors import CompileError
+    with _LOAD_LOCK:
+        if _LOADED:
+            return _LOADED[0]
+        so = library()
+        found = _build.open_verified(so.parent)  # the bytes hashed are the bytes loaded (see _native)
+        if not isinstance(found, tuple):
+            from .._errors import CompileError
 
-        raise CompileError(f"the kernelgraft runtime at {so} cannot be loaded: {found or 'no build record'}")
-    fd, checked = found
-    try:
-        torch.ops.load_library(_build.fd_path(fd, checked))
-    finally:
-        if not _build.handed_over(fd):  # an fd a library was loaded from stays open (fd_path)
+            raise CompileError(f"the kernelgraft runtime at {so} cannot be loaded: {found or 'no build record'}")
+        fd, checked = found
+        try:
+            torch.ops.load_library(_build.fd_path(fd, checked))
+        except BaseException:
             os.close(fd)
-    return checked
+            raise
+        _build.keep(fd)  # loaded from /proc/self/fd/<fd>: the number must not come back
+        _LOADED.append(checked)
+        return checked
 
 
 def load_bundle(path: str | Path, *, key: str | Path | None = None, arch: str | None = None,
