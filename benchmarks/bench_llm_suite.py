@@ -45,6 +45,7 @@ QUICK_EXTRA = {
 }
 LIMITS = {"vs_torch": 1.02, "vs_liger": 1.05, "bandwidth": 0.90}  # issue 18's bar
 INCONSISTENT = 1.15  # tuned op / its chosen kernel forced, beyond timing noise
+FEW_CALLS = 10  # a graph of fewer calls adds the graph launch's own latency to each (session 8)
 
 
 def plan(quick: bool, only: Sequence[str] = ()) -> list[tuple[str, str, tuple]]:
@@ -96,7 +97,8 @@ def summarize(rows: Iterable[Row], copy_gbps: float | None) -> dict:
                                                     "bytes": r.bytes, "peers": {}})
         if r.kind == TUNED:
             entry.update(tuned_us=r.time_us, choice=r.detail, tuned_error=r.error, bw_frac=r.bw_frac,
-                         gbps=r.gbps, h2h_vs_compile=r.vs_compile, vs_chosen=r.vs_chosen)
+                         gbps=r.gbps, h2h_vs_compile=r.vs_compile, vs_chosen=r.vs_chosen,
+                         graph_calls=r.calls if r.method == "graph" else None)
         elif r.kind == EAGER:
             entry["eager_us"] = r.time_us
         elif r.kind == COMPILE:
@@ -133,8 +135,10 @@ def summarize(rows: Iterable[Row], copy_gbps: float | None) -> dict:
         "worst_vs_torch": worst("vs_torch"),
         "worst_vs_liger": worst("vs_liger"),
         "bandwidth": bandwidth,
-        # the tuned op slower than its own chosen kernel forced: a row to distrust (and a bug to find)
-        "inconsistent": [e for e in table if (e.get("vs_chosen") or 0) > INCONSISTENT],
+        # the tuned op slower than its own chosen kernel forced, or timed by graphs of a handful of
+        # calls: a row to distrust (and a bug to find)
+        "inconsistent": [e for e in table if (e.get("vs_chosen") or 0) > INCONSISTENT
+                         or 0 < (e.get("graph_calls") or FEW_CALLS) < FEW_CALLS],
         "over_limit": {
             "vs_torch": sum(1 for e in table if (e.get("vs_torch") or 0) > LIMITS["vs_torch"]),
             "vs_liger": sum(1 for e in table if (e.get("vs_liger") or 0) > LIMITS["vs_liger"]),
@@ -186,10 +190,12 @@ def markdown(summary: dict) -> str:
     lines += [f"| {b['op'].split('::')[-1]} | {b['shape']} | {_gbps(b['gbps'])} | {_pct(b['fraction'])} |"
               for b in summary["bandwidth"]]
     if summary.get("inconsistent"):
-        lines += ["", f"## Rows to distrust: the tuned op over {INCONSISTENT}x its own chosen kernel forced", "",
-                  "| op | inputs | tuned us | chosen | tuned / chosen forced |", "| --- | --- | ---: | --- | ---: |"]
+        lines += ["", f"## Rows to distrust: the tuned op over {INCONSISTENT}x its own chosen kernel forced, "
+                      f"or timed by graphs of fewer than {FEW_CALLS} calls", "",
+                  "| op | inputs | tuned us | chosen | tuned / chosen forced | calls per graph |",
+                  "| --- | --- | ---: | --- | ---: | ---: |"]
         lines += [f"| {e['op'].split('::')[-1]} | {e['shape']} | {_us(e.get('tuned_us'))} | {e.get('choice')} | "
-                  f"{_x(e.get('vs_chosen'))} |" for e in summary["inconsistent"]]
+                  f"{_x(e.get('vs_chosen'))} | {e.get('graph_calls') or '-'} |" for e in summary["inconsistent"]]
     over = summary["over_limit"]
     lines += ["", f"Over the limits: {over['vs_torch']} shapes vs torch, {over['vs_liger']} vs Liger, "
                   f"{over['bandwidth']} ops under the bandwidth bar; {over['failed']} shapes without a tuned time."]

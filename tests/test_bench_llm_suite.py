@@ -95,10 +95,15 @@ def test_rows_where_the_tuned_op_is_slower_than_its_own_kernel_are_flagged(suite
     """A tuned op far slower than its chosen kernel forced (timed alike) is a measurement or
     dispatch problem, not a kernel's time: such rows are listed apart, so they are not quoted."""
     rows = [_row("rmsnorm", 0, TUNED, "tuned (kg.tune)", 19.7, detail="triton:launch_rmsnorm[...]"),
-            _row("rmsnorm", 1, TUNED, "tuned (kg.tune)", 10.0, detail="triton:launch_rmsnorm[...]")]
-    rows[0].vs_chosen, rows[1].vs_chosen = 19.7 / 1.68, 1.02
+            _row("rmsnorm", 1, TUNED, "tuned (kg.tune)", 10.0, detail="triton:launch_rmsnorm[...]"),
+            _row("rmsnorm", 2, TUNED, "tuned (kg.tune)", 5.0, detail="triton:launch_rmsnorm[...]"),
+            _row("rmsnorm", 3, TUNED, "tuned (kg.tune)", 4.0, detail="triton:launch_rmsnorm[...]")]
+    rows[0].vs_chosen, rows[1].vs_chosen, rows[2].vs_chosen, rows[3].vs_chosen = 19.7 / 1.68, 1.02, 1.0, 1.0
+    for row, calls in zip(rows, (200, 150, 2, 76)):  # s2: a graph of two calls (session 8's error)
+        row.method, row.calls = "graph", calls
     summary = suite.summarize(rows, copy_gbps=4000.0)
-    assert [e["shape"] for e in summary["inconsistent"]] == ["s0"]
+    assert [e["shape"] for e in summary["inconsistent"]] == ["s0", "s2"]
     text = suite.markdown(summary)
     assert "## Rows to distrust: the tuned op over 1.15x its own chosen kernel forced" in text
-    assert "| rmsnorm | s0 | 19.70 | triton:launch_rmsnorm[...] | 11.726x |" in text
+    assert "| rmsnorm | s0 | 19.70 | triton:launch_rmsnorm[...] | 11.726x | 200 |" in text
+    assert "| rmsnorm | s2 | 5.00 | triton:launch_rmsnorm[...] | 1.000x | 2 |" in text

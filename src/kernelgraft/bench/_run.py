@@ -58,12 +58,14 @@ class Row:
     vs_chosen: float | None = None
     regime: str = ""  # the shape's regime in its suite (kernelgraft.bench._suite), '' if untagged
     method: str = ""  # how it was timed: "events" (per call) or "graph" (CUDA-graph replay)
+    calls: int = 0  # calls per replayed graph ("graph": a handful would add the graph launch to each)
 
     def fill(self, timing: Timing | None, ceilings: Ceilings | None) -> "Row":
         if timing is None:
             return self
         self.time_us, self.reps = timing.median_us, timing.reps
         self.method = getattr(timing, "method", "")
+        self.calls = getattr(timing, "calls", 0)
         seconds = timing.median_us * 1e-6
         if seconds > 0:
             self.gbps = self.bytes / seconds / 1e9
