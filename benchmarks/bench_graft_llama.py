@@ -1,14 +1,22 @@
 """Forward time of a small Llama (Hugging Face transformers, random weights) before and after
 grafting kernelgraft ops: RMSNorm by module type (kgexamples::rmsnorm), the SwiGLU gate by pattern
-(kgexamples::swiglu), in eager and under torch.compile (Inductor). Eager grafted runs twice: with
-the ops' native replay, and on their Python path (KERNELGRAFT_NATIVE=0 for new plans). Last, under
-torch.compile, each residual add and the norm of its sum grafted by pattern as one
-kgexamples::rmsnorm_residual, with the SwiGLU pattern.
+(kgexamples::swiglu), in eager and under torch.compile (Inductor). Eager grafted also runs on the
+ops' Python path (KERNELGRAFT_NATIVE=0 for new plans). Last, under torch.compile, each residual add
+and the norm of its sum grafted by pattern as one kgexamples::rmsnorm_residual, with the SwiGLU
+pattern.
+
+Each variant is its own copy of the model (grafted, then compiled where it is compiled, in an order
+that keeps the plain model's compile free of the pattern grafts, which act on every graph Inductor
+compiles while they are active). Once all are built they are timed in interleaved rounds (each
+round times every variant; the ratios are medians over rounds of the ratio within a round), so
+clock and thermal drift over the minutes of a run does not land on one variant: timed one after
+the other, the same compiled model moved by 2-4% between sessions. The Python-path variant is
+timed where it is built, beside the grafted model, and reported against it.
 
 In eager only the module graft applies (a pattern graft acts inside torch.compile). Each section
 runs in its own try/except, reports and continues. Prints a ratio table last; writes JSON to
---out (default $OUT/bench_graft_llama.json). Runtime about 2-3 minutes on an H200 (two or, with
---cudagraphs, four Inductor compiles).
+--out (default $OUT/bench_graft_llama.json). Runtime about 2-3 minutes on an H200 (three or, with
+--cudagraphs, five Inductor compiles).
 
     python benchmarks/bench_graft_llama.py [--hidden 2048 --layers 4 --batch 4 --seq 1024] [--cudagraphs]
 """
@@ -16,17 +24,25 @@ runs in its own try/except, reports and continues. Prints a ratio table last; wr
 from __future__ import annotations
 
 import argparse
+import copy
 import json
+import statistics
 import os
 import platform
 import sys
 import time
 import traceback
+import types
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import add_llama_arguments, build_llama  # noqa: E402
+
+
+# (variant, baseline) pairs of the ratio table, each the median over rounds of the ratio in a round
+PAIRS = (("eager_grafted", "eager"), ("compile_grafted", "compile"), ("compile_grafted_fused", "compile"),
+         ("compile", "eager"), ("compile_grafted", "eager"))
 
 
 def _time(fn, warmup: int, iters: int) -> float:
@@ -46,10 +62,53 @@ def _time(fn, warmup: int, iters: int) -> float:
     return times[len(times) // 2]
 
 
+def _own_code(model: torch.nn.Module, name: str) -> torch.nn.Module:
+    """``model`` behind a module whose ``forward`` has a code object of its own. Dynamo keeps its
+    compiled graphs on the code object of the frame it compiles and, with nn modules inlined (the
+    default, the only mode in torch 2.13), guards on the modules' types and the tensors' shapes,
+    not on which model it is: the fused copy (plain module types, its grafts acting inside
+    Inductor) would otherwise be served the plain model's graph."""
+
+    class Variant(torch.nn.Module):
+        def __init__(self, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, ids, use_cache=False):
+            return self.inner(ids, use_cache=use_cache)
+
+    plain = Variant.forward
+    Variant.forward = types.FunctionType(plain.__code__.replace(co_name=f"forward_{name}"), plain.__globals__,
+                                         f"forward_{name}", plain.__defaults__, plain.__closure__)
+    return Variant(model)
+
+
+def interleaved(fns: dict, rounds: int, iters: int, timer=None) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """Median milliseconds per call of each of ``fns`` over ``rounds`` rounds, each round timing
+    every callable (``iters`` calls, their median) in turn, the order rotating by one per round;
+    returns the medians and the per-round times (index r: round r), for ratios paired by round.
+    ``timer(fn, iters)`` defaults to CUDA events (``_time``)."""
+    timer = timer or (lambda fn, n: _time(fn, warmup=1, iters=n))
+    names = list(fns)
+    per_round: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            per_round[name].append(timer(fns[name], iters))
+    return {name: statistics.median(v) for name, v in per_round.items()}, per_round
+
+
+def paired_ratio(per_round: dict[str, list[float]], a: str, b: str) -> float | None:
+    """The median over rounds of time(a) / time(b) within the round; None if either is missing."""
+    if a not in per_round or b not in per_round:
+        return None
+    return statistics.median(x / y for x, y in zip(per_round[a], per_round[b]) if y > 0)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_llama_arguments(parser)
-    parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--iters", type=int, default=30, help="calls timed per variant and round")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds over the variants")
     parser.add_argument("--cudagraphs", action="store_true", help="also time mode='reduce-overhead'")
     parser.add_argument("--eager-only", action="store_true",
                         help="skip torch.compile (a decode-sized run: --batch 1 --seq 1 --eager-only)")
@@ -84,12 +143,14 @@ def main() -> int:
     times, errors, diffs = result["times_ms"], result["errors"], result["max_abs_diff_vs_eager"]
 
     model, ids = build_llama(args)
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 32)
 
     def run(m):
         with torch.no_grad():
             return m(ids, use_cache=False).logits
 
     expected = run(model)
+    variants: dict = {}  # name -> the callable timed in the interleaved rounds
 
     def section(name, fn):
         print(f"[{time.time() - t_start:6.1f}s] {name} ...", flush=True)
@@ -99,34 +160,42 @@ def main() -> int:
             errors[name] = f"{type(exc).__name__}: {exc}"
             traceback.print_exc()
 
-    def measure(name, m):
+    def add(name, m):
         out = run(m)
         diffs[name] = float((out.float() - expected.float()).abs().max())
-        times[name] = _time(lambda: run(m), warmup=3, iters=args.iters)
-        print(f"    {name}: {times[name]:.3f} ms (max |logits - eager| {diffs[name]:.3g})", flush=True)
+        variants[name] = m
+        print(f"    {name}: max |logits - eager| {diffs[name]:.3g}", flush=True)
 
-    section("eager", lambda: measure("eager", model))
+    section("eager", lambda: add("eager", model))
 
-    def compiled(name, mode=None):
-        torch._dynamo.reset()
-        m = torch.compile(model, fullgraph=True, mode=mode)
+    def compiled(name, m, mode=None):
+        from torch._dynamo.utils import counters
+
+        graphs = counters["stats"]["unique_graphs"]
+        c = torch.compile(_own_code(m, name), fullgraph=True, mode=mode)
         t0 = time.time()
-        run(m)
+        run(c)
         result.setdefault("compile_s", {})[name] = round(time.time() - t0, 1)
-        measure(name, m)
+        if counters["stats"]["unique_graphs"] == graphs:  # served an earlier variant's graph
+            result["notes"].append(f"{name}: no new graph was compiled; it reuses an earlier variant's")
+            print(f"    {result['notes'][-1]}", flush=True)
+        add(name, c)
 
+    # the plain model compiles before any pattern graft is active (they apply process-wide)
     if not args.eager_only:
-        section("compile", lambda: compiled("compile"))
+        section("compile", lambda: compiled("compile", model))
     if args.cudagraphs and not args.eager_only:
-        section("compile_cudagraphs", lambda: compiled("compile_cudagraphs", "reduce-overhead"))
+        section("compile_cudagraphs", lambda: compiled("compile_cudagraphs", model, "reduce-overhead"))
 
     reports = {}
+    grafted = copy.deepcopy(model)
+    fused_model = copy.deepcopy(model)
 
     def do_graft():
         inputs = ((ids,), {"use_cache": False})
         for key, rules, kw in (("module", {LlamaRMSNorm: rmsnorm}, {}),
                                ("pattern", None, {"pattern": swiglu_pattern, "replacement": swiglu})):
-            call = (model, rules) if rules is not None else (model,)
+            call = (grafted, rules) if rules is not None else (grafted,)
             try:
                 reports[key] = kg.graft(*call, example_inputs=inputs, **kw)
             except kg.VerificationError as exc:  # keep timing; the numbers say how far off
@@ -138,52 +207,80 @@ def main() -> int:
         print(f"    module graft: {reports['module']}; pattern graft: {reports['pattern']}", flush=True)
 
     section("graft", do_graft)
-    section("eager_grafted", lambda: measure("eager_grafted", model))
+    section("eager_grafted", lambda: add("eager_grafted", grafted))
 
     def python_path():
-        # The same grafted model with the native replay off (new plans are not recorded): what
-        # the ops' eager calls cost on kernelgraft's Python path.
+        # The grafted model with the native replay off (new plans are not recorded): what the ops'
+        # eager calls cost on kernelgraft's Python path, timed in alternation with the replay on.
         before = os.environ.get("KERNELGRAFT_NATIVE")
-        os.environ["KERNELGRAFT_NATIVE"] = "0"
-        try:
+
+        def timed(native: str) -> float:
+            os.environ["KERNELGRAFT_NATIVE"] = native
             rmsnorm.dispatcher.reset()
-            measure("eager_grafted_python_path", model)
+            run(grafted)  # plans again (and records the replay, where on) before the timing
+            return _time(lambda: run(grafted), warmup=1, iters=args.iters)
+
+        try:
+            pairs = [(timed("0"), timed("1")) for _ in range(max(1, args.rounds // 2))]
+            times["eager_grafted_python_path"] = statistics.median(p for p, _ in pairs)
+            result["python_path_vs_native"] = statistics.median(p / n for p, n in pairs)
+            print(f"    eager_grafted_python_path: {times['eager_grafted_python_path']:.3f} ms, "
+                  f"{result['python_path_vs_native']:.3f}x the native replay's", flush=True)
         finally:
             if before is None:
-                del os.environ["KERNELGRAFT_NATIVE"]
+                os.environ.pop("KERNELGRAFT_NATIVE", None)
             else:
                 os.environ["KERNELGRAFT_NATIVE"] = before
             rmsnorm.dispatcher.reset()
+            run(grafted)
 
     section("eager_grafted_python_path", python_path)
     if not args.eager_only:
-        section("compile_grafted", lambda: compiled("compile_grafted"))
+        section("compile_grafted", lambda: compiled("compile_grafted", grafted))
     if "pattern" in reports:
         result["pattern_matches_compiled"] = reports["pattern"].compiled
 
     def fused():
         # Under torch.compile an opaque RMSNorm keeps Inductor from fusing the residual add into
         # it; graft the add and the norm together (one rmsnorm_residual per add) instead.
-        kg.ungraft(model)
         inputs = ((ids,), {"use_cache": False})
         fused_reports = {
-            "add_rmsnorm": kg.graft(model, pattern=add_rmsnorm_pattern, replacement=rmsnorm_residual,
+            "add_rmsnorm": kg.graft(fused_model, pattern=add_rmsnorm_pattern, replacement=rmsnorm_residual,
                                     example_inputs=inputs),
-            "swiglu": kg.graft(model, pattern=swiglu_pattern, replacement=swiglu, example_inputs=inputs),
+            "swiglu": kg.graft(fused_model, pattern=swiglu_pattern, replacement=swiglu, example_inputs=inputs),
         }
         result["graft_fused"] = {k: {"count": r.count, "verified": r.verified} for k, r in fused_reports.items()}
         print("    fused graft: " + ", ".join(f"{k} {r.count} site(s), verified={r.verified}"
                                           for k, r in fused_reports.items()), flush=True)
-        compiled("compile_grafted_fused")
+        compiled("compile_grafted_fused", fused_model)
 
     if not args.eager_only:
         section("compile_grafted_fused", fused)
     if args.cudagraphs and not args.eager_only:
-        section("compile_cudagraphs_grafted", lambda: compiled("compile_cudagraphs_grafted", "reduce-overhead"))
-    try:
-        kg.ungraft(model)
-    except Exception as exc:
-        errors["ungraft"] = repr(exc)
+        section("compile_cudagraphs_grafted",
+                lambda: compiled("compile_cudagraphs_grafted", grafted, "reduce-overhead"))
+
+    def timing():
+        from torch._dynamo.utils import counters
+
+        graphs = counters["stats"]["unique_graphs"]
+        fns = {name: (lambda m=m: run(m)) for name, m in variants.items()}
+        medians, per_round = interleaved(fns, args.rounds, args.iters)
+        times.update(medians)
+        result["per_round_ms"] = per_round
+        result["paired"] = {f"{a} / {b}": paired_ratio(per_round, a, b) for a, b in PAIRS}
+        if counters["stats"]["unique_graphs"] != graphs:  # a recompile could have taken in the grafts
+            result["notes"].append(f"{counters['stats']['unique_graphs'] - graphs} graph(s) compiled during the "
+                                   "timing rounds: a compiled variant recompiled")
+        for name in medians:
+            print(f"    {name}: {medians[name]:.3f} ms", flush=True)
+
+    section(f"timing ({args.rounds} interleaved rounds x {args.iters} calls)", timing)
+    for m in (grafted, fused_model):
+        try:
+            kg.ungraft(m)
+        except Exception as exc:
+            errors["ungraft"] = repr(exc)
 
     result["total_s"] = round(time.time() - t_start, 1)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
@@ -191,16 +288,14 @@ def main() -> int:
         json.dump(result, f, indent=2, default=str)
 
     def ratio(a, b):
+        paired = result.get("paired", {}).get(f"{a} / {b}")
+        if paired is not None:
+            return f"{paired:.3f}"
         return f"{times[a] / times[b]:.3f}" if a in times and b in times else "n/a"
 
-    rows = [
-        ("eager grafted / eager", ratio("eager_grafted", "eager")),
-        ("eager grafted, Python path / eager", ratio("eager_grafted_python_path", "eager")),
-        ("compile grafted / compile", ratio("compile_grafted", "compile")),
-        ("compile, add+norm fused graft / compile", ratio("compile_grafted_fused", "compile")),
-        ("compile / eager", ratio("compile", "eager")),
-        ("compile grafted / eager", ratio("compile_grafted", "eager")),
-    ]
+    rows = [(f"{a.replace('_', ' ')} / {b.replace('_', ' ')}", ratio(a, b)) for a, b in PAIRS]
+    if "python_path_vs_native" in result:
+        rows.append(("eager grafted, Python path / native replay", f"{result['python_path_vs_native']:.3f}"))
     if args.cudagraphs:
         rows.append(("cudagraphs grafted / cudagraphs", ratio("compile_cudagraphs_grafted", "compile_cudagraphs")))
     print(f"\nLlama {args.layers}x{args.hidden} bf16, {args.batch}x{args.seq} tokens, "
