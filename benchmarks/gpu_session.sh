@@ -94,7 +94,7 @@ run_section() {
     cpp)  # cppbuild, then the host cost from C++
       run_section cppbuild
       step cpp_host_cost 240 python3 benchmarks/bench_cpp_host_cost.py --build-dir /tmp/cppbuild --out "$R" ;;
-    aotipre) step aoti_preflight 150 python3 research/aoti_preflight.py ;;
+    aotipre) step aoti_preflight 300 python3 research/aoti_preflight.py --fstring --llama ;;
     llamaaoti)  # issue 17: the grafted Llama as an AOTInductor package run by examples/cpp/run_aoti (after cppbuild; aotipre first where Inductor's AOT path is in doubt)
       step build_llama_aoti 260 python3 benchmarks/build_llama_aoti.py --out-dir /tmp/llama_aoti
       step llama_python_warm_start 90 python3 benchmarks/build_llama_aoti.py --out-dir /tmp/llama_aoti --cold-start-only
