@@ -3,27 +3,18 @@ order rotating), ratios paired by round, and each compiled variant getting a gra
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+from _bench_scripts import bench_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        spec = importlib.util.spec_from_file_location("bench_graft_llama", BENCHMARKS / "bench_graft_llama.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+    with bench_script("bench_graft_llama") as module:
         yield module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
 
 
 def test_rounds_rotate_the_order_and_ratios_pair_within_a_round(bench):

@@ -3,28 +3,19 @@ the known gaps), --dry-run, and the summary (ratios, worst five, bandwidth) from
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
 from kernelgraft.bench import Row
 from kernelgraft.bench._run import COMPILE, EAGER, PEER, TUNED
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+from _bench_scripts import bench_script
 
 
 @pytest.fixture(scope="module")
 def suite():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        spec = importlib.util.spec_from_file_location("bench_llm_suite", BENCHMARKS / "bench_llm_suite.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+    with bench_script("bench_llm_suite") as module:
         yield module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
 
 
 def test_plan_covers_every_example_and_quick_keeps_each_regime(suite):
