@@ -36,34 +36,6 @@ def _process_age_s() -> float:
     return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
 
 
-def _space_intact() -> bool:
-    """Whether Python's one-space string is still one space. Every line of the grafted Llama's
-    wrapper that failed to compile on the H200 machine (sessions 8 and 9) came from an Inductor
-    f-string whose literal between two fields is exactly " " -- CPython's cached one-character
-    string, shared by every such constant -- while longer literals on the same lines survived:
-    what a write into that shared object from native code would look like."""
-    one = " "
-    return len(one) == 1 and ord(one) == 32 and len(f"{1} {2}") == 3
-
-
-def _spaced_kernel_type() -> None:
-    """Work around the H200 machine's torch 2.11 AOTInductor: the C++ wrapper it generated for the
-    grafted Llama declared its Triton kernels as ``CUfunctiontriton_...{nullptr};`` (type and name
-    run together; sessions 8 and 9, ``*_build_llama_aoti*.txt``), so g++ refused the package. A
-    trailing space on the type Inductor writes is harmless in every C++ context it is used in and
-    separates the two; torch 2.13 writes the space itself."""
-    try:
-        from torch._inductor.codegen.cuda.device_op_overrides import CUDADeviceOpOverrides
-    except ImportError:  # another torch layout: nothing to work around
-        return
-    kernel_type = CUDADeviceOpOverrides.cpp_kernel_type
-    if not getattr(kernel_type, "kernelgraft_spaced", False):
-        def spaced(self) -> str:
-            return kernel_type(self).rstrip() + " "
-        spaced.kernelgraft_spaced = True  # type: ignore[attr-defined]
-        CUDADeviceOpOverrides.cpp_kernel_type = spaced
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_llama_arguments(parser)
@@ -88,16 +60,7 @@ def main() -> int:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     report: dict = {"config": vars(args), "torch": torch.__version__, "gpu": torch.cuda.get_device_name()}
-    intact = report["space_intact_after"] = {}
-
-    def checkpoint(phase: str) -> None:
-        intact[phase] = _space_intact()
-        if not intact[phase]:
-            print(f"the one-space string is corrupted after: {phase}", flush=True)
-
-    checkpoint("imports")
     model, ids = build_llama(args)
-    checkpoint("building the model")
 
     class Logits(torch.nn.Module):  # export wants tensors in, tensors out
         def __init__(self, m):
@@ -112,7 +75,6 @@ def main() -> int:
         kg.graft(model, {LlamaRMSNorm: rmsnorm}, example_inputs=((ids,), {"use_cache": False}))
         grafted = Logits(model)(ids)  # the Python process's first grafted result (JIT included)
         torch.cuda.synchronize()
-        checkpoint("grafting RMSNorm and the first grafted call (tuning, JIT)")
         report["python_cold_start_s"] = round(_process_age_s(), 3)
         if args.cold_start_only:
             path = out / "report.json"
@@ -131,18 +93,16 @@ def main() -> int:
         report["ops_in_graph"] = {name: targets.count(name) for name in
                                   ("kgexamples.rmsnorm.default", "kgexamples.swiglu.default")}
         report["swiglu_sites"] = swiglu_report.count
-        checkpoint("export and the SwiGLU pattern graft")
         expected = ep.module()(ids)
-        checkpoint("running the exported program")
         report["exported_vs_grafted_max_abs"] = (expected.float() - grafted.float()).abs().max().item()
 
         t = time.perf_counter()
-        _spaced_kernel_type()
+        # Sessions 8-9 failed here: kernelgraft's NVRTC path had written a NUL into CPython's shared
+        # b" ", so every space Inductor's wrapper encoded became one (fixed in backends/_nvrtc.py).
+        report["encoded_space_intact"] = list(" ".encode()) == [32]
         try:
             package = torch._inductor.aoti_compile_and_package(ep, package_path=str(out / "llama.pt2"))
         finally:
-            checkpoint("AOTInductor")
-            print(f"one-space string intact after each phase: {intact}", flush=True)
             (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
         report["aoti_compile_s"] = round(time.perf_counter() - t, 1)
 

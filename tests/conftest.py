@@ -105,3 +105,25 @@ def pytest_runtest_logreport(report):
     happens: a run cut short by its time limit keeps what failed and why, not only an 'F'."""
     if report.failed and os.environ.get("KERNELGRAFT_TEST_INSTAFAIL") == "1":
         print(f"\n--- FAILED {report.nodeid} ({report.when})\n{report.longreprtext[-6000:]}\n---", flush=True)
+
+
+def _broken_singletons() -> list[str]:
+    """CPython shares one object per one-character Latin-1 string and per one-byte bytes value
+    (every constant " " in every code object is the same object). Native code that writes through
+    a pointer into a Python string's buffer corrupts all of them at once: on the H200 machine,
+    every Inductor f-string "{type} {name}" came out without its space. Which ones changed."""
+    broken = [f"chr({i}) is now {chr(i)!r}" for i in range(256) if len(chr(i)) != 1 or ord(chr(i)) != i]
+    # encoding a one-character str hands back the shared one-byte bytes object, as b" " does
+    broken += [f"bytes {i} is now {chr(i).encode('latin-1')!r}" for i in range(256)
+               if chr(i).encode("latin-1")[0] != i]
+    if f"{1} {2}" != "1 2":
+        broken.append(f"f-string '{{1}} {{2}}' gives {f'{1} {2}'!r}")
+    return broken
+
+
+@pytest.fixture(autouse=True)
+def _interpreter_intact():
+    """No test may leave the interpreter's shared one-character strings or bytes changed."""
+    yield
+    broken = _broken_singletons()
+    assert not broken, f"this test corrupted interpreter singletons: {broken[:8]}"

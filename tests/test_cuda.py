@@ -121,6 +121,22 @@ def test_compile_for_sm90_without_gpu_and_disk_cache(cache_dir):
 
 
 @needs_nvrtc
+@pytest.mark.parametrize("kind", ["cubin", "ptx"])
+def test_a_clean_compile_leaves_the_interpreters_shared_bytes_alone(kind, cache_dir):
+    """NVRTC writes its log, cubin and PTX into the buffers it is handed. A warning-free compile
+    has a one-byte log (its NUL): handed b" " * 1, which is CPython's one shared b" ", it turned
+    every space the process encoded into a NUL (the H200 machine's AOTInductor wrappers came out
+    as `CUfunctiontriton_...` and would not compile)."""
+    spec = kg.cuda(_SRC, "scale<{BLOCK}>", launch=_launch, configs=[{"BLOCK": 64, "FACTOR": 5}])
+    compiled = _nvrtc.compile_cuda(spec.source, "scale<64>", options=("-DFACTOR=5",), arch="sm_90", kind=kind)
+    assert compiled.log == ""  # the case that wrote into b" "
+    # encoding a one-space str returns the shared object (a b" " literal need not be it)
+    assert list(" ".encode()) == [32] and list(chr(32).encode("latin-1")) == [32]
+    assert list(f"{'a'} {'b'}".encode()) == [97, 32, 98]
+    assert (_is_cuda_elf(compiled.image) if kind == "cubin" else compiled.image.startswith(b"//"))
+
+
+@needs_nvrtc
 def test_compile_error_shows_nvrtc_log_with_file_line_and_config(cache_dir):
     bad = _SRC.replace("FACTOR * x[i]", "FACTOR * x[i] + undefined_name")
     spec = kg.cuda(bad, "scale<{BLOCK}>", launch=_launch, configs=[{"BLOCK": 128, "FACTOR": 2}])

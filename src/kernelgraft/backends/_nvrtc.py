@@ -143,9 +143,12 @@ def _compile(source, name, options, arch, kind, filename, where) -> Compiled:
         argv = [f"-arch={code}", *options, *(f"-I{d}" for d in include_dirs())]
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(argv), [a.encode() for a in argv])
         (size,) = _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize", where)
-        buf = b" " * size
+        # NVRTC writes into the buffer it is given: always a fresh bytearray. b" " * 1 is
+        # CPython's shared one-byte object b" " (what " ".encode() returns too), and an empty
+        # log's one NUL written there turned every encoded space of the process into a NUL.
+        buf = bytearray(size)
         _check(nvrtc.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog", where)
-        text = buf.rstrip(b"\0").decode(errors="replace").strip()
+        text = bytes(buf).rstrip(b"\0").decode(errors="replace").strip()
         if int(err) != 0:
             raise CompileError(
                 f"{where}: CUDA C++ failed to compile for {arch} with NVRTC {version} "
@@ -154,13 +157,14 @@ def _compile(source, name, options, arch, kind, filename, where) -> Compiled:
         (symbol,) = _check(nvrtc.nvrtcGetLoweredName(prog, name.encode()), "nvrtcGetLoweredName", where)
         if kind == "cubin":
             (size,) = _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize", where)
-            image = b" " * size
-            _check(nvrtc.nvrtcGetCUBIN(prog, image), "nvrtcGetCUBIN", where)
+            out = bytearray(size)
+            _check(nvrtc.nvrtcGetCUBIN(prog, out), "nvrtcGetCUBIN", where)
+            image = bytes(out)
         else:
             (size,) = _check(nvrtc.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize", where)
-            image = b" " * size
-            _check(nvrtc.nvrtcGetPTX(prog, image), "nvrtcGetPTX", where)
-            image = image.rstrip(b"\0")
+            out = bytearray(size)
+            _check(nvrtc.nvrtcGetPTX(prog, out), "nvrtcGetPTX", where)
+            image = bytes(out).rstrip(b"\0")
         symbol = symbol.decode() if isinstance(symbol, bytes) else str(symbol)
         log.debug("%s: compiled %s for %s (%d bytes)", where, name, arch, len(image))
         return Compiled(image, kind, symbol, arch, text)
