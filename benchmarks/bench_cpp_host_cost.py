@@ -133,6 +133,13 @@ def main() -> int:
     extra["runtime_over_at_add_us"] = {
         name: round(median[name] - base, 3) for name in median
         if "bundled" in name and "[idle GPU]" not in name}
+    # What a bundled op adds over the floor under any op here: one launch plus one allocation.
+    launch, alloc = median.get("bare kernel launch (at::cuda::sleep(0))"), median.get("output allocation (at::empty_like)")
+    if launch is not None and alloc is not None:
+        extra["floor_us"] = {"launch": round(launch, 3), "allocation": round(alloc, 3)}
+        extra["runtime_over_floor_us"] = {
+            name: round(median[name] - launch - alloc, 3) for name in median
+            if "bundled" in name and "[idle GPU]" not in name}
     payload = {"env": environment(), "per_process_us": runs, "median_us": median, "checks": checks, **extra}
     write_json("cpp_host_cost", payload, args.out)
     env = payload["env"]
@@ -145,6 +152,9 @@ def main() -> int:
     for name, us in sorted(median.items(), key=lambda kv: ("[idle GPU]" in kv[0], kv[0])):
         print(f"{name:64s} {us:8.2f} {us / base:10.2f}x")
     print(f"the runtime's cost over at::add in the same process: {extra['runtime_over_at_add_us']}")
+    if "floor_us" in extra:
+        print(f"floor on this host: {extra['floor_us']}; the runtime over launch + allocation: "
+              f"{extra['runtime_over_floor_us']}")
     for name, ok in checks.items():
         print(f"{'PASS' if ok else 'FAIL'}  {name}")
     return 0 if all(checks.values()) else 1

@@ -104,6 +104,37 @@ def paired_ratio(per_round: dict[str, list[float]], a: str, b: str) -> float | N
     return statistics.median(x / y for x, y in zip(per_round[a], per_round[b]) if y > 0)
 
 
+def profile_kernels(fns: dict, calls: int = 5, top: int = 12) -> dict:
+    """Per variant: GPU microseconds per forward by kernel name (torch.profiler), its kernel count and
+    total, the ``top`` largest printed. Compiled variants name Inductor's fused kernels, grafted ones
+    kernelgraft's, so two variants' lists show which kernels a graft replaced and what it cost."""
+    from torch.profiler import ProfilerActivity, profile
+
+    out = {}
+    for name, fn in fns.items():
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+        kernels = {}
+        for evt in prof.key_averages():
+            us = getattr(evt, "device_time_total", None)
+            if us is None:
+                us = getattr(evt, "cuda_time_total", 0)
+            if us > 0:
+                kernels[evt.key] = kernels.get(evt.key, 0.0) + us / calls
+        ranked = sorted(kernels.items(), key=lambda kv: -kv[1])
+        out[name] = {"total_us": round(sum(kernels.values()), 1), "kernels": len(kernels),
+                     "by_kernel_us": {k: round(v, 2) for k, v in ranked}}
+        print(f"    {name}: {out[name]['total_us']:.1f} us of GPU time per forward in {len(kernels)} kernels",
+              flush=True)
+        for k, v in ranked[:top]:
+            print(f"        {v:9.1f}  {k[:110]}", flush=True)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_llama_arguments(parser)
@@ -112,6 +143,9 @@ def main() -> int:
     parser.add_argument("--cudagraphs", action="store_true", help="also time mode='reduce-overhead'")
     parser.add_argument("--eager-only", action="store_true",
                         help="skip torch.compile (a decode-sized run: --batch 1 --seq 1 --eager-only)")
+    parser.add_argument("--profile", action="store_true",
+                        help="after the timing, list each variant's GPU kernels (torch.profiler, CUDA time "
+                             "per forward by kernel) beside the plain model's: where a ratio comes from")
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_graft_llama.json"))
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -276,6 +310,9 @@ def main() -> int:
             print(f"    {name}: {medians[name]:.3f} ms", flush=True)
 
     section(f"timing ({args.rounds} interleaved rounds x {args.iters} calls)", timing)
+    if args.profile:
+        section("profile", lambda: result.update(profile=profile_kernels(
+            {name: (lambda m=m: run(m)) for name, m in variants.items()})))
     for m in (grafted, fused_model):
         try:
             kg.ungraft(m)

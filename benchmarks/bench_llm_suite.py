@@ -88,9 +88,21 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a and b else None
 
 
-def summarize(rows: Iterable[Row], copy_gbps: float | None) -> dict:
+def largest(rows: Iterable[Row]) -> dict[str, float]:
+    """Bytes moved by each memory-bound op's largest tuned shape."""
+    out: dict[str, float] = {}
+    for r in rows:
+        if r.kind == TUNED and r.op not in COMPUTE_BOUND and r.time_us and r.bytes == r.bytes:
+            out[r.op] = max(out.get(r.op, 0.0), r.bytes)
+    return out
+
+
+def summarize(rows: Iterable[Row], copy_gbps: float | None, same_size_copy_gbps: dict | None = None) -> dict:
     """Per shape: tuned, eager, compile and peer times with op/min(eager, compile) and op/peer;
-    the worst five of each ratio; bandwidth of memory-bound ops at their largest shape."""
+    the worst five of each ratio; bandwidth of memory-bound ops at their largest shape, of the copy
+    measured at the start (1 GiB) and, where given (``same_size_copy_gbps``: op -> GB/s), of a copy
+    moving the same bytes timed the same way: a small kernel pays a launch and a tail a 1 GiB copy
+    spreads thin, and so does a copy of its size."""
     shapes: dict[tuple[str, int], dict] = {}
     for r in rows:
         entry = shapes.setdefault((r.op, r.size), {"op": r.op, "shape": r.shape, "regime": r.regime,
@@ -126,8 +138,11 @@ def summarize(rows: Iterable[Row], copy_gbps: float | None) -> dict:
         timed = [e for e in table if e["op"] == op and e.get("tuned_us") and e["bytes"] == e["bytes"]]
         if timed:
             big = max(timed, key=lambda e: e["bytes"])
+            same = (same_size_copy_gbps or {}).get(op)
             bandwidth.append({"op": op, "shape": big["shape"], "gbps": big.get("gbps"),
-                              "fraction": big.get("bw_frac"), "copy_gbps": copy_gbps})
+                              "fraction": big.get("bw_frac"), "copy_gbps": copy_gbps,
+                              "same_size_copy_gbps": same,
+                              "fraction_of_same_size_copy": _ratio(big.get("gbps"), same)})
     failures = [e for e in table if e.get("tuned_us") is None]
     return {
         "limits": LIMITS,
@@ -186,8 +201,10 @@ def markdown(summary: dict) -> str:
         lines += [f"| {e['op'].split('::')[-1]} | {e['shape']} | {_x(e[key.removeprefix('worst_')])} |"
                   for e in summary[key]]
     lines += ["", f"## Bandwidth at the largest shape (limit {LIMITS['bandwidth']:.0%} of measured copy)", "",
-              "| op | inputs | GB/s | of copy |", "| --- | --- | ---: | ---: |"]
-    lines += [f"| {b['op'].split('::')[-1]} | {b['shape']} | {_gbps(b['gbps'])} | {_pct(b['fraction'])} |"
+              "| op | inputs | GB/s | of copy | copy of the same bytes, GB/s | of that copy |",
+              "| --- | --- | ---: | ---: | ---: | ---: |"]
+    lines += [f"| {b['op'].split('::')[-1]} | {b['shape']} | {_gbps(b['gbps'])} | {_pct(b['fraction'])} | "
+              f"{_gbps(b.get('same_size_copy_gbps'))} | {_pct(b.get('fraction_of_same_size_copy'))} |"
               for b in summary["bandwidth"]]
     if summary.get("inconsistent"):
         lines += ["", f"## Rows to distrust: the tuned op over {INCONSISTENT}x its own chosen kernel forced, "
@@ -255,7 +272,13 @@ def run(args) -> int:
             print(f"{name}: failed: {type(exc).__name__}: {exc}")
         print(f"{name}: {len(dims_set)} shapes in {time.monotonic() - t0:.1f} s", flush=True)
         torch.cuda.empty_cache()
-    summary = summarize(rows, ceilings.copy_gbps)
+    same_size = {}
+    for op_name, nbytes in largest(rows).items():  # the copy moving what the op moves, same timer
+        src = torch.empty(max(int(nbytes) // 8, 1), dtype=torch.float32, device="cuda").uniform_()
+        dst = torch.empty_like(src)
+        same_size[op_name] = 2 * src.numel() * 4 / (timer(lambda: dst.copy_(src)).median_us * 1e-6) / 1e9
+        del src, dst
+    summary = summarize(rows, ceilings.copy_gbps, same_size)
     summary.update(skipped=skipped, seconds=time.monotonic() - started, compile=args.compile, quick=args.quick)
     text = markdown(summary)
     print(text)

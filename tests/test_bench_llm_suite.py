@@ -55,21 +55,24 @@ def test_summary_ratios_worst_five_and_bandwidth(suite):
     rows += [_row("gemm", 0, EAGER, "torch eager", 100.0), _row("gemm", 0, PEER, "peer: cublas", 40.0),
              Row(op="kgexamples::gemm", shape="s0", size=0, bytes=1e8, flops=1e9, kind=TUNED,
                  variant="tuned (kg.tune)", error="RuntimeError: boom")]
-    summary = suite.summarize(rows, copy_gbps=4000.0)
+    assert suite.largest(rows) == {"kgexamples::rmsnorm": 8e8}  # gemm is compute bound
+    summary = suite.summarize(rows, copy_gbps=4000.0, same_size_copy_gbps={"kgexamples::rmsnorm": 80000.0})
     by = {(e["op"], e["shape"]): e for e in summary["shapes"]}
     assert by[("kgexamples::rmsnorm", "s0")]["vs_torch"] == pytest.approx(1.01)
     assert by[("kgexamples::rmsnorm", "s7")]["vs_liger"] == pytest.approx(1.04)
     assert [e["shape"] for e in summary["worst_vs_torch"]] == ["s7", "s6", "s5", "s4", "s3"]
     assert summary["worst_vs_liger"][0]["shape"] == "s7"
     assert summary["bandwidth"] == [{"op": "kgexamples::rmsnorm", "shape": "s7", "gbps": pytest.approx(1e8 * 8 / 10.8 / 1e3),
-                                     "fraction": pytest.approx(0.85), "copy_gbps": 4000.0}]
+                                     "fraction": pytest.approx(0.85), "copy_gbps": 4000.0,
+                                     "same_size_copy_gbps": 80000.0,
+                                     "fraction_of_same_size_copy": pytest.approx(1e8 * 8 / 10.8 / 1e3 / 80000)}]
     # over 1.02x: shapes 2..7 (1.03 .. 1.08); none over 1.05x vs Liger
     assert summary["over_limit"] == {"vs_torch": 6, "vs_liger": 0, "bandwidth": 1, "failed": 1}
     assert by[("kgexamples::gemm", "s0")]["peers"] == {"cublas": 40.0}
     text = suite.markdown(summary)
     assert "| rmsnorm | decode | s7 | 10.80 | triton:rmsnorm_rows[...] | 20.00 | 10.00 | 10.38 | - | 1.080x | 1.040x |" in text
     assert "| gemm | decode | s0 | - | RuntimeError: boom | 100.00 | - | - | cublas 40.00 | - | - |" in text
-    assert "| rmsnorm | s7 | 74074 | 85.0% |" in text
+    assert "| rmsnorm | s7 | 74074 | 85.0% | 80000 | 92.6% |" in text
     assert "Over the limits: 6 shapes vs torch, 0 vs Liger, 1 ops under the bandwidth bar; 1 shapes without a tuned time." in text
 
 

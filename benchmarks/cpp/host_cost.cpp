@@ -6,6 +6,7 @@
 //           spin ended before its last call is dropped and counted.
 //   idle:   the GPU idle at the round's start, as session 8 measured (its 2000 calls per round
 //           overran the launch queue, so the GPU's pace per tiny launch set the number).
+// Two floors are timed beside them: a bare kernel launch and an output allocation.
 // Prints one JSON object: the median microseconds per call of each variant and mode.
 //
 //   ./host_cost BUNDLE_DIR [--calls 400] [--rounds 25] [--n 4096] [--covered-us 40]
@@ -94,6 +95,11 @@ int run(int argc, char** argv) {
       {"at::add (C++)", [&] { return at::add(x, y); }},
       {"kgexamples::add_relu, bundled (C++ dispatcher)", [&] { return add_relu.call(x, y); }},
       {"kgexamples::rmsnorm, bundled (C++ dispatcher)", [&] { return rmsnorm.call(rows, w, 1e-6); }},
+      // The floor under any op on this host: one kernel launch through the CUDA runtime on the
+      // current stream with nothing around it (at::cuda::sleep(0): spin_kernel<<<1, 1>>>), and
+      // one output allocation from the caching allocator.
+      {"bare kernel launch (at::cuda::sleep(0))", [&] { at::cuda::sleep(0); return x; }},
+      {"output allocation (at::empty_like)", [&] { return at::empty_like(x); }},
   };
   // correctness before timing: a fast wrong answer is not a result
   at::Tensor got = add_relu.call(x, y);

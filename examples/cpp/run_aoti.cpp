@@ -5,7 +5,9 @@
 //   ./run_aoti BUNDLE_DIR PACKAGE.pt2 [IO.pt] [--arch sm_90] [--atol A] [--rtol R] [--runs N] [--allow-native]
 //
 // IO.pt (torch.save of {"inputs": [tensors], "outputs": [tensors]}, as benchmarks/build_llama_aoti.py
-// writes it) gives the inputs, and the outputs the results must match; without it the program
+// writes it) gives the inputs, and the outputs the results must match; with "reference" (float64
+// outputs) and "python" (the Python model's outputs) also that the package is no less accurate
+// against the reference than the Python model is; without it the program
 // only loads the bundle and the package and prints the package's metadata. --arch loads a bundle
 // where no GPU can be asked its arch (a CPU machine: the ops then refuse CPU tensors, by name).
 #include <ATen/ATen.h>
@@ -13,6 +15,7 @@
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 #include <torch/script.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <iostream>
@@ -61,7 +64,16 @@ std::vector<at::Tensor> tensors(const c10::IValue& list, const char* what) {
 
 struct Io {
   std::vector<at::Tensor> inputs, outputs;
+  std::vector<at::Tensor> reference, python;  // optional: float64 logits, and the Python model's
 };
+
+// The error of `x` against the float64 `ref`, at the scale of the output: max |x - ref| / rms(ref)
+// (the absolute term of kernelgraft's oracle), so a large logit's rounding is not over-counted.
+double scaled_error(const at::Tensor& x, const at::Tensor& ref) {
+  at::Tensor r = ref.cpu().to(at::kDouble);
+  double rms = r.square().mean().sqrt().item<double>();
+  return (x.cpu().to(at::kDouble) - r).abs().max().item<double>() / (rms > 0 ? rms : 1.0);
+}
 
 Io read_io(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
@@ -74,6 +86,8 @@ Io read_io(const std::string& path) {
   Io io;
   io.inputs = tensors(dict.at("inputs"), "inputs");
   if (dict.contains("outputs")) io.outputs = tensors(dict.at("outputs"), "outputs");
+  if (dict.contains("reference")) io.reference = tensors(dict.at("reference"), "reference");
+  if (dict.contains("python")) io.python = tensors(dict.at("python"), "python");
   return io;
 }
 
@@ -120,14 +134,18 @@ int run(int argc, char** argv) {
             << bundle_ms << " ms\n";
   if (positional.size() < 3) return 0;
 
+  Clock::time_point io_start = Clock::now();
   Io io = read_io(positional[2]);
+  double io_ms = ms_since(io_start);  // the test harness's file, not part of a deployment's start
   for (auto& x : io.inputs) x = x.to(c10::Device(device));
   t = Clock::now();
   std::vector<at::Tensor> got = loader.run(io.inputs);
   if (!got.empty()) (void)got[0].cpu();  // waits for the GPU
   double first_ms = ms_since(t);
+  double age_ms = process_age_ms();
   std::cout << "first run " << first_ms << " ms; main() to first result " << ms_since(start)
-            << " ms; process start to first result " << process_age_ms() << " ms\n";
+            << " ms; process start to first result " << age_ms << " ms; reading the IO file " << io_ms
+            << " ms; process start to first result without it " << age_ms - io_ms << " ms\n";
   if (runs > 1) {
     t = Clock::now();
     for (int i = 1; i < runs; ++i) got = loader.run(io.inputs);
@@ -143,6 +161,20 @@ int run(int argc, char** argv) {
     std::cout << "output " << i << " " << a.sizes() << ": " << (close ? "matches" : "DIFFERS") << " (max abs diff "
               << diff << ", atol " << atol << ", rtol " << rtol << ")\n";
     ok &= close;
+  }
+  // Accuracy: the package's error against the float64 reference may not exceed the worst of the
+  // Python model's own outputs' errors (IO["python"]) by more than a quarter.
+  if (!io.reference.empty() && !got.empty() && got[0].sizes() == io.reference[0].sizes()) {
+    double mine = scaled_error(got[0], io.reference[0]), theirs = 0.0;
+    std::cout << "error vs the float64 reference, max |x - ref| / rms(ref): package " << mine;
+    for (size_t i = 0; i < io.python.size(); ++i) {
+      double e = scaled_error(io.python[i], io.reference[0]);
+      theirs = std::max(theirs, e);
+      std::cout << ", Python output " << i << " " << e;
+    }
+    bool accurate = io.python.empty() || mine <= 1.25 * theirs;
+    std::cout << ": " << (accurate ? "as accurate as Python's" : "LESS ACCURATE than Python's") << "\n";
+    ok &= accurate;
   }
   return ok ? 0 : 1;
 }
