@@ -73,8 +73,8 @@ run_section() {
     tune) step tune_gemm 310 python3 benchmarks/bench_tune_gemm.py --out "$R" ;;
     ranks) step tune_ranks 200 torchrun --nproc_per_node 2 benchmarks/bench_tune_ranks.py --out "$R" ;;
     graft) step graft_llama 240 python3 benchmarks/bench_graft_llama.py --out "$R/graft_llama.json" ;;
-    graftprofile) step graft_llama_profile 260 python3 benchmarks/bench_graft_llama.py --profile --out "$R/graft_llama.json" ;;
-    graftdecodecompile) step graft_decode_compile 200 python3 benchmarks/bench_graft_llama.py --batch 1 --seq 1 --iters 200 --profile --out "$R/graft_decode.json" ;;
+    graftprofile) step graft_llama_profile 260 python3 benchmarks/bench_graft_llama.py --profile ${GRAFT_ARGS:-} --out "$R/graft_llama.json" ;;
+    graftdecodecompile) step graft_decode_compile 200 python3 benchmarks/bench_graft_llama.py --batch 1 --seq 1 --iters 200 --profile ${GRAFT_ARGS:-} --out "$R/graft_decode.json" ;;
     graftdecode) step graft_decode 200 python3 benchmarks/bench_graft_llama.py --batch 1 --seq 1 --eager-only --iters 300 --out "$R/graft_decode.json" ;;
     aot) step test_gpu_aot 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_aot.py --tb=short
          step aot_startup 150 python3 benchmarks/bench_aot_startup.py --repeats 3 --out "$R" ;;
