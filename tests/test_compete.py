@@ -137,6 +137,30 @@ def test_reference_loses_when_slower():
     assert [e["impl_name"] for e in d.ranking if e["backend"] == "torch"] == ["compile", "eager"]
 
 
+def test_a_reference_fast_on_the_gpu_but_costly_to_call_loses_to_the_kernel():
+    """A timer that also measures the host's cost per call (the CUDA timer does) scores PyTorch
+    candidates by max(GPU, host): torch:compile at 0.2 ms of GPU time but 3 ms of Dynamo and
+    wrapper per call loses to a 1 ms kernel; measured once per PyTorch candidate, never for kernels."""
+    op = make_scale("tcp::hostcost")
+    x = torch.randn(1000)
+    asked: list[str] = []
+    timer = timer_with({"eager": 5.0, "compile": 0.2})
+
+    def host_ms(trial):
+        asked.append(trial.candidate.label)
+        return 3.0
+
+    timer.host_ms = host_ms
+    with kg.tune("on", timer=timer, compete=True):
+        assert served(op, x) == "triton:launch_scale[BLOCK=256]"
+        d = kg.tune.decision(op, x)
+    assert {e["impl_name"]: e["ms"] for e in d.ranking if e["backend"] == "torch"} == {"compile": 3.0, "eager": 5.0}
+    assert set(asked) == {EAGER, COMPILE}
+    timer.host_ms = lambda trial: 0.1  # cheap to call: the GPU time decides, as before
+    with kg.tune("on", timer=timer, compete=True):
+        assert served(make_scale("tcp::hostcheap"), x) == COMPILE
+
+
 def test_tie_goes_to_the_kernel():
     op = make_scale("tcp::tie")
     x = torch.randn(1000)
