@@ -277,13 +277,31 @@ class KernelOp:
         # without a backward is not refused here when an input requires grad: model parameters
         # require grad in plain inference and in torch.compile's traced graphs alike; its
         # autograd kernel refuses at backward time instead, see _autograd.)
-        key = self._d.key(args, False, ANY_TENSOR)
+        # torch.compile's graphs call the op here, through torch.ops, on every call: try the last
+        # signature's native replay first, as __call__ does (it checks the whole signature itself
+        # and hands back anything it does not serve), before the Python key and plan lookup.
+        d = self._d
+        replay = d.replay
+        if replay is not None and replay[2] == _EPOCH[0] and replay[1] is _scope():
+            out = replay[0](args)
+            if out is not NotImplemented:
+                return out
+        key = d.key(args, False, ANY_TENSOR)
         if key is None:
             self.signature.check_types(self.name, args)
             raise InputError(f"{self.name}: unsupported argument types {[describe(a) for a in args]}")
-        return self._d.execute(args, key)
+        return d.execute(args, key)
 
     def _fake(self, *args: Any) -> Any:
+        # torch.compile's graphs reach the op through fake tensors first, before AOTAutograd
+        # traces its backward: the op's autograd kernel (its backward, or the refusal) must be
+        # registered by then, or a backward through the compiled op ran with no error at all.
+        # Eager calls register it on their slow path (__call__); compiled ones never take that.
+        if self._autograd_info is None and torch.is_grad_enabled() and any(
+                (isinstance(a, torch.Tensor) and a.requires_grad)
+                or (isinstance(a, (list, tuple)) and any(isinstance(t, torch.Tensor) and t.requires_grad for t in a))
+                for a in args):
+            _autograd.ensure(self)
         outs = self._meta_fn(*args)
         return self._fresh_outputs(outs, empty=True, args=args)
 
