@@ -593,6 +593,30 @@ def _fresh(n=33):
     return torch.randn(n), torch.randn(n)
 
 
+def test_a_call_through_torch_ops_replays_without_the_python_key(relu_add, monkeypatch):
+    """torch.compile's graphs call ops through torch.ops on every call: the dispatcher kernel tries
+    the native replay first, and only a call the replay hands back builds the Python key."""
+    op = relu_add("kgtest_native::relu_add_ops")
+    overload = torch.ops.kgtest_native.relu_add_ops.default
+    for _ in range(3):
+        x, y = _fresh()
+        op(x, y)
+    replay = op.dispatcher.current_replay()
+    assert replay is not None
+    calls = replay.stats()["calls"]
+
+    def no_key(*a, **k):
+        raise AssertionError("the Python key was built")
+
+    monkeypatch.setattr(op.dispatcher, "key", no_key)
+    x, y = _fresh()
+    torch.testing.assert_close(overload(x, y), torch.relu(x + y))
+    assert replay.stats()["calls"] == calls + 1
+    monkeypatch.undo()
+    x, y = _fresh(50)  # another signature: the replay hands it back, the key path serves it
+    torch.testing.assert_close(overload(x, y), torch.relu(x + y))
+
+
 def test_an_op_replays_from_its_third_call(relu_add):
     op = relu_add("kgtest_native::relu_add_a")
     for i in range(4):
