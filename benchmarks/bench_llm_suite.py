@@ -103,6 +103,7 @@ def summarize(rows: Iterable[Row], copy_gbps: float | None, same_size_copy_gbps:
     measured at the start (1 GiB) and, where given (``same_size_copy_gbps``: op -> GB/s), of a copy
     moving the same bytes timed the same way: a small kernel pays a launch and a tail a 1 GiB copy
     spreads thin, and so does a copy of its size."""
+    rows = list(rows)  # read twice: the table, then the largest shapes
     shapes: dict[tuple[str, int], dict] = {}
     for r in rows:
         entry = shapes.setdefault((r.op, r.size), {"op": r.op, "shape": r.shape, "regime": r.regime,
@@ -132,17 +133,13 @@ def summarize(rows: Iterable[Row], copy_gbps: float | None, same_size_copy_gbps:
         return sorted(have, key=lambda e: -e[key])[:5]
 
     bandwidth = []
-    for op in dict.fromkeys(e["op"] for e in table):
-        if op in COMPUTE_BOUND:
-            continue
-        timed = [e for e in table if e["op"] == op and e.get("tuned_us") and e["bytes"] == e["bytes"]]
-        if timed:
-            big = max(timed, key=lambda e: e["bytes"])
-            same = (same_size_copy_gbps or {}).get(op)
-            bandwidth.append({"op": op, "shape": big["shape"], "gbps": big.get("gbps"),
-                              "fraction": big.get("bw_frac"), "copy_gbps": copy_gbps,
-                              "same_size_copy_gbps": same,
-                              "fraction_of_same_size_copy": _ratio(big.get("gbps"), same)})
+    for op, nbytes in largest(rows).items():
+        big = next(e for e in table if e["op"] == op and e["bytes"] == nbytes and e.get("tuned_us"))
+        same = (same_size_copy_gbps or {}).get(op)
+        bandwidth.append({"op": op, "shape": big["shape"], "gbps": big.get("gbps"),
+                          "fraction": big.get("bw_frac"), "copy_gbps": copy_gbps,
+                          "same_size_copy_gbps": same,
+                          "fraction_of_same_size_copy": _ratio(big.get("gbps"), same)})
     failures = [e for e in table if e.get("tuned_us") is None]
     return {
         "limits": LIMITS,

@@ -25,7 +25,7 @@ import torch
 
 from .._errors import InputError, RegistrationError, SpecError, UnsupportedError, describe
 from .._spec import Config, ImplSpec
-from .._verify import check_tolerances
+from .._verify import check_tolerances, tensors
 from ..tune._key import normalize_buckets
 from ..tune._modes import scope as _scope
 from . import _autograd, _compete, _registry, _select
@@ -298,9 +298,7 @@ class KernelOp:
         # registered by then, or a backward through the compiled op ran with no error at all.
         # Eager calls register it on their slow path (__call__); compiled ones never take that.
         if self._autograd_info is None and torch.is_grad_enabled() and any(
-                (isinstance(a, torch.Tensor) and a.requires_grad)
-                or (isinstance(a, (list, tuple)) and any(isinstance(t, torch.Tensor) and t.requires_grad for t in a))
-                for a in args):
+                t.requires_grad for t in tensors(args)):
             _autograd.ensure(self)
         outs = self._meta_fn(*args)
         return self._fresh_outputs(outs, empty=True, args=args)
