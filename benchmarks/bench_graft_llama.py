@@ -160,6 +160,7 @@ def main() -> int:
     from kernelgraft import _native
     from kernelgraft.examples.rmsnorm import rmsnorm
     from kernelgraft.examples.rmsnorm_residual import add_rmsnorm_pattern, rmsnorm_residual
+    from kernelgraft.graft import _inline
 
     # Build (or load) the native replay before timing: it otherwise builds in the background.
     print(f"native replay: {'ready' if _native.load() is not None else _native.reason()}", flush=True)
@@ -319,6 +320,11 @@ def main() -> int:
         except Exception as exc:
             errors["ungraft"] = repr(exc)
 
+    # Inductor's in-graph choice per op call site (kernelgraft.graft._inline): inlined reference or op
+    result["inline_choices"] = [{"op": k[0], "args": [str(a) for a in k[2:]], "inlined": v[0], "why": v[1]}
+                                for k, v in _inline.choices().items()]
+    for c in result["inline_choices"]:
+        print(f"    in-graph: {c['op']} {'inlined' if c['inlined'] else 'kept'}: {c['why']}", flush=True)
     result["total_s"] = round(time.time() - t_start, 1)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

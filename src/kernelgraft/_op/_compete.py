@@ -62,7 +62,8 @@ if TYPE_CHECKING:
     from ._operator import KernelOp
 
 __all__ = ["TorchImpl", "TORCH", "TORCH_INDEX", "NAMES", "normalize_compete", "offered",
-           "torch_candidates", "is_torch", "key_backends", "CompileState", "servable"]
+           "torch_candidates", "is_torch", "key_backends", "CompileState", "servable",
+           "compiling_references"]
 
 log = logging.getLogger(__name__)
 
@@ -120,11 +121,28 @@ def compile_reference(fn: Callable[..., Any]) -> Callable[..., Any]:
     return torch.compile(fn, dynamic=None)
 
 
+class _Compiling(threading.local):
+    ops: tuple[str, ...] = ()
+
+
+_COMPILING = _Compiling()
+
+
+def compiling_references() -> tuple[str, ...]:
+    """The ops (by name) whose ``torch:compile`` reference this thread is running, innermost last.
+    Inductor compiles inside that call, in this thread: graph passes that would put one of these
+    ops back into its own reference's graph (a pattern graft whose pattern the reference is) read
+    this and leave it out, else the compiled reference calls the op, whose tuning compiles the
+    reference again, without end (found on the H200: swiglu's pattern graft, RecursionError)."""
+    return _COMPILING.ops
+
+
 class CompileState:
     """The op's reference under ``torch.compile``, made once, and the error if Dynamo refuses it."""
 
-    def __init__(self, reference: Callable[..., Any]) -> None:
+    def __init__(self, reference: Callable[..., Any], owner: str = "") -> None:
         self.reference = reference
+        self.owner = owner
         self.error: str | None = None
         self._compiled: Callable[..., Any] | None = None
         self._lock = threading.Lock()
@@ -143,8 +161,13 @@ class CompileState:
         # autograd kernel owns gradients, so the reference runs without grad on detached aliases
         # (they share storage: mutations land).
         args = tuple(_detached(a) for a in args)
-        with torch._C._AutoDispatchBelowAutograd(), torch.no_grad(), quiet():
-            return compiled(*args)
+        outer = _COMPILING.ops
+        _COMPILING.ops = (*outer, self.owner)
+        try:
+            with torch._C._AutoDispatchBelowAutograd(), torch.no_grad(), quiet():
+                return compiled(*args)
+        finally:
+            _COMPILING.ops = outer
 
     def refused(self, exc: BaseException) -> None:
         """Record that Dynamo/Inductor failed on the reference, in the tuner's gate or in a

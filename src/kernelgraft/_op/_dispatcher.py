@@ -136,7 +136,7 @@ class Dispatcher:
         self.warned: set[Any] = set()
         self._lock = threading.Lock()
         # The reference under torch.compile (the torch:compile candidate), compiled once per op.
-        self.compile_state = _compete.CompileState(op.reference)
+        self.compile_state = _compete.CompileState(op.reference, op.name)
         # A supports() predicate or the tuner (which keys on it) may decide by pointer alignment,
         # so then plans are keyed on it too; a single unconditional candidate cannot care.
         impls = op.impls

@@ -45,6 +45,9 @@ _function_mode_on = torch._C._is_torch_function_mode_enabled
 _functorch_on = torch._C._are_functorch_transforms_active
 _grad_enabled = torch.is_grad_enabled
 _EPOCH = _select._epoch  # a one-element list; read directly on the hot path
+# Called as hook(op, args) whenever fake tensors reach an op (torch.compile and export tracing,
+# and the op's own shape inference); graft._inline installs Inductor's in-graph choice here.
+TRACE_HOOKS: list[Callable[[Any, tuple], None]] = []
 
 
 class KernelOp:
@@ -300,6 +303,8 @@ class KernelOp:
         if self._autograd_info is None and torch.is_grad_enabled() and any(
                 t.requires_grad for t in tensors(args)):
             _autograd.ensure(self)
+        for hook in TRACE_HOOKS:
+            hook(self, args)
         outs = self._meta_fn(*args)
         return self._fresh_outputs(outs, empty=True, args=args)
 

@@ -5,8 +5,13 @@
 - ``kg.graft(model, pattern=fn, replacement=op)``: replace subgraphs equal to ``fn`` under
   ``torch.compile`` (Inductor) and in an ``ExportedProgram``.
 - ``kg.ungraft(model)``: undo.
+
+Under Inductor, an op call gives way to its reference where the tuner found Inductor's code as
+fast as the kernel plus its call (``_inline``; installed with this package, active once a compile
+traces an op).
 """
 
+from . import _inline  # noqa: F401  (installs the trace hook)
 from ._graft import GraftReport, graft, ungraft
 from ._lower_as import lower_as
 

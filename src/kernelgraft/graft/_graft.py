@@ -265,6 +265,8 @@ def _graft_modules(model, rules, mode, report, verify, example_inputs, tolerance
                     "difference is expected rounding)"
                 )
         report.verified = (not unverified and bool(report.replaced)) if report.replaced else None
+    if have_inputs and report.replaced:
+        _tune_at_example(lambda: model(*_verify.clone_inputs(args), **_verify.clone_inputs(kwargs)), ops)
     if report.kept:
         lines = "; ".join(f"{k}: {v}" for k, v in list(report.kept.items())[:3])
         warnings.warn(f"kg.graft: kept the original forward of {len(report.kept)} module(s): {lines}",
@@ -394,7 +396,27 @@ def _count_and_verify_traced(model, pat, args, kwargs, verify, tolerance, misses
                 f"kg.graft: with {n} matches of the pattern replaced by {pat.op.name} the model's "
                 f"outputs differ: {problem}; nothing was grafted"
             )
+    if n:
+        with torch.no_grad(), torch._dynamo.config.patch(specialize_float=True):
+            _tune_at_example(lambda: compiled(*_verify.clone_inputs(args), **_verify.clone_inputs(kwargs)),
+                             [pat.op])
     return n
+
+
+def _tune_at_example(run: Callable[[], Any], ops: Any) -> None:
+    """Run the grafted model once more on the example inputs, under the caller's tuning settings
+    (the checks ran with tuning off): the ops tune at the shapes the example meets, as the first
+    call would, so that a ``torch.compile`` of the model finds their decisions when Inductor makes
+    its in-graph choice (``_inline``: tuning cannot run inside a compile). Nothing is measured
+    where the settings measure nothing (CPU tensors, ``kg.tune("cached")``)."""
+    try:
+        with torch.no_grad():
+            run()
+    except Exception as exc:  # the checks passed: a failure here is the tuner's, and says so itself
+        names = ", ".join(sorted(getattr(o, "name", "?") for o in ops))
+        warnings.warn(f"kg.graft: tuning {names} on the example inputs failed ({type(exc).__name__}: "
+                      f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); they tune on first use",
+                      GraftWarning, stacklevel=4)
 
 
 def _graft_exported(ep, pat, report, verify, have_inputs, args, kwargs, tolerance) -> None:

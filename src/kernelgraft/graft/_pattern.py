@@ -46,6 +46,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
 
 from .._errors import SpecError, describe
+from .._op import _compete
 from .._spec import callable_source
 from . import _admit, _explain, _variants
 from ._admit import Binding
@@ -507,7 +508,7 @@ def _make_pass_class():
         def __call__(self, graph: fx.Graph) -> None:
             if self.previous is not None:
                 self.previous(graph)
-            n, _ = rewrite_graph(graph, list(_ACTIVE), "inductor")
+            n, _ = rewrite_graph(graph, _applicable(), "inductor")
             log.info("kernelgraft post-grad pass: replaced %d pattern matches", n)
 
         def uuid(self) -> Any:
@@ -516,9 +517,16 @@ def _make_pass_class():
                 prev = self.previous.uuid() if hasattr(self.previous, "uuid") else None
                 if prev is None:
                     return None  # an uncacheable pass was configured before us
-            return ("kernelgraft", prev, tuple(p.uuid for p in _ACTIVE))
+            return ("kernelgraft", prev, tuple(p.uuid for p in _applicable()))
 
     return KernelgraftPass
+
+
+def _applicable() -> list[Pattern]:
+    """The active patterns less those whose op's own reference is being compiled in this thread
+    (its torch:compile candidate): that graph is the pattern, and must stay the reference."""
+    own = _compete.compiling_references()
+    return [p for p in _ACTIVE if p.op.name not in own]
 
 
 _PASS_CLASS: Any = None

@@ -64,7 +64,7 @@ def _child(job: dict, conn: Any) -> None:
         conn.send(("start", n))
         cand = by_id[ident]
         r = run_trials(op, [cand], args, job["settings"])[0]
-        conn.send(("done", n, r.ms, r.kind, r.reason))
+        conn.send(("done", n, r.ms, r.kind, r.reason, r.gpu_ms, r.host_ms))
     conn.send(("end",))
 
 
@@ -105,7 +105,7 @@ def run_isolated(op: Any, candidates: Sequence[Any], args: Sequence[Any], settin
                     progress(len(results), candidates[current])
             elif msg[0] == "done":
                 i = pending[msg[1]]
-                results[i] = Result(candidates[i], ms=msg[2], kind=msg[3], reason=msg[4])
+                results[i] = Result(candidates[i], ms=msg[2], kind=msg[3], reason=msg[4], gpu_ms=msg[5], host_ms=msg[6])
                 current = None
             elif msg[0] == "fatal":
                 proc.kill()

@@ -49,12 +49,16 @@ FINAL_ROUNDS = 1
 
 @dataclasses.dataclass
 class Result:
-    """One candidate's outcome: ``ms`` when it passed, else ``kind`` and ``reason``."""
+    """One candidate's outcome: ``ms`` (its score) when it passed, else ``kind`` and ``reason``.
+    ``gpu_ms`` and ``host_ms``: what the score was made of, GPU time and the host's time per call
+    (None when the timer does not measure the host); Inductor's in-graph choice reads both."""
 
     candidate: Any
     ms: float | None = None
     kind: str | None = None  # compile | launch | wrong | budget | crash | timing | capture
     reason: str | None = None
+    gpu_ms: float | None = None
+    host_ms: float | None = None
 
 
 def _copy_into(dst: Any, src: Any) -> None:
@@ -106,7 +110,7 @@ def run_trials(
     if trials and settings.timer is None:
         _warm_up(trials[0], device)
     where = {id(r): i for i, r in enumerate(results)}
-    times: dict[int, float] = {}
+    times: dict[int, tuple[float, float, float | None]] = {}  # id(trial) -> (score, GPU ms, host ms)
     for n, trial in enumerate(trials):
         spent = time.perf_counter() - started
         if n > 0 and spent > settings.budget_s:
@@ -121,7 +125,12 @@ def run_trials(
     _refine([t for t in trials if id(t) in times], times, timer, settings)
     if on_progress is not None:
         on_progress(len(candidates), None)
-    return [r if isinstance(r, Result) else Result(r.candidate, ms=times[id(r)]) for r in results]
+    return [r if isinstance(r, Result) else Result(r.candidate, *_scored(times[id(r)])) for r in results]
+
+
+def _scored(t: tuple[float, float, float | None]) -> tuple:
+    score, gpu, host = t
+    return score, None, None, gpu, host
 
 
 def _over_budget(cand: Any, settings: Any) -> Result:
@@ -156,13 +165,13 @@ def _warm_up_on(trial: Trial, ms: float) -> None:
         batch = min(batch * 2, 1 << 12)
 
 
-def _refine(trials: list[Trial], times: dict[int, float], timer: Any, settings: Any) -> None:
+def _refine(trials: list[Trial], times: dict[int, tuple], timer: Any, settings: Any) -> None:
     """Re-time the finalists, in turn, ``FINAL_ROUNDS`` times; each keeps its fastest median."""
     if len(trials) < 2:
         return
-    best = min(times[id(t)] for t in trials)
-    finalists = sorted((t for t in trials if times[id(t)] <= best * (1.0 + FINAL_MARGIN)),
-                       key=lambda t: times[id(t)])[:MAX_FINALISTS]
+    best = min(times[id(t)][0] for t in trials)
+    finalists = sorted((t for t in trials if times[id(t)][0] <= best * (1.0 + FINAL_MARGIN)),
+                       key=lambda t: times[id(t)][0])[:MAX_FINALISTS]
     if len(finalists) < 2:
         return
     for _ in range(FINAL_ROUNDS):
@@ -170,7 +179,7 @@ def _refine(trials: list[Trial], times: dict[int, float], timer: Any, settings: 
             t.budget_s = 0.05
             outcome = _time(t, timer, settings)
             if not isinstance(outcome, Result):
-                times[id(t)] = min(times[id(t)], outcome)
+                times[id(t)] = min(times[id(t)], outcome, key=lambda o: o[0])
 
 
 def _gate(op, cand, own, outs, restore, reference, device) -> Result | Trial:
@@ -232,7 +241,8 @@ def _gate_torch(op, cand, call, own, restore, reference, device) -> Result | Tri
     return Trial(cand, run, restore=restore, device=device, must_capture=True)
 
 
-def _time(trial: Trial, timer: Any, settings: Any) -> float | Result:
+def _time(trial: Trial, timer: Any, settings: Any) -> tuple[float, float, float | None] | Result:
+    """(score, GPU ms, host ms per call) of one trial, or the Result that excludes it."""
     cand = trial.candidate
     try:
         ms = float(timer(trial, settings))
@@ -246,15 +256,19 @@ def _time(trial: Trial, timer: Any, settings: Any) -> float | Result:
                 trial.restore(k)
     if not math.isfinite(ms) or ms < 0:
         return Result(cand, kind="timing", reason=f"timing gave {ms!r}")
-    host = getattr(timer, "host_ms", None)
+    measure_host = getattr(timer, "host_ms", None)
+    host: float | None = None
+    if measure_host is not None:
+        try:
+            host = float(measure_host(trial))
+        except Exception as exc:  # the GPU time still ranks it
+            log.debug("host cost of %s not measured: %s", cand, exc)
     if host is not None and _compete.is_torch(cand):
         # GPU time alone ranks a PyTorch candidate as if its calls cost the host nothing. Each runs
         # several ATen ops, or Dynamo's guards and Inductor's wrapper for torch:compile (on the
         # H200 a compiled rmsnorm_residual reference won a 17 us prefill shape by GPU time, and
         # then cost ~200 us per call inside a compiled Llama); a kernel's plan is one replayed
-        # launch. Scored by max(GPU, host): the time a call takes in a stream of calls.
-        try:
-            ms = max(ms, float(host(trial)))
-        except Exception as exc:  # the GPU time still ranks it
-            log.debug("host cost of %s not measured: %s", cand, exc)
-    return ms
+        # launch. Scored by max(GPU, host): the time a call takes in a stream of calls. A kernel's
+        # host time is measured too (not scored): the in-graph choice weighs it (graft._inline).
+        return max(ms, host), ms, host
+    return ms, ms, host

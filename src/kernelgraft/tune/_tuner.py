@@ -107,6 +107,11 @@ def _entry(c: Any, **extra: Any) -> dict[str, Any]:
             "config": c.config.as_dict(), **extra}
 
 
+def _parts(r: Result) -> dict[str, float]:
+    """A ranked entry's GPU and host milliseconds, where they were measured."""
+    return {k: v for k, v in (("gpu_ms", r.gpu_ms), ("host_ms", r.host_ms)) if v is not None}
+
+
 class _Held(threading.local):
     locks: list = []
 
@@ -400,7 +405,7 @@ class Tuner:
             passed.insert(0, first)
         return Decision(
             key=key.as_json(),
-            ranking=[_entry(r.candidate, ms=r.ms) for r in passed],
+            ranking=[_entry(r.candidate, ms=r.ms, **_parts(r)) for r in passed],
             excluded=[_entry(r.candidate, kind=r.kind, reason=r.reason) for r in results if r.ms is None],
             tune_s=time.perf_counter() - started,
             measured=len(results),

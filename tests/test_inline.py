@@ -1,0 +1,182 @@
+"""Inductor's in-graph choice (graft._inline): inside a graph Inductor compiles, an op whose kernel
+does not beat Inductor's code for its reference by more than the kernel's call costs gives way to
+the reference, traced into the graph; and the op's own torch:compile candidate is never rewritten
+into a call of the op by an active pattern graft. CPU: Inductor's C++ backend, kernels through
+Triton's interpreter, a fake timer that says GPU and host times."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch._inductor.config as inductor_config
+from torch._inductor.utils import run_and_get_code
+
+import kernelgraft as kg
+from kernelgraft._op import _compete
+from kernelgraft.graft import _inline
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _tune_ops import FAKE_MS, make_scale  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _fresh(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELGRAFT_CACHE_DIR", str(tmp_path / "cache"))
+    for var in ("KERNELGRAFT_TUNE", "KERNELGRAFT_COMPETE", "KERNELGRAFT_INLINE"):
+        monkeypatch.delenv(var, raising=False)
+    kg.tune.clear()
+    torch._dynamo.reset()
+    yield
+    kg.tune.clear()
+    torch._dynamo.reset()
+
+
+def timer(compile_gpu_ms: float, kernel_host_ms: float, torch_host_ms: float = 3.0):
+    """Kernels by BLOCK (256: 1.0 ms of GPU time), torch:eager 5 ms, torch:compile at
+    ``compile_gpu_ms``; host time per call ``kernel_host_ms`` for kernels, else ``torch_host_ms``.
+    Every trial runs once, so what is timed really runs."""
+
+    def time(trial, settings):
+        trial.run(0)
+        if _compete.is_torch(trial.candidate):
+            return {"eager": 5.0, "compile": compile_gpu_ms}[trial.candidate.impl.name]
+        return FAKE_MS[trial.candidate.config.as_dict()["BLOCK"]]
+
+    time.host_ms = lambda trial: torch_host_ms if _compete.is_torch(trial.candidate) else kernel_host_ms
+    return time
+
+
+def compiled_code(fn, *args):
+    torch._dynamo.reset()
+    with torch.no_grad(), inductor_config.patch(fx_graph_cache=False):
+        return run_and_get_code(lambda: torch.compile(fn)(*args))
+
+
+def test_entries_record_gpu_and_host_time_and_the_score():
+    op = make_scale("tin::parts")
+    x = torch.randn(1000)
+    with kg.tune("on", timer=timer(1.2, 0.5), compete=True):
+        op(x)
+        d = kg.tune.decision(op, x)
+    by = {(e["backend"], e["impl_name"], e["config"].get("BLOCK")): e for e in d.ranking}
+    kernel = by[("triton", "launch_scale", 256)]
+    assert (kernel["ms"], kernel["gpu_ms"], kernel["host_ms"]) == (1.0, 1.0, 0.5)  # the host is not scored
+    comp = by[("torch", "compile", None)]
+    assert (comp["ms"], comp["gpu_ms"], comp["host_ms"]) == (3.0, 1.2, 3.0)  # scored by max(GPU, host)
+    assert d.ranking[0] is kernel  # eagerly, the kernel serves
+
+
+@pytest.mark.parametrize("kernel_host_ms, inlined", [(0.5, True), (0.1, False)])
+def test_the_reference_is_inlined_only_where_the_kernel_does_not_win_by_more_than_its_call(
+        kernel_host_ms, inlined):
+    """torch:compile 1.2 ms of GPU time against the kernel's 1.0 ms: with 0.5 ms per kernel call
+    Inductor's code serves the graph (1.2 <= 1.5), with 0.1 ms the kernel does (1.2 > 1.1). Eager
+    calls are served by the kernel either way (torch:compile scores 3 ms with its host time)."""
+    op = make_scale(f"tin::choice{int(inlined)}")
+    x = torch.randn(1000)
+    with kg.tune("on", timer=timer(1.2, kernel_host_ms), compete=True):
+        op(x)  # tuned before compiling: tuning cannot run inside a compile
+        assert op.dispatcher.plan_for((x,)).candidate.label == "triton:launch_scale[BLOCK=256]"
+        got, code = compiled_code(lambda t: op(t) + 1.0, x)
+    torch.testing.assert_close(got, x * 2 + 1)
+    assert ("tin.choice" in "\n".join(code)) is not inlined
+    (choice,) = [v for k, v in _inline.choices().items() if k[0] == op.name]
+    assert choice[0] is inlined
+    assert ("Inductor's code for the reference serves it" if inlined else "the kernel serves it") in choice[1]
+    assert "1200.00 us of GPU time" in choice[1]
+
+
+def test_untuned_shapes_and_switches_keep_the_op(monkeypatch):
+    op = make_scale("tin::keep")
+    x = torch.randn(1000)
+    with kg.tune("on", timer=timer(0.5, 0.5), compete=True):
+        assert _inline.choose(op, (torch.randn(77),)) == (
+            False, "not tuned for these inputs yet (call the op once, or kg.graft with example_inputs, "
+                   "before compiling)")
+        got, code = compiled_code(lambda t: op(t) * 3.0, torch.randn(77))  # never tuned: kept
+        assert "tin.keep" in "\n".join(code)
+        assert _inline.choose(op, (torch.randn(77),))[0] is True  # the compiled call tuned it: next time
+        op(x)
+        assert _inline.choose(op, (x,))[0] is True
+        monkeypatch.setenv("KERNELGRAFT_INLINE", "0")
+        assert _inline.choose(op, (x,)) == (False, "KERNELGRAFT_INLINE=0")
+        got, code = compiled_code(lambda t: op(t) * 3.0, x)
+        assert "tin.keep" in "\n".join(code)
+        torch.testing.assert_close(got, x * 6)
+    monkeypatch.delenv("KERNELGRAFT_INLINE")
+    with kg.tune(compete=False):
+        inline, why = _inline.choose(op, (x,))
+        assert not inline and "does not compete" in why
+    with kg.tune("off"):
+        assert _inline.choose(op, (x,)) == (False, "tuning is off (kg.tune(mode='off'))")
+
+
+def test_a_tuple_returning_op_inlines_each_output():
+    from kernelgraft.examples.rmsnorm_residual import rmsnorm_residual
+
+    x, r, w = torch.randn(8, 64), torch.randn(8, 64), torch.randn(64)
+    with kg.tune("on", timer=timer(0.1, 0.5), compete=True):
+        rmsnorm_residual(x, r, w, 1e-6)
+
+        def fn(a, b, c):
+            y, s = rmsnorm_residual(a, b, c, 1e-6)
+            return y * 2.0, s - 1.0
+
+        (y, s), code = compiled_code(fn, x, r, w)
+    assert "rmsnorm_residual" not in "\n".join(code)
+    ref_y, ref_s = rmsnorm_residual.reference(x, r, w, 1e-6)
+    torch.testing.assert_close(y, ref_y * 2.0)
+    torch.testing.assert_close(s, ref_s - 1.0)
+
+
+def test_an_active_pattern_graft_does_not_rewrite_its_ops_own_compiled_reference():
+    """With ``silu(g) * u`` grafted onto swiglu, Inductor compiling swiglu's reference for its
+    torch:compile candidate matched the pattern and called swiglu inside it: tuning recursed
+    until RecursionError and torch:compile stopped competing (H200, 2026-12-02)."""
+    from kernelgraft.examples.swiglu import swiglu, swiglu_pattern
+
+    class MLP(torch.nn.Module):
+        def forward(self, g, u):
+            return swiglu_pattern(g, u) * 2
+
+    g, u = torch.randn(16, 32), torch.randn(16, 32)
+    model = MLP()
+    kg.graft(model, pattern=swiglu_pattern, replacement=swiglu, example_inputs=(g, u))
+    try:
+        with kg.tune("on", timer=timer(0.9, 0.5), compete=True), inductor_config.patch(fx_graph_cache=False):
+            swiglu(g, u)
+            assert swiglu.dispatcher.compile_state.error is None
+            d = kg.tune.decision(swiglu, g, u)
+            assert ("torch", "compile") in {(e["backend"], e["impl_name"]) for e in d.ranking}
+    finally:
+        kg.ungraft(model)
+
+
+def test_graft_with_example_inputs_tunes_the_op_so_the_compiled_model_can_choose():
+    op = make_scale("tin::grafted")
+
+    class Double(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.twice = Double()
+
+        def forward(self, x):
+            return self.twice(x) + 1.0
+
+    model, x = Model(), torch.randn(1000)
+    try:
+        with kg.tune("on", timer=timer(1.2, 0.5), compete=True):
+            assert kg.graft(model, {Double: op}, example_inputs=(x,)).verified is True
+            assert kg.tune.decision(op, x) is not None  # tuned by the graft, not by a first call
+            got, code = compiled_code(model, x)
+        assert "tin.grafted" not in "\n".join(code)
+        torch.testing.assert_close(got, x * 2 + 1)
+    finally:
+        kg.ungraft(model)
