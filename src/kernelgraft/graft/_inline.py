@@ -11,11 +11,17 @@ Inductor's). So an op that does not beat Inductor should not stand in Inductor's
 The choice, per op call site at the shapes Inductor compiles (static shapes only), reads the
 tuner's decision for those inputs, from memory or disk, without measuring (tuning cannot run inside
 a compile: Dynamo and Inductor are not re-entrant). The reference is inlined when ``torch:compile``
-passed the gate and its GPU time is at most the best kernel's GPU time plus that kernel's host time
-per call: the kernel must win by more than what calling it costs. No decision (shapes not tuned
+passed the gate and its GPU time is at most max(the best kernel's GPU time, that kernel's host time
+per call): the time an opaque call takes in a stream of calls, as the tuner scores PyTorch's
+candidates, against the GPU time of code Inductor launches with the rest of its graph. A kernel
+keeps its place where it is faster on the GPU than Inductor's code and its launch hides behind its
+own GPU time (a large GEMM); a short kernel whose call costs the host more than Inductor's whole
+kernel gives way. The host time is the tuner's launch of the kernel (its Python runner); a served
+call replays natively and costs less, so on the host-bound side near ties go to Inductor. No decision (shapes not tuned
 yet: call the op once, or ``kg.graft`` with ``example_inputs``, before compiling), symbolic shapes,
 mutated arguments, tensor-list arguments, PyTorch not competing (``compete=`` without "compile",
 ``kg.tune(compete=False)``), ``kg.tune(mode="off")`` or ``KERNELGRAFT_INLINE=0``: the op stays.
+AOTInductor compiles keep every op: a package's kernels are its bundle's, served by the runtime.
 
 The pass runs as ``torch._inductor.config.post_grad_custom_post_pass``, after the pattern grafts
 (``_pattern``), installed the first time a compile traces a kernelgraft op (``_operator``'s trace
@@ -99,15 +105,17 @@ def _decide(op: Any, args: tuple) -> tuple[bool, tuple[bool, str]]:
         return True, (False, "it mutates an argument")
     if op.signature.returns == "none":
         return True, (False, "it returns nothing")
+    # The tuning key reads layouts and alignment, so it is built from real (uninitialised, never
+    # launched on) tensors of the call's shapes and strides, freed at once.
     with unset_fake_temporarily():
-        real = tuple(torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
-                     if isinstance(a, torch.Tensor) else a for a in args)
         try:
+            real = tuple(torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
+                         if isinstance(a, torch.Tensor) else a for a in args)
             decision = _tune_api.decision(op, *real)
-        except Exception as exc:  # inputs the op refuses: its own call will say so
+        except Exception as exc:  # inputs the op refuses (its own call will say so), no memory
             return False, (False, f"no decision: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
         finally:
-            del real
+            real = None
     if decision is None or not decision.ranking:
         return False, (False, "not tuned for these inputs yet (call the op once, or kg.graft with "
                               "example_inputs, before compiling)")
@@ -123,8 +131,8 @@ def _decide(op: Any, args: tuple) -> tuple[bool, tuple[bool, str]]:
         return True, (False, "the decision predates GPU and host times per candidate (kg.tune.clear() "
                              "and tune again to choose)")
     us = f"torch:compile {c_gpu * 1e3:.2f} us of GPU time; {kernel.get('impl_name')} " \
-         f"{k_gpu * 1e3:.2f} us + {k_host * 1e3:.2f} us of host time per call"
-    if c_gpu <= k_gpu + k_host:
+         f"{k_gpu * 1e3:.2f} us of GPU time, {k_host * 1e3:.2f} us of host time per launch"
+    if c_gpu <= max(k_gpu, k_host):
         return True, (True, f"Inductor's code for the reference serves it ({us})")
     return True, (False, f"the kernel serves it ({us})")
 
@@ -169,6 +177,12 @@ def _val(a: Any) -> Any:
 
 def inline_pass(graph: fx.Graph) -> int:
     """Replace each op call whose choice is Inductor's by its reference; returns how many."""
+    from torch._inductor.virtualized import V
+
+    if V.aot_compilation:
+        # An AOTInductor package keeps every op call: its deployment is the kernels' bundle,
+        # served by kernelgraft's runtime with the decisions the bundle holds (issue 17).
+        return 0
     done = 0
     own = _compete.compiling_references()
     for node in list(graph.nodes):

@@ -123,6 +123,7 @@ def run_trials(
         else:
             times[id(trial)] = outcome
     _refine([t for t in trials if id(t) in times], times, timer, settings)
+    _kernel_hosts([t for t in trials if id(t) in times], times, timer)
     if on_progress is not None:
         on_progress(len(candidates), None)
     return [r if isinstance(r, Result) else Result(r.candidate, *_scored(times[id(r)])) for r in results]
@@ -256,19 +257,36 @@ def _time(trial: Trial, timer: Any, settings: Any) -> tuple[float, float, float 
                 trial.restore(k)
     if not math.isfinite(ms) or ms < 0:
         return Result(cand, kind="timing", reason=f"timing gave {ms!r}")
-    measure_host = getattr(timer, "host_ms", None)
-    host: float | None = None
-    if measure_host is not None:
-        try:
-            host = float(measure_host(trial))
-        except Exception as exc:  # the GPU time still ranks it
-            log.debug("host cost of %s not measured: %s", cand, exc)
-    if host is not None and _compete.is_torch(cand):
+    if not _compete.is_torch(cand):
+        return ms, ms, None  # its host time is measured after every timing (_kernel_hosts)
+    host = _host(trial, timer)
+    if host is not None:
         # GPU time alone ranks a PyTorch candidate as if its calls cost the host nothing. Each runs
         # several ATen ops, or Dynamo's guards and Inductor's wrapper for torch:compile (on the
         # H200 a compiled rmsnorm_residual reference won a 17 us prefill shape by GPU time, and
         # then cost ~200 us per call inside a compiled Llama); a kernel's plan is one replayed
-        # launch. Scored by max(GPU, host): the time a call takes in a stream of calls. A kernel's
-        # host time is measured too (not scored): the in-graph choice weighs it (graft._inline).
+        # launch. Scored by max(GPU, host): the time a call takes in a stream of calls.
         return max(ms, host), ms, host
-    return ms, ms, host
+    return ms, ms, None
+
+
+def _host(trial: Trial, timer: Any) -> float | None:
+    """Host milliseconds per call, where the timer measures them (``timer.host_ms``)."""
+    measure = getattr(timer, "host_ms", None)
+    if measure is None:
+        return None
+    try:
+        return float(measure(trial))
+    except Exception as exc:  # the GPU time still ranks it
+        log.debug("host cost of %s not measured: %s", trial.candidate, exc)
+        return None
+
+
+def _kernel_hosts(trials: list[Trial], times: dict[int, tuple], timer: Any) -> None:
+    """Each timed kernel's host time per launch, recorded beside its GPU time, not scored: the
+    in-graph choice weighs it (graft._inline). Measured after all GPU timings, so the host-bound
+    loops (and their idle GPU) never come between two candidates' timings."""
+    for t in trials:
+        score, gpu, host = times[id(t)]
+        if host is None and not _compete.is_torch(t.candidate):
+            times[id(t)] = (score, gpu, _host(t, timer))
