@@ -102,7 +102,7 @@ def test_module_pattern_counts_in_inductor_ir_and_uninstalls():
     assert report.count == 2 and report.verified is True
     import torch._inductor.config as config
 
-    assert isinstance(config.post_grad_custom_pre_pass, _pattern._PASS_CLASS)
+    assert _pattern._SLOT.installed()
     uuid = config.post_grad_custom_pre_pass.uuid()
     assert uuid is not None and report.pattern.uuid in uuid[2]
     assert kg.ungraft(model) == 1

@@ -47,6 +47,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from .._op import _compete, _operator, _registry
 from ..tune import _api as _tune_api
 from ..tune._modes import settings
+from ._passes import Slot
 
 __all__ = ["choose", "choices", "install", "inline_pass"]
 
@@ -270,45 +271,17 @@ def _inline(graph: fx.Graph, node: fx.Node, op: Any) -> str | None:
 
 
 # ---------------------------------------------------------------------------- installing
-_PASS_CLASS: Any = None
+def _run(graph: fx.Graph) -> None:
+    inline_pass(graph)
 
 
-def _make_pass_class() -> Any:
-    from torch._inductor.custom_graph_pass import CustomGraphPass
-
-    class InlinePass(CustomGraphPass):
-        """kernelgraft's in-graph choice (and any post pass configured before it)."""
-
-        def __init__(self, previous: Any = None) -> None:
-            self.previous = previous
-
-        def __call__(self, graph: fx.Graph) -> None:
-            if self.previous is not None:
-                self.previous(graph)
-            inline_pass(graph)
-
-        def uuid(self) -> Any:
-            prev = None
-            if self.previous is not None:
-                prev = self.previous.uuid() if hasattr(self.previous, "uuid") else None
-                if prev is None:
-                    return None  # an uncacheable pass was configured before us
-            return ("kernelgraft-inline", prev, _digest())
-
-    return InlinePass
+_SLOT = Slot("post_grad_custom_post_pass", "kernelgraft-inline", _run, _digest)
 
 
 def install() -> None:
     """Make the in-graph choice part of every Inductor compilation from now on (idempotent)."""
-    global _PASS_CLASS
-    import torch._inductor.config as config
-
     with _LOCK:
-        if _PASS_CLASS is None:
-            _PASS_CLASS = _make_pass_class()
-        current = config.post_grad_custom_post_pass
-        if not isinstance(current, _PASS_CLASS):
-            config.post_grad_custom_post_pass = _PASS_CLASS(current)
+        _SLOT.install()
 
 
 def _on_trace(op: Any, args: tuple) -> None:

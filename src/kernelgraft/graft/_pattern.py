@@ -50,6 +50,7 @@ from .._op import _compete
 from .._spec import callable_source
 from . import _admit, _explain, _variants
 from ._admit import Binding
+from ._passes import Slot
 
 __all__ = ["Pattern", "Binding", "Misses", "rewrite_graph", "install", "uninstall", "active"]
 
@@ -489,37 +490,19 @@ def _erase_inner(graph: fx.Graph, match: Any) -> None:
 # ---------------------------------------------------------------------------- the Inductor pass
 _LOCK = threading.Lock()
 _ACTIVE: list[Pattern] = []
-_PREVIOUS: list[Any] = []
 
 
 def active() -> list[Pattern]:
     return list(_ACTIVE)
 
 
-def _make_pass_class():
-    from torch._inductor.custom_graph_pass import CustomGraphPass
+def _run(graph: fx.Graph) -> None:
+    n, _ = rewrite_graph(graph, _applicable(), "inductor")
+    log.info("kernelgraft post-grad pass: replaced %d pattern matches", n)
 
-    class KernelgraftPass(CustomGraphPass):
-        """Applies the active pattern grafts (and any pass that was configured before)."""
 
-        def __init__(self, previous: Any = None) -> None:
-            self.previous = previous
-
-        def __call__(self, graph: fx.Graph) -> None:
-            if self.previous is not None:
-                self.previous(graph)
-            n, _ = rewrite_graph(graph, _applicable(), "inductor")
-            log.info("kernelgraft post-grad pass: replaced %d pattern matches", n)
-
-        def uuid(self) -> Any:
-            prev = None
-            if self.previous is not None:
-                prev = self.previous.uuid() if hasattr(self.previous, "uuid") else None
-                if prev is None:
-                    return None  # an uncacheable pass was configured before us
-            return ("kernelgraft", prev, tuple(p.uuid for p in _applicable()))
-
-    return KernelgraftPass
+def _identity() -> tuple:
+    return tuple(p.uuid for p in _applicable())
 
 
 def _applicable() -> list[Pattern]:
@@ -529,33 +512,22 @@ def _applicable() -> list[Pattern]:
     return [p for p in _ACTIVE if p.op.name not in own]
 
 
-_PASS_CLASS: Any = None
+_SLOT = Slot("post_grad_custom_pre_pass", "kernelgraft", _run, _identity)
 
 
 def install(pattern: Pattern) -> None:
     """Make ``pattern`` part of every Inductor compilation from now on."""
-    global _PASS_CLASS
-    import torch._inductor.config as config
-
     with _LOCK:
-        if _PASS_CLASS is None:
-            _PASS_CLASS = _make_pass_class()
-        current = config.post_grad_custom_pre_pass
-        if not isinstance(current, _PASS_CLASS):
-            _PREVIOUS[:] = [current]
-            config.post_grad_custom_pre_pass = _PASS_CLASS(current)
+        _SLOT.install()
         _ACTIVE.append(pattern)
 
 
 def uninstall(pattern: Pattern) -> None:
-    import torch._inductor.config as config
-
     with _LOCK:
         if pattern in _ACTIVE:
             _ACTIVE.remove(pattern)
-        current = config.post_grad_custom_pre_pass
-        if not _ACTIVE and _PASS_CLASS is not None and isinstance(current, _PASS_CLASS):
-            config.post_grad_custom_pre_pass = current.previous
+        if not _ACTIVE:
+            _SLOT.uninstall()
 
 
 # ---------------------------------------------------------------------------- ExportedProgram
