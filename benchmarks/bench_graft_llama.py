@@ -321,7 +321,7 @@ def main() -> int:
             errors["ungraft"] = repr(exc)
 
     # Inductor's in-graph choice per op call site (kernelgraft.graft._inline): inlined reference or op
-    result["inline_choices"] = [{"op": k[0], "args": [str(a) for a in k[2:]], "inlined": v[0], "why": v[1]}
+    result["inline_choices"] = [{"op": k[0], "args": [str(a) for a in k[3:]], "inlined": v[0], "why": v[1]}
                                 for k, v in _inline.choices().items()]
     for c in result["inline_choices"]:
         print(f"    in-graph: {c['op']} {'inlined' if c['inlined'] else 'kept'}: {c['why']}", flush=True)

@@ -19,7 +19,7 @@ from kernelgraft._op import _compete
 from kernelgraft.graft import _inline
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _tune_ops import FAKE_MS, make_scale  # noqa: E402
+from _tune_ops import FAKE_MS, launch_scale, make_scale  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -192,13 +192,7 @@ def test_aotinductor_compiles_keep_every_op_and_jit_compiles_inline_it():
     x = torch.randn(1000)
 
     def graph() -> torch.fx.Graph:
-        g = torch.fx.Graph()
-        p = g.placeholder("x")
-        p.meta["val"] = x
-        call = g.call_function(op.overload, (p,))
-        call.meta["val"] = torch.empty_like(x)
-        g.output(call)
-        return g
+        return _one_call_graph(op, x)[0]
 
     with kg.tune("on", timer=timer(0.5, 0.5), compete=True):
         op(x)
@@ -210,3 +204,97 @@ def test_aotinductor_compiles_keep_every_op_and_jit_compiles_inline_it():
         assert _inline.inline_pass(inlined) == 1
     assert not any(n.target is op.overload for n in inlined.nodes)
     assert torch.fx.GraphModule(torch.nn.Module(), inlined)(x).equal(x * 2)
+
+
+def _one_call_graph(op, x: torch.Tensor) -> tuple[torch.fx.Graph, torch.fx.Node]:
+    g = torch.fx.Graph()
+    p = g.placeholder("x")
+    p.meta["val"] = x
+    call = g.call_function(op.overload, (p,))
+    call.meta["val"] = torch.empty_like(x)
+    g.output(call)
+    return g, call
+
+
+@pytest.mark.parametrize("reference, why", [
+    (lambda x: x.view(8, 8).t().t().reshape(-1), "returns a view of an input"),
+    (lambda x: x.mul_(1), "writes a tensor in place"),  # returns its (written) input
+    (lambda x: (x.mul_(2) + 0.0), "writes a tensor in place"),
+])
+def test_a_reference_that_aliases_or_writes_an_input_is_not_inlined(reference, why):
+    """The op's outputs are fresh and its inputs untouched; a reference that returns a view of an
+    input or writes one in place would, inlined, alias or mutate inside the user's graph."""
+
+    def ref(x: torch.Tensor) -> torch.Tensor:
+        return reference(x)
+
+    op = kg.op(ref, name=f"tin::alias{abs(hash(why)) % 1000}{len(why)}",
+               impls=[kg.triton(launch_scale, configs=[{"BLOCK": 256}])])
+    x = torch.randn(64)
+    g, call = _one_call_graph(op, x)
+    reason = _inline._inline(g, call, op)
+    assert isinstance(reason, str) and why in reason
+    assert any(n is call for n in g.nodes)  # left as it was
+
+
+def test_a_failing_choice_never_breaks_the_compile(monkeypatch):
+    op = make_scale("tin::robust")
+    x = torch.randn(1000)
+
+    def broken(*args):
+        raise RuntimeError("planted")
+
+    with kg.tune("on", timer=timer(0.5, 0.5), compete=True):
+        op(x)
+        monkeypatch.setattr(_inline, "choose", broken)
+        got, code = compiled_code(lambda t: op(t) * 3.0, x)
+    assert "tin.robust" in "\n".join(code)
+    torch.testing.assert_close(got, x * 6)
+
+
+def test_choices_follow_kg_tune_clear():
+    op = make_scale("tin::clear")
+    x = torch.randn(1000)
+    with kg.tune("on", timer=timer(0.5, 0.5), compete=True):
+        op(x)
+        assert _inline.choose(op, (x,))[0] is True
+        kg.tune.clear(disk=True)  # memory only would find it again on disk
+        assert _inline.choose(op, (x,))[0] is False  # no decision now: not tuned yet
+
+
+def test_a_users_own_post_grad_passes_keep_running_beside_kernelgraft(monkeypatch):
+    """The setting may hold a list of passes, some inference-aware (called with is_inference):
+    kernelgraft adds its pass to the list and takes only its own out, so Inductor runs the user's
+    as it would without kernelgraft."""
+    from torch._inductor.custom_graph_pass import CustomGraphPass, CustomInferenceAwareGraphPass
+
+    seen: list[str] = []
+
+    class Plain(CustomGraphPass):
+        def __call__(self, graph):
+            seen.append("plain")
+
+        def uuid(self):
+            return "plain"
+
+    class Aware(CustomInferenceAwareGraphPass):
+        def __call__(self, graph, is_inference):
+            seen.append(f"aware:{is_inference}")
+
+        def uuid(self):
+            return "aware"
+
+    mine = [Plain(), Aware()]
+    monkeypatch.setattr(inductor_config, "post_grad_custom_post_pass", list(mine))
+    _inline._SLOT.install()
+    assert inductor_config.post_grad_custom_post_pass[:2] == mine and _inline._SLOT.installed()
+    op = make_scale("tin::beside")
+    x = torch.randn(1000)
+    with kg.tune("on", timer=timer(0.5, 0.5), compete=True):
+        op(x)
+        got, code = compiled_code(lambda t: op(t) + 1.0, x)
+    torch.testing.assert_close(got, x * 2 + 1)
+    assert "tin.beside" not in "\n".join(code)  # kernelgraft's pass ran too
+    assert seen[-2:] == ["plain", "aware:True"]  # (the reference's own compile, for torch:compile, ran them too)
+    _inline._SLOT.uninstall()
+    assert inductor_config.post_grad_custom_post_pass == mine

@@ -44,7 +44,7 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from .._op import _compete, _operator, _registry
+from .._op import _compete, _operator, _registry, _select
 from ..tune import _api as _tune_api
 from ..tune._modes import settings
 from ._passes import Slot
@@ -65,7 +65,7 @@ def _enabled() -> bool:
 
 def _signature(op: Any, args: tuple) -> tuple | None:
     """What the choice depends on in the arguments; None when a shape or stride is symbolic."""
-    parts: list[Any] = [op.name, op.fingerprint]
+    parts: list[Any] = [op.name, op.fingerprint, _select.epoch()]  # kg.tune.clear() moves the epoch
     for a in args:
         if isinstance(a, torch.Tensor):
             shape, stride = tuple(a.shape), tuple(a.stride())
@@ -129,8 +129,9 @@ def _decide(op: Any, args: tuple) -> tuple[bool, tuple[bool, str]]:
         return True, (True, "no kernel passed the tuning gate")
     c_gpu, k_gpu, k_host = compiled.get("gpu_ms"), kernel.get("gpu_ms"), kernel.get("host_ms")
     if c_gpu is None or k_gpu is None or k_host is None:
-        return True, (False, "the decision predates GPU and host times per candidate (kg.tune.clear() "
-                             "and tune again to choose)")
+        return True, (False, "the decision has no GPU and host time for these candidates (made before "
+                             "they were recorded, or by a timer that does not measure the host); "
+                             "kg.tune.clear() and tuning again records them")
     us = f"torch:compile {c_gpu * 1e3:.2f} us of GPU time; {kernel.get('impl_name')} " \
          f"{k_gpu * 1e3:.2f} us of GPU time, {k_host * 1e3:.2f} us of host time per launch"
     if c_gpu <= max(k_gpu, k_host):
@@ -186,31 +187,45 @@ def inline_pass(graph: fx.Graph) -> int:
         return 0
     done = 0
     own = _compete.compiling_references()
-    for node in list(graph.nodes):
+    pending = list(graph.nodes)
+    while pending:  # in order; ops a reference calls join at the end, inlined in turn
+        node = pending.pop(0)
         op = _op_of(node)
-        if op is None or op.name in own or node.kwargs:
+        if op is None or op.name in own or node.kwargs or node.graph is not graph:
             continue
-        args = tuple(_val(a) for a in node.args)
-        if any(isinstance(a, fx.Node) and not isinstance(_val(a), torch.Tensor) for a in node.args):
-            continue  # a value the choice cannot read (a tensor list, a symbolic scalar)
-        inline, why = choose(op, args)
-        log.info("kernelgraft: %s at %%%s %s: %s", op.name, node.name,
-                 "inlined" if inline else "kept", why)
-        if inline:
-            failed = _inline(graph, node, op)
-            if failed is None:
-                done += 1
-            else:
-                log.info("kernelgraft: %s at %%%s kept: %s", op.name, node.name, failed)
+        try:
+            added = _consider(graph, node, op)
+        except Exception as exc:  # never break the user's compile: the op call stays
+            log.warning("kernelgraft: %s at %%%s kept: the in-graph choice failed: %s: %s",
+                        op.name, node.name, type(exc).__name__, exc)
+            continue
+        if added is not None:
+            done += 1
+            pending.extend(added)
     if done:
         graph.eliminate_dead_code()
         graph.lint()
     return done
 
 
-def _inline(graph: fx.Graph, node: fx.Node, op: Any) -> str | None:
-    """Put ``op.reference`` traced into Inductor's IR in place of ``node``; None when done, else
-    why not (the graph is left as it was)."""
+def _consider(graph: fx.Graph, node: fx.Node, op: Any) -> list[fx.Node] | None:
+    """Choose for one call; the nodes put in its place when the reference was inlined, else None."""
+    if any(isinstance(a, fx.Node) and not isinstance(_val(a), torch.Tensor) for a in node.args):
+        return None  # a value the choice cannot read (a tensor list, a symbolic scalar)
+    inline, why = choose(op, tuple(_val(a) for a in node.args))
+    log.info("kernelgraft: %s at %%%s %s: %s", op.name, node.name, "inlined" if inline else "kept", why)
+    if not inline:
+        return None
+    result = _inline(graph, node, op)
+    if isinstance(result, str):
+        log.info("kernelgraft: %s at %%%s kept: %s", op.name, node.name, result)
+        return None
+    return result
+
+
+def _inline(graph: fx.Graph, node: fx.Node, op: Any) -> list[fx.Node] | str:
+    """Put ``op.reference`` traced into Inductor's IR in place of ``node``: the nodes put in, or
+    why not (the graph is then left as it was)."""
     from torch._dynamo.utils import detect_fake_mode
     from torch._inductor.pattern_matcher import fwd_only
 
@@ -248,18 +263,33 @@ def _inline(graph: fx.Graph, node: fx.Node, op: Any) -> str | None:
         if not isinstance(v, torch.Tensor) or not isinstance(w, torch.Tensor) or v.shape != w.shape \
                 or v.dtype != w.dtype or v.stride() != w.stride():
             return "the reference's outputs differ from the op's in shape, dtype or layout"
+    # The op promises fresh outputs and leaves its inputs alone (mutating ops never get here); a
+    # reference may alias (return a view, the same tensor twice) or write in place, which the
+    # eager path copies around but a graph would not.
+    if len(set(outs)) != len(outs) or any(_views_an_input(o) for o in outs):
+        return "the reference returns a view of an input, or the same tensor twice"
+    if any(isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable
+           for n in sub.nodes if n.op == "call_function"):
+        return "the reference writes a tensor in place"
     users = list(node.users)
     if op.signature.returns != "tensor" and not all(
             u.op == "call_function" and u.target is operator.getitem for u in users):
         return "an output of the op is used other than by index"
     env: dict[fx.Node, fx.Node] = dict(zip((n for n in sub.nodes if n.op == "placeholder"), inputs))
     trace = node.meta.get("stack_trace")
-    with graph.inserting_before(node):
-        for n in sub.nodes:
-            if n.op == "call_function":
-                env[n] = graph.node_copy(n, lambda x: env[x])
-                if trace is not None:
-                    env[n].meta.setdefault("stack_trace", trace)
+    added: list[fx.Node] = []
+    try:
+        with graph.inserting_before(node):
+            for n in sub.nodes:
+                if n.op == "call_function":
+                    env[n] = graph.node_copy(n, lambda x: env[x])
+                    added.append(env[n])
+                    if trace is not None:
+                        env[n].meta.setdefault("stack_trace", trace)
+    except Exception:
+        for n in reversed(added):  # nothing uses them yet: the graph is as it was
+            graph.erase_node(n)
+        raise
     if op.signature.returns == "tensor":
         node.replace_all_uses_with(env[outs[0]])
     else:
@@ -267,7 +297,15 @@ def _inline(graph: fx.Graph, node: fx.Node, op: Any) -> str | None:
             u.replace_all_uses_with(env[outs[u.args[1]]])
             graph.erase_node(u)
     graph.erase_node(node)
-    return None
+    return added
+
+
+def _views_an_input(node: fx.Node) -> bool:
+    """Whether ``node`` (of a traced reference) is an input or a chain of views of one."""
+    while node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) \
+            and node.target.is_view and node.args and isinstance(node.args[0], fx.Node):
+        node = node.args[0]
+    return node.op == "placeholder"
 
 
 # ---------------------------------------------------------------------------- installing
@@ -288,8 +326,8 @@ def _on_trace(op: Any, args: tuple) -> None:
     """``_operator``'s trace hook: fake tensors reached ``op`` inside a compile."""
     if torch._guards.TracingContext.try_get() is None:
         return  # the op's own shape inference (Dispatcher.output_specs), not a compile
-    install()
     try:
+        install()
         choose(op, args)  # made now, so the FX graph cache key (computed before the pass) has it
     except Exception as exc:  # the pass decides again, or keeps the op
         log.debug("kernelgraft: in-graph choice for %s not made at trace time: %s", op.name, exc)

@@ -1,9 +1,10 @@
-"""Inductor custom graph passes that keep the pass configured before them.
+"""kernelgraft's Inductor custom graph passes, beside the user's.
 
-``torch._inductor.config.post_grad_custom_pre_pass`` and ``..._post_pass`` hold one pass each;
-kernelgraft's passes (pattern grafts, the in-graph choice) wrap whatever was there and run it
-first, and their ``uuid`` (Inductor's FX graph cache key) covers it, or is None, uncacheable, when
-that pass has no uuid of its own."""
+``torch._inductor.config.post_grad_custom_pre_pass`` and ``..._post_pass`` take a pass, or (torch
+2.6 and later) a list of passes, each run in turn, inference-aware ones with ``is_inference``, each
+with its own ``uuid`` in the FX graph cache key. kernelgraft adds its pass to that list and takes
+only its own out again, so a pass the user set keeps running exactly as Inductor runs it. Where the
+setting takes one pass only, kernelgraft's wraps the one that was there and runs it first."""
 
 from __future__ import annotations
 
@@ -12,62 +13,92 @@ from typing import Any
 
 import torch.fx as fx
 
-__all__ = ["chained_pass_class", "Slot"]
-
-
-def chained_pass_class(name: str, run: Callable[[fx.Graph], None], identity: Callable[[], Any]) -> type:
-    """A ``CustomGraphPass`` class whose instances wrap a previous pass: ``run(graph)`` after it,
-    ``uuid()`` = (``name``, the previous pass's uuid, ``identity()``)."""
-    from torch._inductor.custom_graph_pass import CustomGraphPass
-
-    class ChainedPass(CustomGraphPass):
-        def __init__(self, previous: Any = None) -> None:
-            self.previous = previous
-
-        def __call__(self, graph: fx.Graph) -> None:
-            if self.previous is not None:
-                self.previous(graph)
-            run(graph)
-
-        def uuid(self) -> Any:
-            prev = None
-            if self.previous is not None:
-                prev = self.previous.uuid() if hasattr(self.previous, "uuid") else None
-                if prev is None:
-                    return None  # an uncacheable pass was configured before us
-            return (name, prev, identity())
-
-    ChainedPass.__name__ = ChainedPass.__qualname__ = f"{name.title().replace('-', '')}Pass"
-    return ChainedPass
+__all__ = ["Slot"]
 
 
 class Slot:
-    """One of Inductor's custom pass settings (``attr``, e.g. "post_grad_custom_post_pass") holding
-    a kernelgraft pass that wraps what was there; the pass class is made on first use (importing
-    Inductor only then). Callers hold their own lock."""
+    """One of Inductor's custom pass settings (``attr``, e.g. "post_grad_custom_post_pass") with a
+    kernelgraft pass in it: ``run(graph)``, cache identity (``name``, None, ``identity()``). The
+    pass class is made on first use (importing Inductor only then). Callers hold their own lock."""
 
     def __init__(self, attr: str, name: str, run: Callable[[fx.Graph], None], identity: Callable[[], Any]) -> None:
         self.attr, self.name, self.run, self.identity = attr, name, run, identity
         self.cls: type | None = None
 
+    def _make(self) -> type:
+        from torch._inductor.custom_graph_pass import CustomGraphPass
+
+        slot = self
+
+        class KernelgraftPass(CustomGraphPass):
+            def __init__(self, previous: Any = None) -> None:
+                self.previous = previous  # only where the setting holds one pass (old torch)
+
+            def __call__(self, graph: fx.Graph) -> None:
+                if self.previous is not None:
+                    self.previous(graph)
+                slot.run(graph)
+
+            def uuid(self) -> Any:
+                prev = None
+                if self.previous is not None:
+                    prev = self.previous.uuid() if hasattr(self.previous, "uuid") else None
+                    if prev is None:
+                        return None  # an uncacheable pass was configured before us
+                return (slot.name, prev, slot.identity())
+
+        return KernelgraftPass
+
+    def _passes(self, current: Any) -> tuple | None:
+        """The passes the setting holds, or None where it holds one pass only (old torch)."""
+        try:
+            from torch._inductor.custom_graph_pass import get_custom_graph_passes
+        except ImportError:
+            return None
+        return get_custom_graph_passes(current)
+
+    def _ours(self, p: Any) -> bool:
+        return self.cls is not None and isinstance(p, self.cls)
+
     def install(self) -> None:
         import torch._inductor.config as config
 
         if self.cls is None:
-            self.cls = chained_pass_class(self.name, self.run, self.identity)
+            self.cls = self._make()
         current = getattr(config, self.attr)
-        if not isinstance(current, self.cls):
-            setattr(config, self.attr, self.cls(current))
+        passes = self._passes(current)
+        if passes is None:  # one pass only: wrap it
+            if not self._ours(current):
+                setattr(config, self.attr, self.cls(current))
+        elif not any(self._ours(p) for p in passes):
+            setattr(config, self.attr, [*passes, self.cls()] if passes else self.cls())
 
     def uninstall(self) -> None:
-        """Put back the pass ours wrapped, if ours is still the one set."""
+        """Take kernelgraft's pass out, leaving the others as they are."""
         import torch._inductor.config as config
 
         current = getattr(config, self.attr)
-        if self.cls is not None and isinstance(current, self.cls):
-            setattr(config, self.attr, current.previous)
+        passes = self._passes(current)
+        if passes is None:
+            if self._ours(current):
+                setattr(config, self.attr, current.previous)
+            return
+        if any(self._ours(p) for p in passes):
+            rest = [p for p in passes if not self._ours(p)]
+            setattr(config, self.attr, None if not rest else rest)
 
     def installed(self) -> bool:
         import torch._inductor.config as config
 
-        return self.cls is not None and isinstance(getattr(config, self.attr), self.cls)
+        current = getattr(config, self.attr)
+        passes = self._passes(current)
+        return self._ours(current) if passes is None else any(self._ours(p) for p in passes)
+
+    def current(self) -> Any:
+        """Kernelgraft's pass object in the setting, or None."""
+        import torch._inductor.config as config
+
+        current = getattr(config, self.attr)
+        passes = self._passes(current)
+        found = [current] if passes is None else list(passes)
+        return next((p for p in found if self._ours(p)), None)

@@ -283,10 +283,14 @@ def _host(trial: Trial, timer: Any) -> float | None:
 
 
 def _kernel_hosts(trials: list[Trial], times: dict[int, tuple], timer: Any) -> None:
-    """Each timed kernel's host time per launch, recorded beside its GPU time, not scored: the
-    in-graph choice weighs it (graft._inline). Measured after all GPU timings, so the host-bound
+    """The host time per launch of each kernel that can rank first, recorded beside its GPU time,
+    not scored: the in-graph choice weighs the first-ranked kernel's (graft._inline). Measured after all GPU timings, so the host-bound
     loops (and their idle GPU) never come between two candidates' timings."""
-    for t in trials:
+    kernels = [t for t in trials if not _compete.is_torch(t.candidate)]
+    if not kernels:
+        return
+    best = min(times[id(t)][0] for t in kernels)
+    for t in kernels:  # the ones that can rank first (within the finalists' margin), not every config
         score, gpu, host = times[id(t)]
-        if host is None and not _compete.is_torch(t.candidate):
+        if host is None and score <= best * (1.0 + FINAL_MARGIN):
             times[id(t)] = (score, gpu, _host(t, timer))
