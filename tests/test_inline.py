@@ -262,7 +262,7 @@ def test_choices_follow_kg_tune_clear():
         assert _inline.choose(op, (x,))[0] is False  # no decision now: not tuned yet
 
 
-def test_a_users_own_post_grad_passes_keep_running_beside_kernelgraft(monkeypatch):
+def test_a_users_own_post_grad_passes_keep_running_beside_kernelgraft():
     """The setting may hold a list of passes, some inference-aware (called with is_inference):
     kernelgraft adds its pass to the list and takes only its own out, so Inductor runs the user's
     as it would without kernelgraft."""
@@ -285,16 +285,17 @@ def test_a_users_own_post_grad_passes_keep_running_beside_kernelgraft(monkeypatc
             return "aware"
 
     mine = [Plain(), Aware()]
-    monkeypatch.setattr(inductor_config, "post_grad_custom_post_pass", list(mine))
-    _inline._SLOT.install()
-    assert inductor_config.post_grad_custom_post_pass[:2] == mine and _inline._SLOT.installed()
-    op = make_scale("tin::beside")
-    x = torch.randn(1000)
-    with kg.tune("on", timer=timer(0.5, 0.5), compete=True):
-        op(x)
-        got, code = compiled_code(lambda t: op(t) + 1.0, x)
-    torch.testing.assert_close(got, x * 2 + 1)
-    assert "tin.beside" not in "\n".join(code)  # kernelgraft's pass ran too
-    assert seen[-2:] == ["plain", "aware:True"]  # (the reference's own compile, for torch:compile, ran them too)
-    _inline._SLOT.uninstall()
-    assert inductor_config.post_grad_custom_post_pass == mine
+    # (config.patch, not monkeypatch: undoing a setting Inductor's config module holds deletes it)
+    with inductor_config.patch(post_grad_custom_post_pass=list(mine)):
+        _inline._SLOT.install()
+        assert inductor_config.post_grad_custom_post_pass[:2] == mine and _inline._SLOT.installed()
+        op = make_scale("tin::beside")
+        x = torch.randn(1000)
+        with kg.tune("on", timer=timer(0.5, 0.5), compete=True):
+            op(x)
+            got, code = compiled_code(lambda t: op(t) + 1.0, x)
+        torch.testing.assert_close(got, x * 2 + 1)
+        assert "tin.beside" not in "\n".join(code)  # kernelgraft's pass ran too
+        assert seen[-2:] == ["plain", "aware:True"]  # (the reference's own compile, for torch:compile, ran them too)
+        _inline._SLOT.uninstall()
+        assert inductor_config.post_grad_custom_post_pass == mine
