@@ -6,9 +6,9 @@
   ``torch.compile`` (Inductor) and in an ``ExportedProgram``.
 - ``kg.ungraft(model)``: undo.
 
-Under Inductor, an op call gives way to its reference where the tuner found Inductor's code as
-fast as the kernel plus its call (``_inline``; installed with this package, active once a compile
-traces an op).
+Under Inductor, an op call gives way to its reference where the tuner found Inductor's code no
+slower than a call of the kernel, max(its GPU time, its host time) (``_inline``; installed with
+this package, active once a compile traces an op).
 """
 
 from . import _inline  # noqa: F401  (installs the trace hook)

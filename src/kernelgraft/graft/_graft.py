@@ -397,7 +397,7 @@ def _count_and_verify_traced(model, pat, args, kwargs, verify, tolerance, misses
                 f"outputs differ: {problem}; nothing was grafted"
             )
     if n:
-        with torch.no_grad(), torch._dynamo.config.patch(specialize_float=True):
+        with torch._dynamo.config.patch(specialize_float=True):  # as the checks compiled it
             _tune_at_example(lambda: compiled(*_verify.clone_inputs(args), **_verify.clone_inputs(kwargs)),
                              [pat.op])
     return n

@@ -17,8 +17,10 @@ candidates, against the GPU time of code Inductor launches with the rest of its 
 keeps its place where it is faster on the GPU than Inductor's code and its launch hides behind its
 own GPU time (a large GEMM); a short kernel whose call costs the host more than Inductor's whole
 kernel gives way. The host time is the tuner's launch of the kernel (its Python runner); a served
-call replays natively and costs less, so on the host-bound side near ties go to Inductor. No decision (shapes not tuned
-yet: call the op once, or ``kg.graft`` with ``example_inputs``, before compiling), symbolic shapes,
+call replays natively and costs less, so on the host-bound side near ties go to Inductor.
+
+No decision (shapes not tuned yet: call the op once, or ``kg.graft`` with ``example_inputs``,
+before compiling), symbolic shapes,
 mutated arguments, tensor-list arguments, PyTorch not competing (``compete=`` without "compile",
 ``kg.tune(compete=False)``), ``kg.tune(mode="off")`` or ``KERNELGRAFT_INLINE=0``: the op stays.
 AOTInductor compiles keep every op: a package's kernels are its bundle's, served by the runtime.
@@ -33,10 +35,10 @@ graft inserted (after the cache key is computed) reaches the key from the next c
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import operator
-import os
 import threading
 from typing import Any
 
@@ -46,7 +48,8 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from .._op import _compete, _operator, _registry, _select
 from ..tune import _api as _tune_api
-from ..tune._modes import settings
+from .._verify import tensors
+from ..tune._modes import _env_tristate, settings
 from ._passes import Slot
 
 __all__ = ["choose", "choices", "install", "inline_pass"]
@@ -54,13 +57,13 @@ __all__ = ["choose", "choices", "install", "inline_pass"]
 log = logging.getLogger(__name__)
 
 _LOCK = threading.Lock()
-# (op name, fingerprint, the arguments' signature) -> (inline?, why); only decided choices are kept
+# _signature(op, args) -> (inline?, why); only decided choices are kept
 _CHOICES: dict[tuple, tuple[bool, str]] = {}
 _VERSION = 1
 
 
 def _enabled() -> bool:
-    return os.environ.get("KERNELGRAFT_INLINE", "1").strip().lower() not in ("0", "false", "no", "off")
+    return _env_tristate("KERNELGRAFT_INLINE") is not False
 
 
 def _signature(op: Any, args: tuple) -> tuple | None:
@@ -145,8 +148,8 @@ def _switched_off(op: Any, args: tuple) -> str | None:
     s = settings()
     if s.mode == "off":
         return "tuning is off (kg.tune(mode='off'))"
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    device = tensors[0].device if tensors else torch.device("cpu")
+    first = next(tensors(args), None)
+    device = first.device if first is not None else torch.device("cpu")
     off = _compete._off_reason(op, "compile", device, s, listing=True)
     return None if off is None else f"torch:compile does not compete ({off})"
 
@@ -240,10 +243,7 @@ def _inline(graph: fx.Graph, node: fx.Node, op: Any) -> list[fx.Node] | str:
 
     mode = detect_fake_mode(vals)
     try:
-        if mode is not None:
-            with mode:
-                gm = fwd_only(reference, vals)
-        else:
+        with mode if mode is not None else contextlib.nullcontext():
             gm = fwd_only(reference, vals)
     except Exception as exc:
         return f"the reference does not trace: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"

@@ -93,12 +93,3 @@ class Slot:
         current = getattr(config, self.attr)
         passes = self._passes(current)
         return self._ours(current) if passes is None else any(self._ours(p) for p in passes)
-
-    def current(self) -> Any:
-        """Kernelgraft's pass object in the setting, or None."""
-        import torch._inductor.config as config
-
-        current = getattr(config, self.attr)
-        passes = self._passes(current)
-        found = [current] if passes is None else list(passes)
-        return next((p for p in found if self._ours(p)), None)
