@@ -9,7 +9,7 @@ compile per op unless ``--compile static``) and Liger-Kernel where it has the op
 five of each, and the achieved bandwidth of memory-bound ops at their largest shape against the
 copy bandwidth measured at the start.
 
-    python benchmarks/bench_llm_suite.py --out $OUT            # the whole suite (~5 min on an H200)
+    python benchmarks/bench_llm_suite.py --out $OUT            # the whole suite (~5 min on an H200, 3 rounds)
     python benchmarks/bench_llm_suite.py --quick               # a shape per regime + the known gaps
     python benchmarks/bench_llm_suite.py --dry-run [--quick]   # list the shapes; no GPU needed
 
@@ -111,9 +111,12 @@ def summarize(rows: Iterable[Row], copy_gbps: float | None, same_size_copy_gbps:
         if r.kind == TUNED:
             entry.update(tuned_us=r.time_us, choice=r.detail, tuned_error=r.error, bw_frac=r.bw_frac,
                          gbps=r.gbps, h2h_vs_compile=r.vs_compile, vs_chosen=r.vs_chosen,
-                         graph_calls=r.calls if r.method == "graph" else None)
+                         graph_calls=r.calls if r.method == "graph" else None,
+                         rounds=getattr(r, "rounds", 1), tuned_spread=getattr(r, "spread", None),
+                         ranking=getattr(r, "ranking", None))
         elif r.kind == EAGER:
             entry["eager_us"] = r.time_us
+            entry["eager_spread"] = getattr(r, "spread", None)
         elif r.kind == COMPILE:
             entry["compile_us"] = r.time_us
         elif r.kind == PEER:
@@ -172,6 +175,13 @@ def _others(peers: dict) -> str:
     return ", ".join(f"{name} {_us(t)}" for name, t in peers.items() if name != "liger") or "-"
 
 
+def _scores(ranking: list | None) -> str:
+    if not ranking:
+        return "-"
+    ms = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
+    return "; ".join(f"{label} {ms(score)}/{ms(gpu)}/{ms(host)}" for label, score, gpu, host in ranking)
+
+
 def _gbps(v: float | None) -> str:
     return "-" if v is None else f"{v:.0f}"
 
@@ -194,9 +204,11 @@ def markdown(summary: dict) -> str:
             f"{_x(e.get('vs_liger'))} |")
     for key, title in (("worst_vs_torch", f"op / min(eager, compile), limit {LIMITS['vs_torch']}x"),
                        ("worst_vs_liger", f"op / Liger-Kernel, limit {LIMITS['vs_liger']}x")):
-        lines += ["", f"## Worst five: {title}", "", "| op | inputs | ratio |", "| --- | --- | ---: |"]
-        lines += [f"| {e['op'].split('::')[-1]} | {e['shape']} | {_x(e[key.removeprefix('worst_')])} |"
-                  for e in summary[key]]
+        lines += ["", f"## Worst five: {title}", "",
+                  "| op | inputs | ratio | spread of the op's rounds | the tuner's scores, ms (score/GPU/host) |",
+                  "| --- | --- | ---: | ---: | --- |"]
+        lines += [f"| {e['op'].split('::')[-1]} | {e['shape']} | {_x(e[key.removeprefix('worst_')])} | "
+                  f"{_x(e.get('tuned_spread'))} | {_scores(e.get('ranking'))} |" for e in summary[key]]
     lines += ["", f"## Bandwidth at the largest shape (limit {LIMITS['bandwidth']:.0%} of measured copy)", "",
               "| op | inputs | GB/s | of copy | copy of the same bytes, GB/s | of that copy |",
               "| --- | --- | ---: | ---: | ---: | ---: |"]
@@ -264,7 +276,7 @@ def run(args) -> int:
             rows += bench_op(op, _until(deadline, cases, skipped, name), ceilings=ceilings, timer=timer,
                              compile=args.compile != "off", dynamic=args.compile == "dynamic",
                              peers=peers_for(op.name, peers), timing="graph", candidates=False, untuned=False,
-                             compare=args.head_to_head)
+                             compare=args.head_to_head, rounds=args.rounds)
         except Exception as exc:  # one op failing must not lose the others
             print(f"{name}: failed: {type(exc).__name__}: {exc}")
         print(f"{name}: {len(dims_set)} shapes in {time.monotonic() - t0:.1f} s", flush=True)
@@ -302,6 +314,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--head-to-head", action="store_true",
                         help="also time the tuned op against torch.compile in alternating rounds (h2h_vs_compile "
                              "in the JSON; about a second more per shape)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="time the tuned op, eager, compile and peers this many times each, in rotating "
+                             "order, and keep each one's median (clock drift under large GEMMs moved one "
+                             "cuBLAS call by 15%% between two timings a few seconds apart)")
     parser.add_argument("--time-limit", type=float, default=420.0,
                         help="seconds after which remaining shapes are skipped (and listed)")
     args = parser.parse_args(argv)

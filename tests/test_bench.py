@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 
 import pytest
 import torch
@@ -282,6 +283,60 @@ def test_tuned_row_records_head_to_head_ratios():
     assert tuned.vs_compile is None  # compile=False
     # the chosen kernel forced, by the same timer (FakeTimer: each later timing 1 us slower)
     assert tuned.vs_chosen is not None and 0 < tuned.vs_chosen < 1
+
+
+def test_rounds_rotate_the_order_and_keep_each_rows_median():
+    """Rows timed in rounds: the order rotates by one per round, so a clock that drifts lands on
+    every row alike, and each row keeps its median and the spread of its rounds."""
+    from kernelgraft.bench._run import Row, in_rounds
+
+    order = []
+    clock = iter(range(100))
+
+    def timer(fn):  # a drifting clock: each timing 1 us slower than the one before
+        name = fn()
+        order.append(name)
+        return Timing({"a": 100.0, "b": 110.0, "c": 100.0}[name] + next(clock), 0, 0, 0, 5)
+
+    rows = {n: Row("op", "s", 0, 1e6, 0.0, EAGER, n) for n in "abc"}
+    rows["a"].fill(Timing(100.0, 0, 0, 0, 5), CEIL)
+    rows["b"].fill(Timing(110.0, 0, 0, 0, 5), CEIL)
+    rows["c"].error = "failed before the rounds"  # never timed: stays as it is
+    in_rounds([(rows[n], (lambda n=n: n)) for n in "abc"], timer, CEIL, rounds=4)
+    assert order == ["b", "a", "a", "b", "b", "a"]  # rounds 2-4, rotating; c was never timed
+    assert rows["a"].rounds == rows["b"].rounds == 4 and rows["c"].rounds == 1
+    assert rows["a"].time_us == pytest.approx(statistics.median([100.0, 101.0, 102.0, 105.0]))
+    assert rows["b"].time_us == pytest.approx(statistics.median([110.0, 110.0, 113.0, 114.0]))
+    assert rows["a"].spread == pytest.approx(105.0 / 100.0)
+    assert rows["a"].gbps == pytest.approx(1e6 / (rows["a"].time_us * 1e-6) / 1e9)  # derived from the median
+    assert rows["c"].time_us is None and rows["c"].spread is None
+
+
+def test_bench_op_times_the_tuned_op_and_its_rivals_in_rounds():
+    from kernelgraft.examples.softmax import softmax
+
+    from kernelgraft._op._compete import is_torch
+
+    def tuner_timer(trial, settings):  # the tuner's clock: kernels 1 ms, PyTorch 2 ms
+        trial.run(0)
+        return 2.0 if is_torch(trial.candidate) else 1.0
+
+    timer = FakeTimer()
+    kg.tune.clear()
+    try:
+        with kg.tune(timer=tuner_timer, compete=True):
+            rows = bench_op(softmax, [(torch.randn(4, 64),)], ceilings=CEIL, timer=timer, compile=False,
+                            tune=True, candidates=False, untuned=False, compare=False, rounds=3)
+    finally:
+        kg.tune.clear()
+    tuned = next(r for r in rows if r.kind == TUNED)
+    eager = next(r for r in rows if r.kind == EAGER)
+    assert tuned.rounds == eager.rounds == 3
+    assert timer.calls == 2 * 3 + 1  # two rows, three rounds each, and the chosen kernel forced once
+    # the tuner's decision, for the report: the first three and every PyTorch candidate
+    labels = [label for label, *_ in tuned.ranking]
+    assert labels[0].startswith("triton:") and {"torch:eager", "torch:compile"} <= set(labels)
+    assert all(score == 2.0 for label, score, gpu, host in tuned.ranking if label.startswith("torch:"))
 
 
 @pytest.mark.gpu

@@ -228,7 +228,7 @@ def torch_candidates(op: "KernelOp", tensors: Sequence[tuple[str, torch.Tensor]]
 def offered(op: "KernelOp", kernels: Sequence[Candidate], tensors: Sequence[tuple[str, torch.Tensor]],
             settings: Any) -> list[Candidate]:
     """What the tuner chooses among: the supported kernels, then the torch candidates that may
-    compete (kernels first: the default candidate and ties go to a kernel). Nothing when no kernel
+    compete (kernels first: the default candidate is a kernel; the tuner gives ties to torch:eager). Nothing when no kernel
     supports the inputs (the reference then runs with the fallback warning, as without compete)."""
     supported = [c for c in kernels if c.supported]
     if not supported:

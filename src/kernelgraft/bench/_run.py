@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import statistics
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -59,6 +60,11 @@ class Row:
     regime: str = ""  # the shape's regime in its suite (kernelgraft.bench._suite), '' if untagged
     method: str = ""  # how it was timed: "events" (per call) or "graph" (CUDA-graph replay)
     calls: int = 0  # calls per replayed graph ("graph": a handful would add the graph launch to each)
+    rounds: int = 1  # timings behind time_us: with several, it is their median (bench_op's rounds)
+    spread: float | None = None  # slowest / fastest of those timings (drift and noise, not the op)
+    # tuned rows: the tuner's decision as [label, score ms, GPU ms, host ms] (the first three and
+    # every PyTorch candidate), so a report shows why the winner won
+    ranking: list | None = None
 
     def fill(self, timing: Timing | None, ceilings: Ceilings | None) -> "Row":
         if timing is None:
@@ -168,9 +174,9 @@ def _error(exc: BaseException) -> str:
 
 
 def _peer_row(base: dict, peer: Peer, op: Any, args: tuple, expected: Any, timer: Timer,
-              ceilings: Ceilings | None) -> Row:
+              ceilings: Ceilings | None) -> tuple[Row, Callable[[], object] | None]:
     """Time one peer after checking that it computes what the op computes (a mismatch is noted,
-    not hidden: a peer that skips work would otherwise look fast)."""
+    not hidden: a peer that skips work would otherwise look fast); the row and what was timed."""
     from .._verify import compare_trees
 
     row = Row(**base, kind=PEER, variant=f"peer: {peer.name}", backend="peer")
@@ -179,14 +185,15 @@ def _peer_row(base: dict, peer: Peer, op: Any, args: tuple, expected: Any, timer
     except Exception as exc:
         row.error = _error(exc)
         log.warning("%s %s: peer %s failed: %s", row.op, row.shape, peer.name, row.error)
-        return row
+        return row, None
     try:
         problem = compare_trees(expected, got, tolerances=op.tolerances, what=f"peer {peer.name}")
     except Exception as exc:  # an output the comparison cannot read is a mismatch too
         problem = _error(exc)
     if problem:
         row.detail = f"differs from the op: {problem}"[:300]
-    return _timed(row, lambda: peer.fn(*args), timer, ceilings)
+    fn = lambda: peer.fn(*args)  # noqa: E731
+    return _timed(row, fn, timer, ceilings), fn
 
 
 def bench_op(
@@ -204,6 +211,7 @@ def bench_op(
     untuned: bool = True,
     dynamic: bool = False,
     compare: bool = True,
+    rounds: int = 1,
 ) -> list[Row]:
     """All rows for ``op`` over ``inputs`` (tuples of arguments, small to large; a
     :class:`~kernelgraft.bench.Case` carries its regime into the rows).
@@ -214,7 +222,10 @@ def bench_op(
     skips timing every candidate (the tuned op is still timed), ``untuned=False`` the op with the
     tuner off, ``dynamic=True`` compiles the reference once with dynamic shapes instead of once
     per shape, and ``compare=False`` skips the head-to-head rounds behind ``vs_best`` and
-    ``vs_compile`` (a dozen more timings per shape)."""
+    ``vs_compile`` (a dozen more timings per shape). With ``rounds=N`` the tuned op, eager,
+    torch.compile and the peers of a shape are timed N times in rotating order, each keeping the
+    median (``Row.rounds``, ``Row.spread``): timed once, one after the other, the same cuBLAS GEMM
+    read 262 and 306 us a few seconds apart on the H200 (clock drift under a GEMM's power draw)."""
     timer, quick = _timers(timing, timer)
     peer_list = as_peers(peers)
     rows: list[Row] = []
@@ -256,8 +267,10 @@ def bench_op(
             for backend in sorted({r.backend for r in timed}):
                 best = min((r for r in timed if r.backend == backend), key=lambda r: r.time_us)
                 emit(dataclasses.replace(best, kind=BACKEND, variant=f"best {backend}", detail=best.variant))
+            eager_fn = lambda: op.reference(*args)  # noqa: E731
             rivals = [emit(_timed(Row(**base, kind=EAGER, variant="torch eager", backend="torch"),
-                                  lambda: op.reference(*args), timer, ceilings))]
+                                  eager_fn, timer, ceilings))]
+            rival_fns = [eager_fn]
             compile_fn = None
             if compile:
                 row = Row(**base, kind=COMPILE, variant="torch.compile" + (" (dynamic)" if dynamic else ""),
@@ -268,8 +281,12 @@ def bench_op(
                 except Exception as exc:
                     row.error, fn = _error(exc), None
                 rivals.append(emit(_timed(row, fn, timer, ceilings)))
+                rival_fns.append(fn)
                 compile_fn = fn if row.time_us is not None else None
-            rivals += [emit(_peer_row(base, peer, op, args, outputs, timer, ceilings)) for peer in peer_list]
+            for peer in peer_list:
+                row, fn = _peer_row(base, peer, op, args, outputs, timer, ceilings)
+                rivals.append(emit(row))
+                rival_fns.append(fn)
             if untuned:
                 with _mode("off"):
                     emit(_timed(Row(**base, kind=DEFAULT, variant="kg op (untuned default)", backend="kg"),
@@ -287,10 +304,14 @@ def bench_op(
                         plan = op.dispatcher.plan_for(args)
                         chosen = getattr(plan, "candidate", None)
                         tuned.detail = getattr(chosen, "label", "") or ""
+                        tuned.ranking = _ranking(op, args)
                         if chosen is not None and is_torch(chosen):  # the reference was fastest
                             tuned.detail += " (PyTorch won the tuning)"
                         elif chosen is not None and tuned.time_us:
                             _check_chosen(tuned, op, chosen, args, timer)
+                        # inside the tuning block: the tuned op's plans belong to its scope
+                        in_rounds(list(zip([tuned, *rivals], [lambda: op(*args), *rival_fns])),
+                                  timer, ceilings, rounds)
                         if compare and tuned.time_us is not None:
                             _compare(tuned, lambda: op(*args), timed, cand_fns, compile_fn, quick)
                     emit(tuned)
@@ -308,6 +329,47 @@ def bench_op(
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
     return rows
+
+
+def _ranking(op: Any, args: tuple, top: int = 3) -> list | None:
+    """The tuner's decision for ``args`` as ``[label, score, GPU, host]`` rows (ms), or None."""
+    import kernelgraft as kg
+
+    try:
+        decision = kg.tune.decision(op, *args)
+    except Exception:  # no tuner, or inputs it cannot key: the report goes without
+        return None
+    if decision is None:
+        return None
+    out = []
+    for n, e in enumerate(decision.ranking):
+        if n < top or e.get("backend") == "torch":
+            config = ",".join(f"{k}={v}" for k, v in (e.get("config") or {}).items())
+            label = f"{e.get('backend')}:{e.get('impl_name')}" + (f"[{config}]" if config else "")
+            out.append([label, e.get("ms"), e.get("gpu_ms"), e.get("host_ms")])
+    return out
+
+
+def in_rounds(timed: Sequence[tuple[Row, Callable[[], object] | None]], timer: Timer,
+              ceilings: Ceilings | None, rounds: int) -> None:
+    """Time each row's callable ``rounds - 1`` more times (its first timing is round one), the
+    order rotating by one per round so that drift over the rounds lands on every row alike; each
+    row keeps the median of its rounds and their spread. Rows that were not timed stay as they are."""
+    live = [(row, fn) for row, fn in timed if fn is not None and row.time_us is not None]
+    if rounds <= 1 or not live:
+        return
+    samples: dict[int, list[float]] = {id(row): [row.time_us] for row, _ in live}
+    for r in range(1, rounds):
+        for row, fn in live[r % len(live):] + live[:r % len(live)]:
+            try:
+                samples[id(row)].append(timer(fn).median_us)
+            except Exception as exc:  # a round that fails leaves the others to judge by
+                log.warning("%s %s %s: round %d failed: %s", row.op, row.shape, row.variant, r, _error(exc))
+    for row, _ in live:
+        got = samples[id(row)]
+        median = statistics.median(got)
+        row.fill(Timing(median, min(got), median, median, row.reps, row.method, row.calls), ceilings)
+        row.rounds, row.spread = len(got), max(got) / min(got)
 
 
 def _check_chosen(tuned: Row, op: Any, chosen: Any, args: tuple, timer: Timer) -> None:

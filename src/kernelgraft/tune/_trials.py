@@ -260,14 +260,20 @@ def _time(trial: Trial, timer: Any, settings: Any) -> tuple[float, float, float 
     if not _compete.is_torch(cand):
         return ms, ms, None  # its host time is measured after every timing (_kernel_hosts)
     host = _host(trial, timer)
-    if host is not None:
-        # GPU time alone ranks a PyTorch candidate as if its calls cost the host nothing. Each runs
-        # several ATen ops, or Dynamo's guards and Inductor's wrapper for torch:compile (on the
-        # H200 a compiled rmsnorm_residual reference won a 17 us prefill shape by GPU time, and
-        # then cost ~200 us per call inside a compiled Llama); a kernel's plan is one replayed
-        # launch. Scored by max(GPU, host): the time a call takes in a stream of calls.
+    if host is not None and cand.impl.name == "compile":
+        # GPU time alone ranks torch:compile as if its calls cost the host nothing: each runs
+        # Dynamo's guards and Inductor's wrapper, tens of microseconds (on the H200 a compiled
+        # rmsnorm_residual reference won a 17 us prefill shape by GPU time, then cost ~200 us per
+        # call in an eager stream of calls). Scored by max(GPU, host): the time a call takes in a
+        # stream of calls. Under an outer torch.compile the op gives way to its traced reference
+        # instead (graft._inline), where that host cost is gone.
         return max(ms, host), ms, host
-    return ms, ms, None
+    # torch:eager is ranked by GPU time, as kernels are: only a reference that is one library
+    # call (a cuBLAS GEMM) beats a kernel on the GPU, and that costs the host about what a launch
+    # does. Scoring its host time but not the kernels' lost cuBLAS to Triton GEMMs up to 24%
+    # slower on skinny shapes (H200, benchmarks/results/2026-12-02-h200-s11). Its host time is
+    # recorded beside the score.
+    return ms, ms, host
 
 
 def _host(trial: Trial, timer: Any) -> float | None:

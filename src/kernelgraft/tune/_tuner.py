@@ -395,12 +395,14 @@ class Tuner:
         order = {id(r): n for n, r in enumerate(results)}
         passed = sorted((r for r in results if r.ms is not None), key=lambda r: (r.ms, order[id(r)]))
         if passed:
-            # Within TIE_MARGIN of the fastest, the candidate listed first wins: near-equal
-            # timings are noise, and the user's order (impls, then configs) is a stable tie-break
-            # that keeps the same choice across runs and ranks.
+            # Within TIE_MARGIN of the fastest, the op's own eager reference wins, else the
+            # candidate listed first: near-equal timings are noise, a kernel serves a shape only
+            # where it beats PyTorch by more than that ("never slower than PyTorch"), and the
+            # user's order (impls, then configs) is a stable tie-break that keeps the same choice
+            # across runs and ranks.
             limit = passed[0].ms * (1.0 + TIE_MARGIN)
             near = [r for r in passed if r.ms <= limit]
-            first = min(near, key=lambda r: order[id(r)])
+            first = min(near, key=lambda r: (not _is_eager(r.candidate), order[id(r)]))
             passed.remove(first)
             passed.insert(0, first)
         return Decision(
@@ -418,6 +420,10 @@ class Tuner:
         if disk:
             self.disk.remove()
         _select.bump_epoch()
+
+
+def _is_eager(candidate: Any) -> bool:
+    return is_torch(candidate) and candidate.impl.name == "eager"
 
 
 TUNER = Tuner()
