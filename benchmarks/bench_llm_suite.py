@@ -23,6 +23,7 @@ import argparse
 import importlib
 import math
 import os
+import statistics
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -88,6 +89,16 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a and b else None
 
 
+def paired(ours: list | None, theirs: Sequence[list | None]) -> float | None:
+    """The median over rounds of ours / the fastest of ``theirs`` in the same round (rounds rotate
+    the order, so a drifting clock lands on both sides of each ratio); None unless every side
+    has the same number of rounds, more than one."""
+    rivals = [t for t in theirs if t]
+    if not ours or len(ours) < 2 or not rivals or any(len(t) != len(ours) for t in rivals):
+        return None
+    return statistics.median(o / min(t[r] for t in rivals) for r, o in enumerate(ours))
+
+
 def largest(rows: Iterable[Row]) -> dict[str, float]:
     """Bytes moved by each memory-bound op's largest tuned shape."""
     out: dict[str, float] = {}
@@ -98,7 +109,8 @@ def largest(rows: Iterable[Row]) -> dict[str, float]:
 
 
 def summarize(rows: Iterable[Row], copy_gbps: float | None, same_size_copy_gbps: dict | None = None) -> dict:
-    """Per shape: tuned, eager, compile and peer times with op/min(eager, compile) and op/peer;
+    """Per shape: tuned, eager, compile and peer times with op/min(eager, compile) and op/peer
+    (paired by round where the rows carry their rounds' samples, see ``paired``);
     the worst five of each ratio; bandwidth of memory-bound ops at their largest shape, of the copy
     measured at the start (1 GiB) and, where given (``same_size_copy_gbps``: op -> GB/s), of a copy
     moving the same bytes timed the same way: a small kernel pays a launch and a tail a 1 GiB copy
@@ -113,22 +125,27 @@ def summarize(rows: Iterable[Row], copy_gbps: float | None, same_size_copy_gbps:
                          gbps=r.gbps, h2h_vs_compile=r.vs_compile, vs_chosen=r.vs_chosen,
                          graph_calls=r.calls if r.method == "graph" else None,
                          rounds=getattr(r, "rounds", 1), tuned_spread=getattr(r, "spread", None),
-                         ranking=getattr(r, "ranking", None))
+                         ranking=getattr(r, "ranking", None), tuned_samples=getattr(r, "samples", None))
         elif r.kind == EAGER:
             entry["eager_us"] = r.time_us
             entry["eager_spread"] = getattr(r, "spread", None)
+            entry["eager_samples"] = getattr(r, "samples", None)
         elif r.kind == COMPILE:
             entry["compile_us"] = r.time_us
+            entry["compile_samples"] = getattr(r, "samples", None)
         elif r.kind == PEER:
             entry["peers"][r.variant.removeprefix("peer: ")] = r.time_us
+            entry.setdefault("peer_samples", {})[r.variant.removeprefix("peer: ")] = getattr(r, "samples", None)
             if r.detail:
                 entry["peer_note"] = r.detail
     table = []
     for entry in shapes.values():
         torch_best = min((t for t in (entry.get("eager_us"), entry.get("compile_us")) if t), default=None)
-        entry["vs_torch"] = _ratio(entry.get("tuned_us"), torch_best)
+        entry["vs_torch"] = paired(entry.get("tuned_samples"), [entry.get("eager_samples"), entry.get("compile_samples")]) \
+            or _ratio(entry.get("tuned_us"), torch_best)
         liger = entry["peers"].get("liger")
-        entry["vs_liger"] = _ratio(entry.get("tuned_us"), liger)
+        entry["vs_liger"] = paired(entry.get("tuned_samples"), [entry.get("peer_samples", {}).get("liger")]) \
+            or _ratio(entry.get("tuned_us"), liger)
         table.append(entry)
 
     def worst(key: str) -> list[dict]:
@@ -194,7 +211,10 @@ def markdown(summary: dict) -> str:
     """The tables: every shape, the worst five of each ratio, bandwidth at the largest shapes."""
     head = ("| op | regime | inputs | tuned us | choice | eager us | compile us | liger us | other peers us | "
             "op/min(torch) | op/liger |")
-    lines = ["## Every shape (GPU time by CUDA-graph replay)", "", head, "|" + " --- |" * 11]
+    lines = ["## Every shape (GPU time by CUDA-graph replay)", "",
+             "Times are medians of each variant's rounds; with several rounds the ratios are medians of "
+             "the ratios within a round (the rounds rotate the order of the variants).", "",
+             head, "|" + " --- |" * 11]
     for e in summary["shapes"]:
         lines.append(
             f"| {e['op'].split('::')[-1]} | {e['regime']} | {e['shape']} | {_us(e.get('tuned_us'))} | "

@@ -82,7 +82,7 @@ run_section() {
     llmquick) step llm_suite_quick 280 python3 benchmarks/bench_llm_suite.py --quick --out "$R" --time-limit 240 ;;  # issue 18
     llm) limit=$(( SESSION_END - $(date +%s) - 60 )); [ "$limit" -gt 500 ] && limit=500  # ends writing its tables in time
          if [ "$limit" -lt 30 ]; then echo "[llm_suite] skipped: the session's budget is spent"
-         else step llm_suite 560 python3 benchmarks/bench_llm_suite.py --out "$R" --time-limit "$limit"; fi ;;
+         else step llm_suite 560 python3 benchmarks/bench_llm_suite.py --out "$R" --time-limit "$limit" ${LLM_ARGS:-}; fi ;;
     suitetests) step test_bench_suite 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_bench_suite.py tests/test_example_kernels.py -rs --tb=short ;;
     hostcost_ab1)  # one alternation of hostcost_ab: old tree, then this one
             step native_build 150 python3 -c "import kernelgraft as kg; print(kg.native.build())"
@@ -107,7 +107,7 @@ run_section() {
     diagsmall) step diag_small_shapes 120 python3 research/diag_small_shapes.py ;;
     diagload) step diag_runtime_load 240 python3 research/diag_runtime_load.py "${KERNELGRAFT_TEST_BUNDLE:-.carry/bundle}" ;;  # session 9's crash
     diagsuite) step diag_suite_tuned 150 python3 research/diag_suite_tuned.py ;;  # the suite's small-shape rows
-    compete) step bench_compete 240 python3 benchmarks/bench_compete.py --out "$R" --limit 2 ;;
+    compete) step bench_compete 240 python3 benchmarks/bench_compete.py --out "$R" ${COMPETE_ARGS:---limit 2} ;;
     firstsec) step first_seconds 420 python3 benchmarks/bench_first_seconds.py --out "$R" ;;  # issue 19; 2 GPUs: decisions side by side
     verify2) step test_verify_2gpu 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_verify.py -k not_the_current_one -rs --tb=short ;;  # needs 2 GPUs
     devices) step gpu_devices 300 python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/test_gpu_devices.py -rs --tb=short ;;  # needs 2 GPUs

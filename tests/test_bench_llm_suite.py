@@ -101,3 +101,21 @@ def test_rows_where_the_tuned_op_is_slower_than_its_own_kernel_are_flagged(suite
     assert "## Rows to distrust: the tuned op over 1.15x its own chosen kernel forced" in text
     assert "| rmsnorm | s0 | 19.70 | triton:launch_rmsnorm[...] | 11.726x | 200 |" in text
     assert "| rmsnorm | s2 | 5.00 | triton:launch_rmsnorm[...] | 1.000x | 2 |" in text
+
+
+def test_ratios_are_paired_by_round_when_every_side_has_its_rounds(suite):
+    """The same GEMM on a clock that drifts 10% over the rounds: the ratio of medians can land on
+    either side of 1 by the drift, the median of per-round ratios does not."""
+    drift = [1.0, 1.05, 1.10]
+    rows = [_row("gemm", 0, EAGER, "torch eager", 200.0), _row("gemm", 0, COMPILE, "torch.compile", 230.0),
+            _row("gemm", 0, TUNED, "tuned (kg.tune)", 206.0)]
+    rows[0].samples = [200.0 * d for d in drift]
+    rows[1].samples = [230.0 * d for d in drift]
+    rows[2].samples = [200.0 * d * 1.001 for d in drift]  # the op: the same kernel, 0.1% of noise
+    entry = suite.summarize(rows, copy_gbps=4000.0)["shapes"][0]
+    assert entry["vs_torch"] == pytest.approx(1.001)
+    assert suite.paired([1.0, 2.0], [[1.0, 2.0], [0.5, 4.0]]) == pytest.approx(1.5)  # per round, the fastest rival
+    assert suite.paired([1.0, 2.0], [[1.0]]) is None  # a rival missing a round: not paired
+    assert suite.paired([1.0], [[1.0]]) is None  # one round: nothing to pair
+    rows[2].samples = None  # without rounds: the ratio of the times, as before
+    assert suite.summarize(rows, copy_gbps=4000.0)["shapes"][0]["vs_torch"] == pytest.approx(206.0 / 200.0)

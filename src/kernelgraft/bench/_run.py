@@ -62,6 +62,7 @@ class Row:
     calls: int = 0  # calls per replayed graph ("graph": a handful would add the graph launch to each)
     rounds: int = 1  # timings behind time_us: with several, it is their median (bench_op's rounds)
     spread: float | None = None  # slowest / fastest of those timings (drift and noise, not the op)
+    samples: list | None = None  # those timings (us), round by round: ratios can be paired by round
     # tuned rows: the tuner's decision as [label, score ms, GPU ms, host ms] (the first three and
     # every PyTorch candidate), so a report shows why the winner won
     ranking: list | None = None
@@ -369,7 +370,7 @@ def in_rounds(timed: Sequence[tuple[Row, Callable[[], object] | None]], timer: T
         got = samples[id(row)]
         median = statistics.median(got)
         row.fill(Timing(median, min(got), median, median, row.reps, row.method, row.calls), ceilings)
-        row.rounds, row.spread = len(got), max(got) / min(got)
+        row.rounds, row.spread, row.samples = len(got), max(got) / min(got), got
 
 
 def _check_chosen(tuned: Row, op: Any, chosen: Any, args: tuple, timer: Timer) -> None:
