@@ -66,11 +66,12 @@ def run_benchmarks(
     peers: Any = None,
     timing: str = "cold",
     dynamic: bool = False,
+    rounds: int = 1,
 ) -> tuple[list[Row], Ceilings | None]:
     """Benchmark ``ops`` on the shapes of ``suite`` and write the report. Returns all rows and
     the ceilings used. ``peers`` are timed beside each op they apply to (a list, or a mapping
-    from op names to lists; ``kernelgraft.bench._peers``); ``timing`` and ``dynamic`` as in
-    :func:`~kernelgraft.bench.bench_op`."""
+    from op names to lists; ``kernelgraft.bench._peers``); ``timing``, ``dynamic`` and ``rounds``
+    as in :func:`~kernelgraft.bench.bench_op`."""
     if ceilings is None:
         say("measuring ceilings (device copy bandwidth, bf16 GEMM) ...")
         ceilings = measure_ceilings(device)
@@ -86,7 +87,8 @@ def run_benchmarks(
         started = time.perf_counter()
         try:
             rows.extend(bench_op(op, inputs, ceilings=ceilings, timer=timer, compile=compile, tune=tune,
-                                 peers=peers_for(op.name, peers), timing=timing, dynamic=dynamic))
+                                 peers=peers_for(op.name, peers), timing=timing, dynamic=dynamic,
+                                 rounds=rounds))
         except Exception as exc:  # a broken op (or its inputs) must not lose the others
             say(f"{op.name}: benchmark failed: {type(exc).__name__}: {exc}")
             log.debug("bench of %s failed", op.name, exc_info=True)

@@ -23,6 +23,9 @@ def add_arguments(parser) -> None:
                              ".py path; OP= limits it to one op (repeatable)")
     parser.add_argument("--timing", choices=("cold", "graph"), default="cold",
                         help="cold: each call after an L2 flush (default); graph: CUDA-graph replay")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="time the tuned op, torch and the peers N times each in rotating order and keep "
+                             "each one's median: large GEMMs drift by several %% between two timings")
     parser.add_argument("--dynamic", action="store_true",
                         help="compile the reference once with dynamic shapes instead of once per shape")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile of the reference")
@@ -89,6 +92,6 @@ def run(args) -> int:
     rows, _ = run_benchmarks(
         ops, json_path=json_path, png_path=png_path, compile=not args.no_compile,
         tune=not args.no_tune, max_shapes=args.max_shapes, all_candidates=args.all_candidates,
-        suite=args.suite, peers=peers, timing=args.timing, dynamic=args.dynamic,
+        suite=args.suite, peers=peers, timing=args.timing, dynamic=args.dynamic, rounds=args.rounds,
     )
     return 0 if any(r.time_us for r in rows) else 1
