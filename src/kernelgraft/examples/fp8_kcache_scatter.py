@@ -136,12 +136,18 @@ def _e4m3_bits(x):
 
 
 @triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def _fp8_kcache_scatter_kernel(
     k_ptr, cache_ptr, slot_ptr, n_tokens, n_slots, cache_stride,
     stride_page, stride_row, stride_col,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     QBLOCK: tl.constexpr, QPAD: tl.constexpr, TOKENS: tl.constexpr,
     UE8M0: tl.constexpr, PAGE_CONTIGUOUS: tl.constexpr, SCALE32: tl.constexpr, SOFT_FP8: tl.constexpr,
+    EVICT: tl.constexpr,
 ):
     # Program (i, j): TOKENS tokens x quantisation block j. The head size and page size are
     # compile-time (a model has one of each): slot // BLOCK_SIZE is then a shift, not a 64-bit
@@ -149,30 +155,39 @@ def _fp8_kcache_scatter_kernel(
     tokens = tl.program_id(0).to(tl.int64) * TOKENS + tl.arange(0, TOKENS)
     qb = tl.program_id(1)
     lane = tl.arange(0, QPAD)
-    slot = tl.load(slot_ptr + tokens, mask=tokens < n_tokens, other=-1)
+    in_range = tokens < n_tokens
+    col = qb * QBLOCK + lane
+    slot = tl.load(slot_ptr + tokens, mask=in_range, other=-1)
+    # The keys' load does not wait for the slots (masking it by them made every program two
+    # dependent DRAM round trips); a padding token's row is read and dropped at the store.
+    # EVICT="evict_first" (a config's choice) leaves L2 to the cache lines being written: it paid
+    # at 131072 tokens and cost at 524288 on the H200 (research/NOTES.md).
+    x = tl.load(k_ptr + tokens[:, None] * HEAD_DIM + col[None, :],
+                mask=in_range[:, None] & (lane[None, :] < QBLOCK), other=0.0,
+                eviction_policy=EVICT).to(tl.float32)
     # Padding (negative) and out-of-range slots write nothing: never a store outside the cache.
     valid = (slot >= 0) & (slot < n_slots)
     mask = valid[:, None] & (lane[None, :] < QBLOCK)
-    col = qb * QBLOCK + lane
-    x = tl.load(k_ptr + tokens[:, None] * HEAD_DIM + col[None, :], mask=mask, other=0.0).to(tl.float32)
-    # correctly rounded, like CUDA's '/' (a plain '/' may become a multiply by 1/448)
-    # amax and the 1e-4 floor propagate NaN as torch's amax and clamp_min do (tl.max and
-    # tl.maximum may drop it): a block holding a NaN gets a NaN scale, as in the reference.
-    amax = tl.max(tl.abs(x), axis=1)
-    has_nan = tl.max((x != x).to(tl.int32), axis=1) > 0
-    amax = tl.where(has_nan, float("nan"), amax)
+    # amax and the 1e-4 floor propagate NaN as torch's amax and clamp_min do (tl.max drops it):
+    # a block holding a NaN gets a NaN scale, as in the reference. One NaN-propagating max per
+    # element (max.NaN.f32) instead of a max and a separate NaN test.
+    amax = tl.reduce(tl.abs(x), 1, _max_nan)
+    amax = tl.where(amax != amax, float("nan"), amax)  # one NaN, whatever the input's payload
     amax = tl.where(amax < 1e-4, 1e-4, amax)
+    # correctly rounded, like CUDA's '/' (a plain '/' may become a multiply by 1/448)
     scale = tl.math.div_rn(amax, tl.full([TOKENS], 448.0, tl.float32))
     if UE8M0:
         bits = scale.to(tl.int32, bitcast=True)
         exponent = (bits >> 23) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
         finite = (bits & 0x7F800000) != 0x7F800000  # a NaN or Inf scale stays as it is
         scale = tl.where(finite, (exponent << 23).to(tl.float32, bitcast=True), scale)
-        exponent = tl.where(finite, exponent, 0)
         # x / 2^e is exactly x * 2^-e, rounded once: the same bits as a correctly rounded
-        # division at a fraction of its cost. 1 / scale covers inf and nan scales.
-        inv = tl.where((exponent >= 1) & (exponent < 254),
-                       ((254 - exponent) << 23).to(tl.float32, bitcast=True), 1.0 / scale)
+        # division at a fraction of its cost. A finite scale is a normal power of two (amax is at
+        # least 1e-4), 2^127 at most, whose inverse 2^-127 is the subnormal 0x00400000; an Inf
+        # scale's inverse is 0 and a NaN's is that NaN, as 1 / scale gives, with no division.
+        inv = tl.where(exponent < 254, ((254 - exponent) << 23).to(tl.float32, bitcast=True),
+                       tl.full([TOKENS], 0x00400000, tl.int32).to(tl.float32, bitcast=True))
+        inv = tl.where(finite, inv, tl.where(scale != scale, scale, 0.0))
         y = x * inv[:, None]
     else:
         y = tl.math.div_rn(x, scale[:, None])
@@ -206,7 +221,8 @@ def _fp8_kcache_scatter_kernel(
         tl.store(cache_ptr + sdst, sbytes, mask=valid[:, None])
 
 
-def launch_fp8_kcache_scatter(k, kv_cache, slot_mapping, quant_block_size, scale_fmt, *, TOKENS, num_warps):
+def launch_fp8_kcache_scatter(k, kv_cache, slot_mapping, quant_block_size, scale_fmt, *, TOKENS, num_warps,
+                              EVICT_FIRST=False):
     n_tokens, head_dim = k.shape
     num_blocks, block_size, cache_stride = kv_cache.shape
     # On GPUs the kernel masks out-of-range slots (see the module docstring); fake tensors are an
@@ -224,7 +240,7 @@ def launch_fp8_kcache_scatter(k, kv_cache, slot_mapping, quant_block_size, scale
         UE8M0=scale_fmt == "ue8m0", PAGE_CONTIGUOUS=dense,
         SCALE32=(dense and kv_cache.data_ptr() % 4 == 0 and s_page % 4 == 0
                  and block_size * head_dim % 4 == 0),
-        SOFT_FP8=interpreting(),
+        SOFT_FP8=interpreting(), EVICT="evict_first" if EVICT_FIRST else "",
         num_warps=num_warps,
     )
 
@@ -244,6 +260,10 @@ TRITON = kg.triton(
         {"TOKENS": 1, "num_warps": 1},
         {"TOKENS": 32, "num_warps": 4},  # prefill-sized scatters: fewer, larger programs
         {"TOKENS": 64, "num_warps": 8},
+        {"TOKENS": 16, "num_warps": 2},  # 64 elements a thread: the fastest at 524288 tokens
+        # keys evicted first from L2: the fastest at 131072 tokens, slower at 524288
+        {"TOKENS": 16, "num_warps": 4, "EVICT_FIRST": True},
+        {"TOKENS": 32, "num_warps": 4, "EVICT_FIRST": True},
     ],
     supports=_fits,
     contiguous=_DENSE,
@@ -254,15 +274,107 @@ _CUDA_SOURCE = r"""
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 __device__ __forceinline__ float nan_max(float a, float b) { return (a > b || a != a) ? a : b; }
-// One warp per (token, quantisation block); WARPS warps per thread block. Byte i of page b is at
-// cache + b*s_page + (i / cache_stride)*s_row + (i % cache_stride)*s_col, whatever the view.
+// the same in one instruction on sm_80+ (a canonical NaN for any NaN: the scale's division makes
+// every NaN the canonical one anyway)
+__device__ __forceinline__ float max_nan(float a, float b) {
+#if __CUDA_ARCH__ >= 800
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+#else
+    return nan_max(a, b);
+#endif
+}
+
+// The scale and its exact inverse: vLLM's max(amax, 1e-4) / 448, with ue8m0 rounded up to a power
+// of two on the bits (exact 2^ceil(log2(scale))). inv != 0: x * inv == x / scale correctly rounded.
+__device__ __forceinline__ void block_scale(float amax, int ue8m0, float& scale, float& inv) {
+    scale = __fdiv_rn(amax < 1e-4f ? 1e-4f : amax, 448.0f);
+    inv = 0.0f;
+    if (ue8m0 && isfinite(scale)) {
+        int bits = __float_as_int(scale);
+        int e = (bits >> 23) + ((bits & 0x7FFFFF) != 0);
+        scale = __int_as_float(e << 23);
+        if (e >= 1 && e < 254) inv = __int_as_float((254 - e) << 23);
+    }
+}
+
+__device__ __forceinline__ __nv_fp8_storage_t quantise(float x, float scale, float inv) {
+    return __nv_cvt_float_to_fp8(inv != 0.0f ? x * inv : __fdiv_rn(x, scale), __NV_SATFINITE, __NV_E4M3);
+}
+
+// Dense, 16-byte aligned pages and keys, quant_block_size = VEC * 2^log2g elements (log2g <= 5):
+// G = 2^log2g threads per (token, quantisation block), VEC (16 or 32) elements each, so every
+// thread makes 16-byte loads of k and 16-byte stores of fp8 values (the warp-per-block path below
+// loads 2 bytes and stores 1 per instruction). The keys' loads do not wait for the slot.
+template <typename T>
+__device__ __forceinline__ void scatter_vec(const T* __restrict__ k, unsigned char* __restrict__ cache,
+                                            const long long* __restrict__ slots, int n_tokens,
+                                            long long n_slots, int head_dim, int nqb, int log2g,
+                                            int block_size, long long s_page, int ue8m0) {
+    constexpr int E = VEC, LOADS = E * sizeof(T) / 16;
+    const int G = 1 << log2g, qbs = E << log2g;
+    const long long pair = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> log2g;
+    const int lane = threadIdx.x & (G - 1);
+    const bool active = pair < (long long)n_tokens * nqb;
+    const long long token = nqb == 1 ? pair : pair / nqb;
+    const int qb = nqb == 1 ? 0 : (int)(pair % nqb);
+    long long slot = -1;
+    alignas(16) T v[E];
+    if (active) {
+        slot = slots[token];
+        const uint4* src = reinterpret_cast<const uint4*>(k + token * head_dim + (long long)qb * qbs + lane * E);
+#pragma unroll
+        for (int i = 0; i < LOADS; ++i) reinterpret_cast<uint4*>(v)[i] = src[i];
+    } else {
+#pragma unroll
+        for (int i = 0; i < LOADS; ++i) reinterpret_cast<uint4*>(v)[i] = make_uint4(0, 0, 0, 0);
+    }
+    float x[E];
+    float amax = 0.0f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+        x[e] = (float)v[e];
+        amax = max_nan(amax, fabsf(x[e]));
+    }
+    // G divides 32: the xor partners stay inside the group; every lane takes part
+    for (int off = G / 2; off > 0; off >>= 1) amax = max_nan(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    if (!active || slot < 0 || slot >= n_slots) return;  // padding token, or out of range: never written
+    float scale, inv;
+    block_scale(amax, ue8m0, scale, inv);
+    alignas(16) __nv_fp8x2_storage_t q[E / 2];
+#pragma unroll
+    for (int e = 0; e < E; e += 2) {
+        if (inv != 0.0f) {
+            q[e / 2] = __nv_cvt_float2_to_fp8x2(make_float2(x[e] * inv, x[e + 1] * inv), __NV_SATFINITE, __NV_E4M3);
+        } else {
+            q[e / 2] = (__nv_fp8x2_storage_t)(quantise(x[e], scale, inv) | (quantise(x[e + 1], scale, inv) << 8));
+        }
+    }
+    const long long page = slot / block_size, row = slot % block_size;
+    unsigned char* pg = cache + page * s_page;
+    uint4* dst = reinterpret_cast<uint4*>(pg + row * head_dim + (long long)qb * qbs + lane * E);
+#pragma unroll
+    for (int i = 0; i < E / 16; ++i) dst[i] = reinterpret_cast<uint4*>(q)[i];
+    if (lane == 0)
+        *reinterpret_cast<unsigned int*>(pg + (long long)block_size * head_dim + (row * nqb + qb) * 4) =
+            (unsigned int)__float_as_int(scale);
+}
+
+// vec = 1 + log2(quant_block_size / VEC): scatter_vec's layout (the launch checks its conditions),
+// nqb = head_dim / quant_block_size. vec = 0: one warp per
+// (token, quantisation block), WARPS warps per thread block, any strides: byte i of page b is at
+// cache + b*s_page + (i / cache_stride)*s_row + (i % cache_stride)*s_col.
 template <typename T>
 __global__ void fp8_kcache_scatter(const T* __restrict__ k, unsigned char* __restrict__ cache,
                                    const long long* __restrict__ slots, int n_tokens, long long n_slots,
                                    int head_dim,
                                    int qbs, int block_size, int cache_stride, long long s_page,
-                                   long long s_row, long long s_col, int ue8m0) {
-    const int nqb = head_dim / qbs;
+                                   long long s_row, long long s_col, int ue8m0, int nqb, int vec) {
+    if (vec) {
+        scatter_vec(k, cache, slots, n_tokens, n_slots, head_dim, nqb, vec - 1, block_size, s_page, ue8m0);
+        return;
+    }
     const long long pair = (long long)blockIdx.x * WARPS + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (pair >= (long long)n_tokens * nqb) return;
@@ -275,24 +387,16 @@ __global__ void fp8_kcache_scatter(const T* __restrict__ k, unsigned char* __res
     // NaN-propagating max, as torch's amax and clamp_min (fmaxf would drop a NaN).
     for (int e = lane; e < qbs; e += 32) amax = nan_max(amax, fabsf((float)src[e]));
     for (int off = 16; off > 0; off >>= 1) amax = nan_max(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-    float scale = __fdiv_rn(amax < 1e-4f ? 1e-4f : amax, 448.0f);
-    float inv = 0.0f;  // nonzero: an exact 1 / scale, so x * inv == x / scale correctly rounded
-    if (ue8m0 && isfinite(scale)) {  // round up to a power of two on the bits: exact 2^ceil(log2(scale))
-        int bits = __float_as_int(scale);
-        int e = (bits >> 23) + ((bits & 0x7FFFFF) != 0);
-        scale = __int_as_float(e << 23);
-        if (e >= 1 && e < 254) inv = __int_as_float((254 - e) << 23);
-    }
+    float scale, inv;
+    block_scale(amax, ue8m0, scale, inv);
     const long long page = slot / block_size, row = slot % block_size;
     unsigned char* pg = cache + page * s_page;
     // the usual dense page: byte i at pg + i, no 64-bit division per byte
     const bool dense = s_col == 1 && s_row == cache_stride;
     for (int e = lane; e < qbs; e += 32) {
         long long flat = row * head_dim + (long long)qb * qbs + e;
-        float x = (float)src[e];
-        __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(inv != 0.0f ? x * inv : __fdiv_rn(x, scale),
-                                                     __NV_SATFINITE, __NV_E4M3);
-        pg[dense ? flat : (flat / cache_stride) * s_row + (flat % cache_stride) * s_col] = (unsigned char)q;
+        pg[dense ? flat : (flat / cache_stride) * s_row + (flat % cache_stride) * s_col] =
+            (unsigned char)quantise((float)src[e], scale, inv);
     }
     if (lane < 4) {
         long long flat = (long long)block_size * head_dim + (row * nqb + qb) * 4 + lane;
@@ -304,18 +408,33 @@ __global__ void fp8_kcache_scatter(const T* __restrict__ k, unsigned char* __res
 """
 
 
-def launch_fp8_kcache_scatter_cuda(k, kv_cache, slot_mapping, quant_block_size, scale_fmt, *, WARPS):
+def _vectorised(k, kv_cache, quant_block_size, vec):
+    """scatter_vec's conditions: a dense cache and keys with 16-byte aligned rows and pages, and
+    quantisation blocks of ``vec`` * (a power of two up to 32) elements."""
+    head_dim = k.shape[1]
+    _, s_row, s_col = kv_cache.stride()
+    groups = quant_block_size // vec
+    return (s_col == 1 and s_row == kv_cache.shape[2] and kv_cache.stride(0) % 16 == 0
+            and head_dim % 16 == 0 and quant_block_size % vec == 0 and groups <= 32
+            and groups & (groups - 1) == 0
+            and kv_cache.data_ptr() % 16 == 0 and k.data_ptr() % 16 == 0)
+
+
+def launch_fp8_kcache_scatter_cuda(k, kv_cache, slot_mapping, quant_block_size, scale_fmt, *, WARPS, VEC):
     n_tokens, head_dim = k.shape
     num_blocks, block_size, cache_stride = kv_cache.shape
     pairs = n_tokens * (head_dim // quant_block_size)
+    vec = _vectorised(k, kv_cache, quant_block_size, VEC)
+    threads = pairs * (quant_block_size // VEC) if vec else pairs * 32
     i32, i64 = kg.driver.i32, kg.driver.i64
     return kg.Launch(
-        grid=max(1, (pairs + WARPS - 1) // WARPS),
+        grid=max(1, (threads + 32 * WARPS - 1) // (32 * WARPS)),
         block=32 * WARPS,
         args=(k, kv_cache, slot_mapping, i32(n_tokens), i64(num_blocks * block_size), i32(head_dim),
               i32(quant_block_size),
               i32(block_size), i32(cache_stride), *(i64(s) for s in kv_cache.stride()),
-              i32(scale_fmt == "ue8m0")),
+              i32(scale_fmt == "ue8m0"), i32(head_dim // quant_block_size),
+              i32((quant_block_size // VEC).bit_length() if vec else 0)),
         template={"T": kg.ctype(k.dtype)},
     )
 
@@ -324,7 +443,8 @@ CUDA = kg.cuda(
     _CUDA_SOURCE,
     "fp8_kcache_scatter<{T}>",
     launch=launch_fp8_kcache_scatter_cuda,
-    configs=[{"WARPS": 4}, {"WARPS": 8}],
+    # VEC 32 was faster than 16 at every prefill size on the H200; 16 serves quant blocks of 16
+    configs=[{"WARPS": 4, "VEC": 32}, {"WARPS": 8, "VEC": 32}, {"WARPS": 4, "VEC": 16}],
     supports=_fits,
     contiguous=_DENSE,
 )
