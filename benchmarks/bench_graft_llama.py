@@ -14,9 +14,10 @@ the other, the same compiled model moved by 2-4% between sessions. The Python-pa
 timed where it is built, beside the grafted model, and reported against it.
 
 In eager only the module graft applies (a pattern graft acts inside torch.compile). Each section
-runs in its own try/except, reports and continues. Prints a ratio table last; writes JSON to
---out (default $OUT/bench_graft_llama.json). Runtime about 2-3 minutes on an H200 (three or, with
---cudagraphs, five Inductor compiles).
+runs in its own try/except, reports and continues. Each compiled variant's count of Dynamo guards
+(which run on every call, on the host) goes into the JSON ("guard_lines"). Prints a ratio table
+last; writes JSON to --out (default $OUT/bench_graft_llama.json). Runtime about 2-3 minutes on an
+H200 (three or, with --cudagraphs, five Inductor compiles).
 
     python benchmarks/bench_graft_llama.py [--hidden 2048 --layers 4 --batch 4 --seq 1024] [--cudagraphs]
 """
@@ -81,6 +82,20 @@ def _own_code(model: torch.nn.Module, name: str) -> torch.nn.Module:
     Variant.forward = types.FunctionType(plain.__code__.replace(co_name=f"forward_{name}"), plain.__globals__,
                                          f"forward_{name}", plain.__defaults__, plain.__closure__)
     return Variant(model)
+
+
+def guard_count(compiled: torch.nn.Module) -> int | None:
+    """Dynamo's guards on the compiled ``_own_code`` variant (lines of its guard trees, every cache
+    entry): each runs on every call, before the first kernel. A grafted variant has about the
+    plain one's: a few more for the ops, once per compiled frame, none per grafted module (None
+    where this torch keeps them elsewhere)."""
+    try:
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+        entries = _debug_get_cache_entry_list(type(compiled._orig_mod).forward.__code__)
+        return sum(len(str(e.guard_manager).splitlines()) for e in entries)
+    except Exception:
+        return None
 
 
 def interleaved(fns: dict, rounds: int, iters: int, timer=None) -> tuple[dict[str, float], dict[str, list[float]]]:
@@ -214,6 +229,8 @@ def main() -> int:
         if counters["stats"]["unique_graphs"] == graphs:  # served an earlier variant's graph
             result["notes"].append(f"{name}: no new graph was compiled; it reuses an earlier variant's")
             print(f"    {result['notes'][-1]}", flush=True)
+        result.setdefault("guard_lines", {})[name] = guard_count(c)
+        print(f"    {name}: {result['guard_lines'][name]} lines of Dynamo guards", flush=True)
         add(name, c)
 
     # the plain model compiles before any pattern graft is active (they apply process-wide)

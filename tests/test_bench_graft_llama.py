@@ -56,3 +56,15 @@ def test_each_compiled_variant_gets_a_graph_of_its_own(bench):
     out = torch.compile(other, fullgraph=True, backend="eager")(x)
     assert counters["stats"]["unique_graphs"] == before + 1
     torch.testing.assert_close(out, other.inner.linear(x))
+
+
+def test_guard_count_reads_a_compiled_variants_guards(bench):
+    class Model(torch.nn.Module):
+        def forward(self, ids, use_cache=False):
+            return ids + 1
+
+    torch._dynamo.reset()
+    compiled = torch.compile(bench._own_code(Model(), "guards"), fullgraph=True, backend="eager")
+    assert bench.guard_count(compiled) == 0  # not compiled yet
+    compiled(torch.randn(2))
+    assert bench.guard_count(compiled) > 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import types
 import warnings
 
 import pytest
@@ -197,3 +198,127 @@ def test_regraft_is_refused_until_ungrafted():
     assert any(issubclass(w.category, kg.GraftWarning) for w in caught)
     kg.ungraft(m)
     assert kg.graft(m, {MyRMSNorm: rmsnorm}).count == 1
+
+
+class Stack(torch.nn.Module):
+    def __init__(self, n, width=16):
+        super().__init__()
+        self.norms = torch.nn.ModuleList(MyRMSNorm(width) for _ in range(n))
+
+    def forward(self, x):
+        for norm in self.norms:
+            x = norm(x) + 1
+        return x
+
+
+def _guards(model, x) -> int:
+    """How many guards Dynamo installs for the compiled forward (torch._dynamo.explain)."""
+    torch._dynamo.reset()
+    with torch.no_grad():
+        explained = torch._dynamo.explain(model)(x)
+    assert explained.graph_count == 1 and explained.graph_break_count == 0
+    return len(explained.out_guards)
+
+
+def test_a_compiled_grafted_model_has_no_guards_per_grafted_module():
+    # Every guard runs on every call of the compiled model, before its first kernel. With the
+    # grafted forward set on the instance, Dynamo traced nn.Module.__call__ and guarded that
+    # forward and its closure for each module: about 12 more per module here, 25 in a Llama.
+    import copy
+
+    x = torch.randn(2, 16)
+    extra = {}
+    for n in (1, 8):
+        plain = Stack(n).eval()
+        grafted = copy.deepcopy(plain)
+        assert kg.graft(grafted, {MyRMSNorm: rmsnorm}, example_inputs=(x,)).count == n
+        extra[n] = _guards(grafted, x) - _guards(plain, x)
+        with torch.no_grad():
+            torch.testing.assert_close(torch.compile(grafted, backend="eager", fullgraph=True)(x), plain(x),
+                                       atol=1e-5, rtol=1e-5)
+    # the few globals of the grafted class's forward (the op...), once per compiled frame
+    assert extra[8] == extra[1] <= 8, extra
+
+
+def test_the_grafted_class_stands_in_for_the_modules_own():
+    net = Net().eval()
+    other = MyRMSNorm(32)
+    kg.graft(net, {MyRMSNorm: rmsnorm})
+    norm = net.norm1
+    assert type(norm) is not MyRMSNorm and isinstance(norm, MyRMSNorm)
+    assert type(norm).__name__ == "MyRMSNorm" and type(norm).__qualname__ == MyRMSNorm.__qualname__
+    assert type(net.norm2) is type(norm)  # one grafted class per module class and call
+    assert type(other) is MyRMSNorm and MyRMSNorm.forward.__name__ == "forward"  # nothing else changed
+    assert "forward" not in norm.__dict__ and "MyRMSNorm" in repr(net)
+    assert kg.ungraft(net) == 2
+    assert type(net.norm1) is MyRMSNorm and type(net.norm2) is MyRMSNorm
+
+
+def test_every_call_of_a_grafted_forward_gives_the_originals_result():
+    # The grafted class's forward serves the common call (the required arguments, positionally)
+    # in straight-line code; keyword arguments, a trailing default passed or not, an argument the
+    # op cannot take, and attributes by any name or function go through the general forward.
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gain = torch.nn.Parameter(torch.randn(16))
+            setattr(self, "eps-value", 1e-5)  # not a Python name
+
+        def forward(self, hidden_states, eps=1e-6, scale=1.0):
+            out = rmsnorm.reference(hidden_states, self.gain, eps)
+            return out * scale
+
+    m = Scaled()
+    mapping = {"weight": "gain"}
+    kg.graft(torch.nn.Sequential(m), {Scaled: (rmsnorm, mapping)}, verify=False)
+    x = torch.randn(3, 16).t().contiguous().t()  # not dense: the op gets a dense copy
+    with torch.no_grad():
+        want = rmsnorm.reference(x, m.gain, 1e-6)
+        torch.testing.assert_close(m(x), want)
+        torch.testing.assert_close(m(hidden_states=x), want)
+        torch.testing.assert_close(m(x, 1e-2), rmsnorm.reference(x, m.gain, 1e-2))
+        torch.testing.assert_close(m(x, scale=2.0), want * 2)  # the op cannot scale: the original runs
+    kg.ungraft(m)
+
+    calls = []
+    kg.graft(torch.nn.Sequential(m), {Scaled: (rmsnorm, {"weight": lambda mod: calls.append(1) or mod.gain,
+                                                         "eps": "eps-value"})}, verify=False)
+    calls.clear()  # the graft read the attributes once to check them
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), rmsnorm.reference(x, m.gain, 1e-5))
+    assert calls == [1]
+    kg.ungraft(m)
+
+
+def test_a_module_with_its_own_instance_forward_keeps_it_under_the_graft():
+    norm = MyRMSNorm(32)
+    norm.forward = types.MethodType(lambda self, h: MyRMSNorm.forward(self, h) * 1.0, norm)
+    kg.graft(torch.nn.Sequential(norm), {MyRMSNorm: rmsnorm})
+    assert type(norm) is MyRMSNorm and "forward" in norm.__dict__
+    x = torch.randn(2, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(norm(x), rmsnorm.reference(x, norm.weight, 1e-6), atol=1e-5, rtol=1e-5)
+        assert _ops_in(norm, x) == {"kgexamples.rmsnorm.default"}
+    kg.ungraft(norm)
+    assert norm.__dict__["forward"].__func__.__name__ == "<lambda>"
+
+
+def test_a_class_that_refuses_a_subclass_gets_the_grafted_forward_on_the_instance():
+    class Meta(type):  # a metaclass that needs an argument to make a class
+        def __new__(mcls, name, bases, namespace, *, flavor):
+            return super().__new__(mcls, name, bases, namespace)
+
+        def __init__(cls, name, bases, namespace, *, flavor):
+            super().__init__(name, bases, namespace)
+
+    class Picky(MyRMSNorm, metaclass=Meta, flavor="plain"):
+        pass
+
+    norm = Picky(32)
+    assert kg.graft(torch.nn.Sequential(norm), {Picky: rmsnorm}, verify=False).count == 1
+    assert type(norm) is Picky and "forward" in norm.__dict__
+    x = torch.randn(2, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(norm(x), rmsnorm.reference(x, norm.weight, 1e-6), atol=1e-5, rtol=1e-5)
+    kg.ungraft(norm)
+    assert "forward" not in norm.__dict__

@@ -12,8 +12,11 @@ parameters and ``type(module).forward``:
 5. op parameters still without a source use their default, else the graft is refused.
 
 Forward parameters left over must have defaults; when a caller passes one of them, the grafted
-forward runs the original (the op cannot express it). The forward is replaced on the instance
-(``module.forward``), never on the class, so other instances and other models are untouched.
+forward runs the original (the op cannot express it). A grafted module's class becomes a subclass
+of its own, named as it, made for the graft (``_forward``: why a class and not an instance
+forward); the original class is never changed, so other instances and other models are untouched.
+A module that already had a forward of its own on the instance keeps that way of overriding: its
+grafted forward is set on the instance.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 import torch
 
 from .._errors import GraftWarning, SpecError, describe
+from . import _forward
 
 __all__ = ["ATTR_ALIASES", "Binding", "make_binding", "graft_modules", "ungraft_modules", "is_grafted"]
 
@@ -84,6 +88,17 @@ class Binding:
 
     def attr_value(self, module: Any, src: Any) -> Any:
         return getattr(module, src) if isinstance(src, str) else src(module)
+
+    def required_positional(self) -> int | None:
+        """How many leading forward parameters have no default (a call passing exactly those
+        positionally is the common one), or None when a later parameter has none either (one
+        that is keyword-only)."""
+        n = 0
+        while n < len(self.forward_defaults) and self.forward_defaults[n] is _MISSING:
+            n += 1
+        if any(d is _MISSING for d in self.forward_defaults[n:]):
+            return None
+        return n
 
     def check_module(self, module: Any) -> str | None:
         """None when this instance can feed the op, else why not (e.g. ``weight`` is None)."""
@@ -229,6 +244,7 @@ class _Record:
     binding: Binding
     had_instance_forward: bool
     previous: Any
+    cls: type | None = None  # the module's class before grafting, where its class was swapped
 
 
 _GRAFTED: "weakref.WeakKeyDictionary[torch.nn.Module, _Record]" = weakref.WeakKeyDictionary()
@@ -274,9 +290,10 @@ def make_forward(binding: Binding, original: Callable, training: bool) -> Callab
 
 
 def _matches(module: torch.nn.Module, key: Any) -> bool:
+    cls = _forward.base_class(type(module))
     if isinstance(key, str):
-        return type(module).__name__ == key
-    return type(module) is key
+        return cls.__name__ == key
+    return cls is key
 
 
 def graft_modules(
@@ -302,6 +319,7 @@ def graft_modules(
             raise SpecError(f"kg.graft: keys must be nn.Module subclasses or class names, got {key!r}")
         parsed[key] = (value, attrs)
     bindings: dict[type, Binding] = {}
+    classes: dict[type, type] = {}  # one grafted class per module class and call: guarded once
     grafted = []
     for name, module in model.named_modules():
         key = next((k for k in parsed if _matches(module, k)), None)
@@ -312,7 +330,7 @@ def graft_modules(
         if module in _GRAFTED:
             report._kept(label, "already grafted; kg.ungraft(model) first")
             continue
-        cls = type(module)
+        cls = _forward.base_class(type(module))
         binding = bindings.get(cls)
         if binding is None:
             where = f"kg.graft: {cls.__name__}.forward -> {op.name}"
@@ -326,14 +344,37 @@ def graft_modules(
         if why is not None:
             report._kept(label, why)
             continue
-        had = "forward" in module.__dict__
-        previous = module.__dict__.get("forward")
-        original = cls.forward if not had else (lambda self, *a, _f=previous, **k: _f(*a, **k))
-        module.forward = types.MethodType(make_forward(binding, original, training), module)
-        _GRAFTED[module] = _Record(binding, had, previous)
+        if not _swap_class(module, cls, binding, training, classes):
+            had = "forward" in module.__dict__
+            previous = module.__dict__.get("forward")
+            original = cls.forward if not had else (lambda self, *a, _f=previous, **k: _f(*a, **k))
+            module.forward = types.MethodType(make_forward(binding, original, training), module)
+            _GRAFTED[module] = _Record(binding, had, previous)
         report._replaced(label, op.name)
         grafted.append(module)
     return grafted
+
+
+def _swap_class(module: torch.nn.Module, cls: type, binding: Binding, training: bool,
+                classes: dict[type, type]) -> bool:
+    """Give ``module`` the grafted class of ``cls`` (made once per call); False where it keeps its
+    class: an instance forward of its own would hide the class's, or the class refuses a subclass
+    (a metaclass that needs arguments) or the swap (``__slots__`` the subclass cannot share)."""
+    if "forward" in module.__dict__:
+        return False
+    try:
+        sub = classes.get(cls)
+        if sub is None:
+            general = make_forward(binding, cls.forward, training)
+            sub = classes[cls] = _forward.grafted_class(cls, binding, general, training,
+                                                        binding.required_positional())
+        module.__class__ = sub
+    except Exception as exc:  # the instance forward serves as well, with more guards under compile
+        log.debug("kg.graft: %s keeps its class (%s: %s); its forward is set on the instance",
+                  cls.__name__, type(exc).__name__, exc)
+        return False
+    _GRAFTED[module] = _Record(binding, False, None, cls)
+    return True
 
 
 def original_forward(module: torch.nn.Module) -> Callable:
@@ -343,14 +384,17 @@ def original_forward(module: torch.nn.Module) -> Callable:
         return module.forward
     if rec.had_instance_forward:
         return rec.previous
-    return types.MethodType(type(module).forward, module)
+    return types.MethodType((rec.cls or type(module)).forward, module)
 
 
 def ungraft_module(module: torch.nn.Module) -> bool:
     rec = _GRAFTED.pop(module, None)
     if rec is None:
         return False
-    if rec.had_instance_forward:
+    if rec.cls is not None:
+        if _forward.base_class(type(module)) is rec.cls:  # else someone swapped the class since
+            module.__class__ = rec.cls
+    elif rec.had_instance_forward:
         module.forward = rec.previous
     else:
         module.__dict__.pop("forward", None)
