@@ -33,6 +33,7 @@ import statistics
 import sys
 import timeit
 import types
+from pathlib import Path
 
 import torch
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
@@ -43,6 +44,9 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 import kernelgraft as kg
 from kernelgraft.examples.rmsnorm import rmsnorm
 from kernelgraft.graft import _modules
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from bench_graft_llama import _own_code  # noqa: E402  (each copy behind a code object of its own)
 
 p = argparse.ArgumentParser()
 p.add_argument("--layers", type=int, default=4)
@@ -80,23 +84,6 @@ finally:
     _modules._swap_class = swap
 
 
-def own_code(model, name):
-    """Each copy behind a forward with a code object of its own (Dynamo caches per code object)."""
-
-    class Variant(torch.nn.Module):
-        def __init__(self, inner):
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, ids, use_cache=False):
-            return self.inner(ids, use_cache=use_cache)
-
-    f = Variant.forward
-    Variant.forward = types.FunctionType(f.__code__.replace(co_name=f"forward_{name}"), f.__globals__,
-                                         f"forward_{name}", f.__defaults__, f.__closure__)
-    return Variant(model)
-
-
 def cached(gm, example_inputs):
     out = gm(*example_inputs)
     return lambda *a: out
@@ -105,7 +92,7 @@ def cached(gm, example_inputs):
 compiled, guard_checks = {}, {}
 for name, model in models.items():
     counters.clear()
-    c = torch.compile(own_code(model, name), fullgraph=True, backend="inductor" if args.inductor else cached)
+    c = torch.compile(_own_code(model, name), fullgraph=True, backend="inductor" if args.inductor else cached)
     c(ids, use_cache=False)
     compiled[name] = c
     entries = _debug_get_cache_entry_list(type(c._orig_mod).forward.__code__)
@@ -143,7 +130,7 @@ for name, model in models.items():  # last: explain() resets Dynamo
 if args.profile:
     for name, model in models.items():
         torch._dynamo.reset()
-        c = torch.compile(own_code(model, name), fullgraph=True, backend="inductor" if args.inductor else cached)
+        c = torch.compile(_own_code(model, name), fullgraph=True, backend="inductor" if args.inductor else cached)
         c(ids, use_cache=False)
         prof = cProfile.Profile()
         prof.enable()
