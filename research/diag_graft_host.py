@@ -32,7 +32,6 @@ import pstats
 import statistics
 import sys
 import timeit
-import types
 from pathlib import Path
 
 import torch
