@@ -91,12 +91,15 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def paired(ours: list | None, theirs: Sequence[list | None]) -> float | None:
     """The median over rounds of ours / the fastest of ``theirs`` in the same round (rounds rotate
-    the order, so a drifting clock lands on both sides of each ratio); None unless every side
-    has the same number of rounds, more than one."""
+    the order, so a drifting clock lands on both sides of each ratio), over the rounds every side
+    completed (a failed round is None); None unless every side has the same rounds and at least
+    two of them are complete."""
     rivals = [t for t in theirs if t]
-    if not ours or len(ours) < 2 or not rivals or any(len(t) != len(ours) for t in rivals):
+    if not ours or not rivals or any(len(t) != len(ours) for t in rivals):
         return None
-    return statistics.median(o / min(t[r] for t in rivals) for r, o in enumerate(ours))
+    ratios = [o / min(t[r] for t in rivals) for r, o in enumerate(ours)
+              if o is not None and all(t[r] is not None for t in rivals)]
+    return statistics.median(ratios) if len(ratios) >= 2 else None
 
 
 def largest(rows: Iterable[Row]) -> dict[str, float]:

@@ -312,6 +312,27 @@ def test_rounds_rotate_the_order_and_keep_each_rows_median():
     assert rows["c"].time_us is None and rows["c"].spread is None
 
 
+def test_a_failed_round_keeps_the_rounds_aligned():
+    from kernelgraft.bench._run import Row, in_rounds
+
+    calls = {"a": 0}
+
+    def timer(fn):
+        name = fn()
+        if name == "a":
+            calls["a"] += 1
+            if calls["a"] == 1:
+                raise RuntimeError("capture failed")
+        return Timing(10.0, 0, 0, 0, 5)
+
+    a, b = Row("op", "s", 0, 1e6, 0.0, EAGER, "a"), Row("op", "s", 0, 1e6, 0.0, EAGER, "b")
+    a.fill(Timing(10.0, 0, 0, 0, 5), CEIL)
+    b.fill(Timing(10.0, 0, 0, 0, 5), CEIL)
+    in_rounds([(a, lambda: "a"), (b, lambda: "b")], timer, CEIL, rounds=3)
+    assert a.samples == [10.0, None, 10.0] and b.samples == [10.0, 10.0, 10.0]
+    assert a.rounds == 2 and a.time_us == 10.0
+
+
 def test_bench_op_times_the_tuned_op_and_its_rivals_in_rounds():
     from kernelgraft.examples.softmax import softmax
 

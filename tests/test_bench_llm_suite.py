@@ -117,5 +117,8 @@ def test_ratios_are_paired_by_round_when_every_side_has_its_rounds(suite):
     assert suite.paired([1.0, 2.0], [[1.0, 2.0], [0.5, 4.0]]) == pytest.approx(1.5)  # per round, the fastest rival
     assert suite.paired([1.0, 2.0], [[1.0]]) is None  # a rival missing a round: not paired
     assert suite.paired([1.0], [[1.0]]) is None  # one round: nothing to pair
+    # a round one side lost (None) is left out, the others still pair round by round
+    assert suite.paired([2.0, None, 3.0], [[1.0, 1.0, 1.0]]) == pytest.approx(2.5)
+    assert suite.paired([2.0, None, 3.0], [[1.0, 1.0, None]]) is None  # one complete round left
     rows[2].samples = None  # without rounds: the ratio of the times, as before
     assert suite.summarize(rows, copy_gbps=4000.0)["shapes"][0]["vs_torch"] == pytest.approx(206.0 / 200.0)

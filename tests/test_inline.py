@@ -86,8 +86,33 @@ def test_the_reference_is_inlined_only_where_the_kernel_call_takes_longer_than_i
     assert ("tin.choice" in "\n".join(code)) is not inlined
     (choice,) = [v for k, v in _inline.choices().items() if k[0] == op.name]
     assert choice[0] is inlined
-    assert ("Inductor's code for the reference serves it" if inlined else "the kernel serves it") in choice[1]
+    assert ("Inductor's code for the reference serves it" if inlined else "launch_scale serves it") in choice[1]
     assert "1200.00 us of GPU time" in choice[1]
+
+
+@pytest.mark.parametrize("eager_host_ms, inlined", [(3.0, True), (0.2, False)])
+def test_where_the_eager_reference_serves_it_is_what_inductors_code_is_weighed_against(eager_host_ms, inlined):
+    """The eager reference won the tuning (0.5 ms of GPU time, faster than every kernel): the choice
+    weighs torch:compile (0.6 ms) against what serves the calls, the eager reference's GPU time and
+    its host time per call, not against the best kernel."""
+    op = make_scale(f"tin::eagerwins{int(inlined)}")
+    x = torch.randn(1000)
+    t = timer(0.6, kernel_host_ms=0.1)
+
+    def time(trial, settings):
+        got = t(trial, settings)
+        return 0.5 if _compete.is_torch(trial.candidate) and trial.candidate.impl.name == "eager" else got
+
+    time.host_ms = lambda trial: eager_host_ms if _compete.is_torch(trial.candidate) else 0.1
+    with kg.tune("on", timer=time, compete=True):
+        op(x)
+        assert op.dispatcher.plan_for((x,)).candidate.label == "torch:eager"
+        got, code = compiled_code(lambda v: op(v) + 1.0, x)
+    torch.testing.assert_close(got, x * 2 + 1)
+    assert ("tin.eagerwins" in "\n".join(code)) is not inlined
+    (choice,) = [v for k, v in _inline.choices().items() if k[0] == op.name]
+    assert choice[0] is inlined
+    assert "torch:eager 500.00 us of GPU time" in choice[1]
 
 
 def test_untuned_shapes_and_switches_keep_the_op(monkeypatch):

@@ -62,7 +62,7 @@ class Row:
     calls: int = 0  # calls per replayed graph ("graph": a handful would add the graph launch to each)
     rounds: int = 1  # timings behind time_us: with several, it is their median (bench_op's rounds)
     spread: float | None = None  # slowest / fastest of those timings (drift and noise, not the op)
-    samples: list | None = None  # those timings (us), round by round: ratios can be paired by round
+    samples: list | None = None  # those timings (us) round by round, None where one failed: ratios pair by round
     # tuned rows: the tuner's decision as [label, score ms, GPU ms, host ms] (the first three and
     # every PyTorch candidate), so a report shows why the winner won
     ranking: list | None = None
@@ -310,8 +310,9 @@ def bench_op(
                             tuned.detail += " (PyTorch won the tuning)"
                         elif chosen is not None and tuned.time_us:
                             _check_chosen(tuned, op, chosen, args, timer)
-                        # inside the tuning block: the tuned op's plans belong to its scope
-                        in_rounds(list(zip([tuned, *rivals], [lambda: op(*args), *rival_fns])),
+                        # inside the tuning block: the tuned op's plans belong to its scope; in
+                        # the order of the first round (rivals, then the op), which the rounds rotate
+                        in_rounds(list(zip([*rivals, tuned], [*rival_fns, lambda: op(*args)])),
                                   timer, ceilings, rounds)
                         if compare and tuned.time_us is not None:
                             _compare(tuned, lambda: op(*args), timed, cand_fns, compile_fn, quick)
@@ -320,9 +321,12 @@ def bench_op(
                     tuned.error = _error(exc)
                     if tuned not in rows:
                         emit(tuned)
-            elif timed:
-                best = min(timed, key=lambda r: r.time_us)
-                tuned = emit(dataclasses.replace(best, kind=TUNED, variant=label, backend="kg", detail=best.variant))
+            else:
+                in_rounds(list(zip(rivals, rival_fns)), timer, ceilings, rounds)
+                if timed:
+                    best = min(timed, key=lambda r: r.time_us)
+                    tuned = emit(dataclasses.replace(best, kind=TUNED, variant=label, backend="kg",
+                                                     detail=best.variant))
             for rival in rivals:
                 if tuned.time_us and rival.time_us:
                     rival.vs_tuned = tuned.time_us / rival.time_us
@@ -353,24 +357,27 @@ def _ranking(op: Any, args: tuple, top: int = 3) -> list | None:
 
 def in_rounds(timed: Sequence[tuple[Row, Callable[[], object] | None]], timer: Timer,
               ceilings: Ceilings | None, rounds: int) -> None:
-    """Time each row's callable ``rounds - 1`` more times (its first timing is round one), the
-    order rotating by one per round so that drift over the rounds lands on every row alike; each
-    row keeps the median of its rounds and their spread. Rows that were not timed stay as they are."""
+    """Time each row's callable ``rounds - 1`` more times (its first timing is round one, ``timed``
+    in the order round one took), the order rotating by one per round so that drift over the
+    rounds lands on every row alike; each row keeps the median of its rounds and their spread, and
+    ``samples`` round by round (None for a round that failed, so rounds stay aligned across rows).
+    Rows that were not timed stay as they are."""
     live = [(row, fn) for row, fn in timed if fn is not None and row.time_us is not None]
     if rounds <= 1 or not live:
         return
-    samples: dict[int, list[float]] = {id(row): [row.time_us] for row, _ in live}
+    samples: dict[int, list[float | None]] = {id(row): [row.time_us] for row, _ in live}
     for r in range(1, rounds):
         for row, fn in live[r % len(live):] + live[:r % len(live)]:
             try:
                 samples[id(row)].append(timer(fn).median_us)
             except Exception as exc:  # a round that fails leaves the others to judge by
+                samples[id(row)].append(None)
                 log.warning("%s %s %s: round %d failed: %s", row.op, row.shape, row.variant, r, _error(exc))
     for row, _ in live:
-        got = samples[id(row)]
+        got = [t for t in samples[id(row)] if t is not None]
         median = statistics.median(got)
         row.fill(Timing(median, min(got), median, median, row.reps, row.method, row.calls), ceilings)
-        row.rounds, row.spread, row.samples = len(got), max(got) / min(got), got
+        row.rounds, row.spread, row.samples = len(got), max(got) / min(got), samples[id(row)]
 
 
 def _check_chosen(tuned: Row, op: Any, chosen: Any, args: tuple, timer: Timer) -> None:

@@ -11,9 +11,11 @@ Inductor's). So an op that does not beat Inductor should not stand in Inductor's
 The choice, per op call site at the shapes Inductor compiles (static shapes only), reads the
 tuner's decision for those inputs, from memory or disk, without measuring (tuning cannot run inside
 a compile: Dynamo and Inductor are not re-entrant). The reference is inlined when ``torch:compile``
-passed the gate and its GPU time is at most max(the best kernel's GPU time, that kernel's host time
-per call): the time an opaque call takes in a stream of calls, as the tuner scores PyTorch's
-candidates, against the GPU time of code Inductor launches with the rest of its graph. A kernel
+passed the gate and its GPU time is at most max(the GPU time of what serves the op's calls, that
+candidate's host time per call), where what serves them is the decision's first-ranked candidate:
+a kernel, or the eager reference where it won (a cuBLAS GEMM), or torch:compile itself (always
+inlined). That is the time an opaque call takes in a stream of calls, against the GPU time of code
+Inductor launches with the rest of its graph. A kernel
 keeps its place where it is faster on the GPU than Inductor's code and its launch hides behind its
 own GPU time (a large GEMM); a short kernel whose call costs the host more than Inductor's whole
 kernel gives way. The host time is the tuner's launch of the kernel (its Python runner); a served
@@ -125,21 +127,24 @@ def _decide(op: Any, args: tuple) -> tuple[bool, tuple[bool, str]]:
                               "example_inputs, before compiling)")
     compiled = next((e for e in decision.ranking if e.get("backend") == _compete.TORCH
                      and e.get("impl_name") == "compile"), None)
-    kernel = next((e for e in decision.ranking if e.get("backend") != _compete.TORCH), None)
     if compiled is None:
         return True, (False, "torch:compile did not pass the tuning gate")
-    if kernel is None:
-        return True, (True, "no kernel passed the tuning gate")
-    c_gpu, k_gpu, k_host = compiled.get("gpu_ms"), kernel.get("gpu_ms"), kernel.get("host_ms")
+    # What serves the op's calls: the first ranked, a kernel or the eager reference (which wins
+    # ties and the GEMMs cuBLAS runs fastest); torch:compile first means Inductor's code won.
+    served = decision.ranking[0]
+    if served is compiled:
+        return True, (True, "torch:compile won the tuning")
+    c_gpu, k_gpu, k_host = compiled.get("gpu_ms"), served.get("gpu_ms"), served.get("host_ms")
     if c_gpu is None or k_gpu is None or k_host is None:
         return True, (False, "the decision has no GPU and host time for these candidates (made before "
                              "they were recorded, or by a timer that does not measure the host); "
                              "kg.tune.clear() and tuning again records them")
-    us = f"torch:compile {c_gpu * 1e3:.2f} us of GPU time; {kernel.get('impl_name')} " \
-         f"{k_gpu * 1e3:.2f} us of GPU time, {k_host * 1e3:.2f} us of host time per launch"
+    name = served.get("impl_name") if served.get("backend") != _compete.TORCH else f"torch:{served.get('impl_name')}"
+    us = f"torch:compile {c_gpu * 1e3:.2f} us of GPU time; {name} " \
+         f"{k_gpu * 1e3:.2f} us of GPU time, {k_host * 1e3:.2f} us of host time per call"
     if c_gpu <= max(k_gpu, k_host):
         return True, (True, f"Inductor's code for the reference serves it ({us})")
-    return True, (False, f"the kernel serves it ({us})")
+    return True, (False, f"{name} serves it ({us})")
 
 
 def _switched_off(op: Any, args: tuple) -> str | None:

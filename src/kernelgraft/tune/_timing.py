@@ -195,8 +195,9 @@ def host_ms(trial: Trial, calls: int = 10) -> float:
     return host_us / 1e3
 
 
-# A timer may also say what one call costs the host (``timer.host_ms(trial)``): the tuner scores a
-# PyTorch candidate by the larger of the two (see kernelgraft.tune._trials).
+# A timer may also say what one call costs the host (``timer.host_ms(trial)``): the tuner scores
+# torch:compile by the larger of the two and records it beside the others' GPU time (see
+# kernelgraft.tune._trials).
 cuda_timer.host_ms = host_ms  # type: ignore[attr-defined]
 
 

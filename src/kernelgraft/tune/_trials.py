@@ -123,7 +123,7 @@ def run_trials(
         else:
             times[id(trial)] = outcome
     _refine([t for t in trials if id(t) in times], times, timer, settings)
-    _kernel_hosts([t for t in trials if id(t) in times], times, timer)
+    _served_hosts([t for t in trials if id(t) in times], times, timer)
     if on_progress is not None:
         on_progress(len(candidates), None)
     return [r if isinstance(r, Result) else Result(r.candidate, *_scored(times[id(r)])) for r in results]
@@ -258,9 +258,9 @@ def _time(trial: Trial, timer: Any, settings: Any) -> tuple[float, float, float 
     if not math.isfinite(ms) or ms < 0:
         return Result(cand, kind="timing", reason=f"timing gave {ms!r}")
     if not _compete.is_torch(cand):
-        return ms, ms, None  # its host time is measured after every timing (_kernel_hosts)
-    host = _host(trial, timer)
-    if host is not None and cand.impl.name == "compile":
+        return ms, ms, None  # its host time is measured after every timing (_served_hosts)
+    host = _host(trial, timer) if cand.impl.name == "compile" else None
+    if host is not None:
         # GPU time alone ranks torch:compile as if its calls cost the host nothing: each runs
         # Dynamo's guards and Inductor's wrapper, tens of microseconds (on the H200 a compiled
         # rmsnorm_residual reference won a 17 us prefill shape by GPU time, then cost ~200 us per
@@ -272,8 +272,8 @@ def _time(trial: Trial, timer: Any, settings: Any) -> tuple[float, float, float 
     # call (a cuBLAS GEMM) beats a kernel on the GPU, and that costs the host about what a launch
     # does. Scoring its host time but not the kernels' lost cuBLAS to Triton GEMMs up to 24%
     # slower on skinny shapes (H200, benchmarks/results/2026-12-02-h200-s11). Its host time is
-    # recorded beside the score.
-    return ms, ms, host
+    # measured after every timing and recorded beside the score (_served_hosts).
+    return ms, ms, None
 
 
 def _host(trial: Trial, timer: Any) -> float | None:
@@ -288,15 +288,16 @@ def _host(trial: Trial, timer: Any) -> float | None:
         return None
 
 
-def _kernel_hosts(trials: list[Trial], times: dict[int, tuple], timer: Any) -> None:
-    """The host time per launch of each kernel that can rank first, recorded beside its GPU time,
-    not scored: the in-graph choice weighs the first-ranked kernel's (graft._inline). Measured after all GPU timings, so the host-bound
-    loops (and their idle GPU) never come between two candidates' timings."""
-    kernels = [t for t in trials if not _compete.is_torch(t.candidate)]
-    if not kernels:
+def _served_hosts(trials: list[Trial], times: dict[int, tuple], timer: Any) -> None:
+    """The host time per call of each kernel that can rank first, and of the eager reference,
+    recorded beside the GPU time, not scored: the in-graph choice weighs the first-ranked
+    candidate's (graft._inline). Measured after all GPU timings, so the host-bound loops (and
+    their idle GPU) never come between two candidates' timings."""
+    ranked = [t for t in trials if not _compete.is_torch(t.candidate) or t.candidate.impl.name == "eager"]
+    if not ranked:
         return
-    best = min(times[id(t)][0] for t in kernels)
-    for t in kernels:  # the ones that can rank first (within the finalists' margin), not every config
+    best = min(times[id(t)][0] for t in ranked)
+    for t in ranked:  # the ones that can rank first (within the finalists' margin), not every config
         score, gpu, host = times[id(t)]
         if host is None and score <= best * (1.0 + FINAL_MARGIN):
             times[id(t)] = (score, gpu, _host(t, timer))
