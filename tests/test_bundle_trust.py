@@ -75,7 +75,9 @@ def _refused(b: Path, match: str, **kwargs) -> kg.BundleError:
     with _deadline(10), pytest.raises(kg.BundleError, match=match) as info:
         kg.load_bundle(b, arch="sm_90", **kwargs)
     elapsed = time.perf_counter() - started
-    assert elapsed < 1.0, f"refusing took {elapsed:.2f} s"
+    # A loader that read a huge or endless file whole would take far longer; the alarm above
+    # catches a hang. 1 s flaked at 1.01 s on a loaded 2-core machine.
+    assert elapsed < 3.0, f"refusing took {elapsed:.2f} s"
     return info.value
 
 

@@ -322,3 +322,74 @@ def test_a_class_that_refuses_a_subclass_gets_the_grafted_forward_on_the_instanc
         torch.testing.assert_close(norm(x), rmsnorm.reference(x, norm.weight, 1e-6), atol=1e-5, rtol=1e-5)
     kg.ungraft(norm)
     assert "forward" not in norm.__dict__
+
+
+def test_a_grafted_model_saves_as_the_original_and_a_deep_copy_stays_grafted(tmp_path):
+    import copy
+    import io
+
+    net = Net().eval()
+    kg.graft(net, {MyRMSNorm: rmsnorm})
+    x = torch.randn(2, 32)
+    # torch.save / pickle: the class it stands in for, so the saved model loads without kernelgraft
+    buf = io.BytesIO()
+    torch.save(net, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert type(loaded.norm1) is MyRMSNorm
+    # deepcopy: the same class, grafted, and kg.ungraft gives the copy its class back
+    twin = copy.deepcopy(net)
+    assert type(twin.norm1) is type(net.norm1) and twin.norm1.weight is not net.norm1.weight
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), twin(x), atol=1e-5, rtol=1e-5)
+        assert "kgexamples.rmsnorm.default" in _ops_in(twin, x)
+    assert kg.graft(twin, {MyRMSNorm: rmsnorm}).count == 0  # already grafted
+    assert kg.ungraft(twin) == 2 and type(twin.norm1) is MyRMSNorm
+    assert type(net.norm1) is not MyRMSNorm  # the original stays grafted
+    kg.ungraft(net)
+
+
+def test_a_class_with_init_subclass_keeps_its_registry_clean():
+    registry = {}
+
+    class Registered(MyRMSNorm):
+        def __init_subclass__(cls, **kwargs):
+            super().__init_subclass__(**kwargs)
+            registry[cls.__name__] = cls
+
+    class Norm(Registered):
+        pass
+
+    registry.clear()
+    norm = Norm(32)
+    assert kg.graft(torch.nn.Sequential(norm), {Norm: rmsnorm}, verify=False).count == 1
+    assert registry == {} and type(norm) is Norm and "forward" in norm.__dict__  # the instance path
+    kg.ungraft(norm)
+
+
+def test_ungraft_refuses_a_module_whose_class_was_swapped_again():
+    net = Net().eval()
+    kg.graft(net, {MyRMSNorm: rmsnorm})
+    grafted = type(net.norm1)
+    wrapper = type("FSDPMyRMSNorm", (type("FSDPModule", (), {}), grafted), {})  # as fully_shard does
+    net.norm1.__class__ = wrapper
+    with pytest.warns(kg.GraftWarning, match="set after it was grafted"):
+        assert kg.ungraft(net) == 1  # norm2 only
+    assert type(net.norm1) is wrapper  # not unwrapped behind the wrapper's back
+    net.norm1.__class__ = grafted
+    assert kg.ungraft(net) == 1 and type(net.norm1) is MyRMSNorm
+
+
+def test_keyword_only_forward_parameters_are_never_taken_by_position():
+    class KwNorm(MyRMSNorm):
+        def forward(self, hidden_states, *, eps=1e-6):
+            return rmsnorm.reference(hidden_states, self.weight, eps)
+
+    norm = KwNorm(32)
+    kg.graft(torch.nn.Sequential(norm), {KwNorm: rmsnorm}, verify=False)
+    x = torch.randn(2, 32)
+    with torch.no_grad():
+        with pytest.raises(TypeError):
+            norm(x, 1e-2)  # as the original refuses it
+        torch.testing.assert_close(norm(x, eps=1e-2), rmsnorm.reference(x, norm.weight, 1e-2))
+    kg.ungraft(norm)

@@ -20,6 +20,9 @@ general forward's mapping of arguments (a grafted norm's call took about 3 us le
 from __future__ import annotations
 
 import itertools
+import abc
+import copy
+import copyreg
 import keyword
 import linecache
 from collections.abc import Callable
@@ -27,7 +30,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["BASE_ATTR", "base_class", "grafted_class"]
+__all__ = ["BASE_ATTR", "base_class", "is_grafted_class", "refuses", "grafted_class"]
 
 # The class attribute that marks a grafted class and names the class it stands in for.
 BASE_ATTR = "__kernelgraft_base__"
@@ -39,6 +42,39 @@ def base_class(cls: type) -> type:
     return cls.__dict__.get(BASE_ATTR, cls)
 
 
+def is_grafted_class(cls: type) -> bool:
+    return BASE_ATTR in cls.__dict__
+
+
+def refuses(cls: type) -> str | None:
+    """Why making a subclass of ``cls`` could change more than the module (then the graft sets the
+    forward on the instance instead), else None: a class ``__init_subclass__`` (it may register every
+    subclass by name, and the grafted class would stay registered after kg.ungraft) or a metaclass
+    other than ``type``/``ABCMeta`` (its ``__new__`` and ``__init__`` run too)."""
+    if type(cls) not in (type, abc.ABCMeta):
+        return f"its metaclass {type(cls).__qualname__} runs on a subclass"
+    hook = next((c for c in cls.__mro__ if c is not object and "__init_subclass__" in c.__dict__), None)
+    if hook is not None:
+        return f"{hook.__qualname__}.__init_subclass__ runs on a subclass"
+    return None
+
+
+def _reduce_ex(self: Any, protocol: int) -> Any:
+    """Pickled (``torch.save``) as the class it stands in for: a saved model loads, ungrafted,
+    where kernelgraft is not installed."""
+    grafted = type(self)
+    func, args, *rest = object.__reduce_ex__(self, protocol)
+    if func is copyreg.__newobj__:  # pickle wants the object's own class there: rebuild it as copyreg does below protocol 2
+        return (copyreg._reconstructor, (base_class(grafted), object, None), *rest)
+    return (func, tuple(base_class(grafted) if a is grafted else a for a in args), *rest)
+
+
+def _deepcopy(self: Any, memo: dict) -> Any:
+    """``copy.deepcopy`` as for any module (its reduction), keeping the grafted class: a copy runs
+    as the original does, and ``kg.ungraft`` on it gives its class back."""
+    return copy._reconstruct(self, memo, *object.__reduce_ex__(self, 4))
+
+
 def grafted_class(cls: type, binding: Any, general: Callable, training: bool, required: int | None) -> type:
     """A subclass of ``cls`` named as it whose ``forward`` calls ``binding.op``; ``general`` is the
     forward for any call, ``required`` the number of positional arguments the straight line takes
@@ -47,7 +83,8 @@ def grafted_class(cls: type, binding: Any, general: Callable, training: bool, re
     forward.__kernelgraft_binding__ = binding  # type: ignore[attr-defined]
     forward.__wrapped__ = cls.forward  # type: ignore[attr-defined]  # inspect.signature shows the original's
     namespace = {"forward": forward, BASE_ATTR: cls, "__module__": cls.__module__,
-                 "__qualname__": cls.__qualname__, "__doc__": cls.__doc__}
+                 "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,
+                 "__reduce_ex__": _reduce_ex, "__deepcopy__": _deepcopy}
     return type(cls)(cls.__name__, (cls,), namespace)
 
 

@@ -74,6 +74,11 @@ class Binding:
     forward_defaults: tuple[Any, ...]  # _MISSING where required
     extras: tuple[int, ...]  # forward parameters the op cannot take (must keep their default)
     sources: tuple[tuple[str, Any], ...]
+    positional: int | None = None  # how many lead forward_names a call may pass by position (None: all)
+
+    @property
+    def n_positional(self) -> int:
+        return len(self.forward_names) if self.positional is None else self.positional
 
     def describe(self) -> str:
         parts = []
@@ -94,7 +99,7 @@ class Binding:
         positionally is the common one), or None when a later parameter has none either (one
         that is keyword-only)."""
         n = 0
-        while n < len(self.forward_defaults) and self.forward_defaults[n] is _MISSING:
+        while n < self.n_positional and self.forward_defaults[n] is _MISSING:
             n += 1
         if any(d is _MISSING for d in self.forward_defaults[n:]):
             return None
@@ -120,7 +125,7 @@ class Binding:
     def op_args(self, module: Any, args: tuple, kwargs: dict) -> list | None:
         """The op's positional arguments for this call, or None when the op cannot express it."""
         names = self.forward_names
-        if len(args) > len(names):
+        if len(args) > self.n_positional:  # keyword-only parameters are never passed by position
             return None
         values = list(args)
         if kwargs:
@@ -235,7 +240,8 @@ def make_binding(
                 f"{op.signature.schema} has no parameter to take it; the op cannot stand in for "
                 "this forward"
             )
-    return Binding(op, where, tuple(fnames), fdefaults, extras, tuple(sources))  # type: ignore[arg-type]
+    positional = sum(1 for p in fparams if p.kind != inspect.Parameter.KEYWORD_ONLY)
+    return Binding(op, where, tuple(fnames), fdefaults, extras, tuple(sources), positional)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------- replacing forwards
@@ -251,7 +257,8 @@ _GRAFTED: "weakref.WeakKeyDictionary[torch.nn.Module, _Record]" = weakref.WeakKe
 
 
 def is_grafted(module: torch.nn.Module) -> bool:
-    return module in _GRAFTED
+    """Grafted by kg.graft, or a copy of such a module (``copy.deepcopy`` keeps the grafted class)."""
+    return module in _GRAFTED or _forward.is_grafted_class(type(module))
 
 
 def make_forward(binding: Binding, original: Callable, training: bool) -> Callable:
@@ -327,7 +334,7 @@ def graft_modules(
             continue
         op, attrs = parsed[key]
         label = name or type(module).__name__
-        if module in _GRAFTED:
+        if is_grafted(module):
             report._kept(label, "already grafted; kg.ungraft(model) first")
             continue
         cls = _forward.base_class(type(module))
@@ -362,6 +369,10 @@ def _swap_class(module: torch.nn.Module, cls: type, binding: Binding, training: 
     (a metaclass that needs arguments) or the swap (``__slots__`` the subclass cannot share)."""
     if "forward" in module.__dict__:
         return False
+    why = _forward.refuses(cls)
+    if why is not None:
+        log.debug("kg.graft: %s keeps its class (%s); its forward is set on the instance", cls.__name__, why)
+        return False
     try:
         sub = classes.get(cls)
         if sub is None:
@@ -381,6 +392,8 @@ def original_forward(module: torch.nn.Module) -> Callable:
     """The forward the module had before grafting (bound)."""
     rec = _GRAFTED.get(module)
     if rec is None:
+        if _forward.is_grafted_class(type(module)):  # a copy of a grafted module
+            return types.MethodType(_forward.base_class(type(module)).forward, module)
         return module.forward
     if rec.had_instance_forward:
         return rec.previous
@@ -390,10 +403,21 @@ def original_forward(module: torch.nn.Module) -> Callable:
 def ungraft_module(module: torch.nn.Module) -> bool:
     rec = _GRAFTED.pop(module, None)
     if rec is None:
+        if _forward.is_grafted_class(type(module)):  # a copy of a grafted module (copy.deepcopy)
+            module.__class__ = _forward.base_class(type(module))
+            return True
         return False
     if rec.cls is not None:
-        if _forward.base_class(type(module)) is rec.cls:  # else someone swapped the class since
-            module.__class__ = rec.cls
+        if not _forward.is_grafted_class(type(module)):
+            # The class was swapped again since (FSDP2's fully_shard makes a subclass of the
+            # module's class): putting rec.cls back would drop that wrapper's class.
+            _GRAFTED[module] = rec
+            warnings.warn(
+                f"kg.ungraft: the {rec.cls.__name__} module's class is now {type(module).__qualname__}, "
+                "set after it was grafted; it keeps its grafted forward. Ungraft before wrapping the "
+                "module (fully_shard and the like), or graft after", GraftWarning, stacklevel=3)
+            return False
+        module.__class__ = rec.cls
     elif rec.had_instance_forward:
         module.forward = rec.previous
     else:
