@@ -77,17 +77,24 @@ def test_the_reference_is_inlined_only_where_the_kernel_call_takes_longer_than_i
     graph, with 0.5 ms the kernel does (1.0 < 1.2). Eager calls are served by the kernel either way
     (torch:compile scores 3 ms with its host time)."""
     op = make_scale(f"tin::choice{int(inlined)}")
+    choice = choose_in_a_compile(op, timer(1.2, kernel_host_ms), "triton:launch_scale[BLOCK=256]", inlined)
+    assert ("Inductor's code for the reference serves it" if inlined else "launch_scale serves it") in choice
+    assert "1200.00 us of GPU time" in choice
+
+
+def choose_in_a_compile(op, time, serves: str, inlined: bool) -> str:
+    """Tune ``op`` eagerly (``serves`` wins), compile a graph calling it, check that the op's call
+    is in Inductor's code unless ``inlined``; the choice's reason."""
     x = torch.randn(1000)
-    with kg.tune("on", timer=timer(1.2, kernel_host_ms), compete=True):
+    with kg.tune("on", timer=time, compete=True):
         op(x)  # tuned before compiling: tuning cannot run inside a compile
-        assert op.dispatcher.plan_for((x,)).candidate.label == "triton:launch_scale[BLOCK=256]"
+        assert op.dispatcher.plan_for((x,)).candidate.label == serves
         got, code = compiled_code(lambda t: op(t) + 1.0, x)
     torch.testing.assert_close(got, x * 2 + 1)
-    assert ("tin.choice" in "\n".join(code)) is not inlined
+    assert (op.name.replace("::", ".") in "\n".join(code)) is not inlined
     (choice,) = [v for k, v in _inline.choices().items() if k[0] == op.name]
     assert choice[0] is inlined
-    assert ("Inductor's code for the reference serves it" if inlined else "launch_scale serves it") in choice[1]
-    assert "1200.00 us of GPU time" in choice[1]
+    return choice[1]
 
 
 @pytest.mark.parametrize("eager_host_ms, inlined", [(3.0, True), (0.2, False)])
@@ -96,7 +103,6 @@ def test_where_the_eager_reference_serves_it_is_what_inductors_code_is_weighed_a
     weighs torch:compile (0.6 ms) against what serves the calls, the eager reference's GPU time and
     its host time per call, not against the best kernel."""
     op = make_scale(f"tin::eagerwins{int(inlined)}")
-    x = torch.randn(1000)
     t = timer(0.6, kernel_host_ms=0.1)
 
     def time(trial, settings):
@@ -104,15 +110,7 @@ def test_where_the_eager_reference_serves_it_is_what_inductors_code_is_weighed_a
         return 0.5 if _compete.is_torch(trial.candidate) and trial.candidate.impl.name == "eager" else got
 
     time.host_ms = lambda trial: eager_host_ms if _compete.is_torch(trial.candidate) else 0.1
-    with kg.tune("on", timer=time, compete=True):
-        op(x)
-        assert op.dispatcher.plan_for((x,)).candidate.label == "torch:eager"
-        got, code = compiled_code(lambda v: op(v) + 1.0, x)
-    torch.testing.assert_close(got, x * 2 + 1)
-    assert ("tin.eagerwins" in "\n".join(code)) is not inlined
-    (choice,) = [v for k, v in _inline.choices().items() if k[0] == op.name]
-    assert choice[0] is inlined
-    assert "torch:eager 500.00 us of GPU time" in choice[1]
+    assert "torch:eager 500.00 us of GPU time" in choose_in_a_compile(op, time, "torch:eager", inlined)
 
 
 def test_untuned_shapes_and_switches_keep_the_op(monkeypatch):
