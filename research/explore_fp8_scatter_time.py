@@ -25,6 +25,17 @@ def candidates(k, cache, slots, qbs, fmt):
     return runs
 
 
+def mismatches(k, cache, slots, qbs, fmt, want, tag):
+    """Every config run on a copy of ``cache``: the labels whose bytes differ from ``want``."""
+    bad = []
+    for name in candidates(k, cache, slots, qbs, fmt):
+        got = cache.clone()
+        candidates(k, got, slots, qbs, fmt)[name]()
+        if not torch.equal(got, want):
+            bad.append(f"{name} {tag}")
+    return bad
+
+
 def check():
     op, n, bad = F.fp8_kcache_scatter, 0, []
     cases = list(F.sample_inputs("cuda"))
@@ -35,12 +46,8 @@ def check():
     for k, cache, slots, qbs, fmt in cases:
         want = cache.clone()
         op.run(k, want, slots, qbs, fmt, impl="reference")
-        for name in candidates(k, cache, slots, qbs, fmt):
-            got = cache.clone()
-            candidates(k, got, slots, qbs, fmt)[name]()
-            n += 1
-            if not torch.equal(got, want):
-                bad.append(f"{name} {tuple(k.shape)} {k.dtype} {cache.stride()} {fmt!r}")
+        bad += mismatches(k, cache, slots, qbs, fmt, want, f"{tuple(k.shape)} {k.dtype} {cache.stride()} {fmt!r}")
+        n += len(candidates(k, cache, slots, qbs, fmt))
     # an out-of-range slot on CUDA: the token is skipped like a padding token (module docstring)
     k, cache, slots, qbs, fmt = F._bench_case(4096)
     skipped = slots.clone()
@@ -48,12 +55,8 @@ def check():
     slots[3] = cache.shape[0] * cache.shape[1] + 7
     want = cache.clone()
     op.run(k, want, skipped, qbs, fmt, impl="reference")
-    for name in candidates(k, cache, slots, qbs, fmt):
-        got = cache.clone()
-        candidates(k, got, slots, qbs, fmt)[name]()
-        n += 1
-        if not torch.equal(got, want):
-            bad.append(f"{name} out-of-range slot")
+    bad += mismatches(k, cache, slots, qbs, fmt, want, "out-of-range slot")
+    n += len(candidates(k, cache, slots, qbs, fmt))
     print(f"byte-exact check: {n} runs, {len(bad)} mismatches", *bad, sep="\n  ", flush=True)
 
 
