@@ -31,12 +31,9 @@ EXAMPLES = ["add_relu", "rmsnorm", "rmsnorm_residual", "softmax", "swiglu", "gem
 
 
 def _label(entry: dict | None) -> str:
-    if entry is None:
-        return "-"
-    if entry.get("backend") == "torch":
-        return f"torch:{entry['impl_name']}"
-    config = ",".join(f"{k}={v}" for k, v in entry.get("config", {}).items()) or "-"
-    return f"{entry['backend']}:{entry['impl_name']}[{config}]"
+    from kernelgraft.tune._tuner import entry_label
+
+    return "-" if entry is None else entry_label(entry)
 
 
 def _shape(args: tuple) -> str:

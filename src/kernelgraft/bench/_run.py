@@ -341,18 +341,15 @@ def _ranking(op: Any, args: tuple, top: int = 3) -> list | None:
     import kernelgraft as kg
 
     try:
+        from ..tune._tuner import entry_label
+
         decision = kg.tune.decision(op, *args)
     except Exception:  # no tuner, or inputs it cannot key: the report goes without
         return None
     if decision is None:
         return None
-    out = []
-    for n, e in enumerate(decision.ranking):
-        if n < top or e.get("backend") == "torch":
-            config = ",".join(f"{k}={v}" for k, v in (e.get("config") or {}).items())
-            label = f"{e.get('backend')}:{e.get('impl_name')}" + (f"[{config}]" if config else "")
-            out.append([label, e.get("ms"), e.get("gpu_ms"), e.get("host_ms")])
-    return out
+    return [[entry_label(e), e.get("ms"), e.get("gpu_ms"), e.get("host_ms")]
+            for n, e in enumerate(decision.ranking) if n < top or e.get("backend") == "torch"]
 
 
 def in_rounds(timed: Sequence[tuple[Row, Callable[[], object] | None]], timer: Timer,

@@ -74,11 +74,7 @@ class Binding:
     forward_defaults: tuple[Any, ...]  # _MISSING where required
     extras: tuple[int, ...]  # forward parameters the op cannot take (must keep their default)
     sources: tuple[tuple[str, Any], ...]
-    positional: int | None = None  # how many lead forward_names a call may pass by position (None: all)
-
-    @property
-    def n_positional(self) -> int:
-        return len(self.forward_names) if self.positional is None else self.positional
+    positional: int  # how many leading forward_names a call may pass by position (not keyword-only)
 
     def describe(self) -> str:
         parts = []
@@ -99,7 +95,7 @@ class Binding:
         positionally is the common one), or None when a later parameter has none either (one
         that is keyword-only)."""
         n = 0
-        while n < self.n_positional and self.forward_defaults[n] is _MISSING:
+        while n < self.positional and self.forward_defaults[n] is _MISSING:
             n += 1
         if any(d is _MISSING for d in self.forward_defaults[n:]):
             return None
@@ -125,7 +121,7 @@ class Binding:
     def op_args(self, module: Any, args: tuple, kwargs: dict) -> list | None:
         """The op's positional arguments for this call, or None when the op cannot express it."""
         names = self.forward_names
-        if len(args) > self.n_positional:  # keyword-only parameters are never passed by position
+        if len(args) > self.positional:  # keyword-only parameters are never passed by position
             return None
         values = list(args)
         if kwargs:

@@ -293,7 +293,7 @@ def _served_hosts(trials: list[Trial], times: dict[int, tuple], timer: Any) -> N
     recorded beside the GPU time, not scored: the in-graph choice weighs the first-ranked
     candidate's (graft._inline). Measured after all GPU timings, so the host-bound loops (and
     their idle GPU) never come between two candidates' timings."""
-    ranked = [t for t in trials if not _compete.is_torch(t.candidate) or t.candidate.impl.name == "eager"]
+    ranked = [t for t in trials if _compete.find(t.candidate.impl) != "compile"]  # kernels and torch:eager
     if not ranked:
         return
     best = min(times[id(t)][0] for t in ranked)

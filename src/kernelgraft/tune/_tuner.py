@@ -21,7 +21,7 @@ import torch
 
 from .. import _native
 from .._op import _select
-from .._op._compete import TORCH, TORCH_INDEX, is_torch, key_backends, servable
+from .._op._compete import TORCH, TORCH_INDEX, find, is_torch, key_backends, servable
 from .._errors import FallbackWarning, TuneWarning
 from .._spec import Config
 from . import _dist
@@ -31,7 +31,7 @@ from ._modes import Settings, no_tune_reason, settings, warn_no_tune
 from ._prune import apply_prune
 from ._trials import Result, run_trials
 
-__all__ = ["Decision", "Tuner", "TUNER"]
+__all__ = ["Decision", "Tuner", "TUNER", "entry_label"]
 
 log = logging.getLogger(__name__)
 # Timings this close to the fastest count as a tie. 2% let a 3.4 us GEMM config 3.3% slower than
@@ -105,6 +105,13 @@ def _check_entry(e: dict[str, Any]) -> None:
 def _entry(c: Any, **extra: Any) -> dict[str, Any]:
     return {"impl": c.index, "impl_name": c.impl.display_name, "backend": c.impl.backend,
             "config": c.config.as_dict(), **extra}
+
+
+def entry_label(e: dict[str, Any]) -> str:
+    """A decision entry as its candidate's ``label`` reads ('triton:launch[BLOCK=256]', 'torch:eager')."""
+    if e.get("backend") == TORCH:
+        return f"torch:{e.get('impl_name')}"
+    return f"{e.get('backend')}:{e.get('impl_name')}[{Config.of(e.get('config') or {}, where='entry').label()}]"
 
 
 def _parts(r: Result) -> dict[str, float]:
@@ -402,7 +409,7 @@ class Tuner:
             # across runs and ranks.
             limit = passed[0].ms * (1.0 + TIE_MARGIN)
             near = [r for r in passed if r.ms <= limit]
-            first = min(near, key=lambda r: (not _is_eager(r.candidate), order[id(r)]))
+            first = min(near, key=lambda r: (find(r.candidate.impl) != "eager", order[id(r)]))
             passed.remove(first)
             passed.insert(0, first)
         return Decision(
@@ -420,10 +427,6 @@ class Tuner:
         if disk:
             self.disk.remove()
         _select.bump_epoch()
-
-
-def _is_eager(candidate: Any) -> bool:
-    return is_torch(candidate) and candidate.impl.name == "eager"
 
 
 TUNER = Tuner()
