@@ -7,11 +7,13 @@ pattern.
 
 Each variant is its own copy of the model (grafted, then compiled where it is compiled, in an order
 that keeps the plain model's compile free of the pattern grafts, which act on every graph Inductor
-compiles while they are active). Once all are built they are timed in interleaved rounds (each
-round times every variant; the ratios are medians over rounds of the ratio within a round), so
-clock and thermal drift over the minutes of a run does not land on one variant: timed one after
-the other, the same compiled model moved by 2-4% between sessions. The Python-path variant is
-timed where it is built, beside the grafted model, and reported against it.
+compiles while they are active). Once all are built they are timed with their calls taken in turn
+(``interleaved``: one call of each variant, the order rotating, no synchronisation between calls),
+and each ratio is the median over turns of the ratio of two calls a few milliseconds apart: timed
+in blocks of 30 calls, one after the other, the same compiled model moved by 2-10% between blocks
+(clock drift), more than the difference a graft makes. The quartiles of those paired ratios go
+into the JSON beside them. The Python-path variant is timed where it is built, beside the grafted
+model, and reported against it.
 
 In eager only the module graft applies (a pattern graft acts inside torch.compile). Each section
 runs in its own try/except, reports and continues. Each compiled variant's count of Dynamo guards
@@ -98,25 +100,75 @@ def guard_count(compiled: torch.nn.Module) -> int | None:
         return None
 
 
-def interleaved(fns: dict, rounds: int, iters: int, timer=None) -> tuple[dict[str, float], dict[str, list[float]]]:
-    """Median milliseconds per call of each of ``fns`` over ``rounds`` rounds, each round timing
-    every callable (``iters`` calls, their median) in turn, the order rotating by one per round;
-    returns the medians and the per-round times (index r: round r), for ratios paired by round.
-    ``timer(fn, iters)`` defaults to CUDA events (``_time``)."""
-    timer = timer or (lambda fn, n: _time(fn, warmup=1, iters=n))
+class Events:
+    """The clock of ``interleaved``: CUDA events recorded on the current stream, read after a
+    synchronisation."""
+
+    @staticmethod
+    def stamp():
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    @staticmethod
+    def elapsed(start, end) -> float:
+        return start.elapsed_time(end)
+
+    @staticmethod
+    def sync() -> None:
+        torch.cuda.synchronize()
+
+
+def interleaved(fns: dict, rounds: int, iters: int, clock=None) -> tuple[dict, dict, dict]:
+    """Milliseconds per call of each of ``fns``, the calls taken in turn: each round makes one
+    untimed call of each, then ``iters`` turns of one timed call of each (the order rotating by one
+    per turn), with no synchronisation until the round ends, so the GPU runs the calls back to back
+    and two variants' calls in a turn are a few milliseconds apart: the clock's drift over a run
+    (the same compiled model read 4.26 and 4.66 ms in rounds a minute apart) lands on both sides
+    of a pair. A call's time is its start-to-end on the GPU's stream: its kernels, and any gap
+    where the GPU waited for the host to launch them (a host-bound decode step).
+
+    Returns each variant's median over rounds, its median per round (index r: round r) and its
+    per-call times (index: turn; aligned across variants, so ``paired_ratio`` pairs the calls of a
+    turn). ``clock`` (``stamp``, ``elapsed``, ``sync``) defaults to CUDA events."""
+    clock = clock or Events()
     names = list(fns)
     per_round: dict[str, list[float]] = {name: [] for name in names}
+    per_call: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            per_round[name].append(timer(fns[name], iters))
-    return {name: statistics.median(v) for name, v in per_round.items()}, per_round
+        for name in names:
+            fns[name]()
+        stamps = []
+        for i in range(iters):
+            k = (r * iters + i) % len(names)
+            for name in names[k:] + names[:k]:
+                start = clock.stamp()
+                fns[name]()
+                stamps.append((name, start, clock.stamp()))
+        clock.sync()
+        times: dict[str, list[float]] = {name: [] for name in names}
+        for name, start, end in stamps:
+            times[name].append(clock.elapsed(start, end))
+        for name in names:
+            per_round[name].append(statistics.median(times[name]))
+            per_call[name].extend(times[name])
+    return {name: statistics.median(v) for name, v in per_round.items()}, per_round, per_call
 
 
-def paired_ratio(per_round: dict[str, list[float]], a: str, b: str) -> float | None:
-    """The median over rounds of time(a) / time(b) within the round; None if either is missing."""
-    if a not in per_round or b not in per_round:
+def paired_ratio(samples: dict[str, list[float]], a: str, b: str) -> float | None:
+    """The median over aligned samples (calls of a turn, or rounds) of time(a) / time(b); None if
+    either is missing."""
+    if a not in samples or b not in samples:
         return None
-    return statistics.median(x / y for x, y in zip(per_round[a], per_round[b]) if y > 0)
+    return statistics.median(x / y for x, y in zip(samples[a], samples[b]) if y > 0)
+
+
+def quartiles(samples: dict[str, list[float]], a: str, b: str) -> list[float] | None:
+    """The first and third quartiles of the paired ratios time(a) / time(b): how wide they spread."""
+    if a not in samples or b not in samples:
+        return None
+    q = statistics.quantiles([x / y for x, y in zip(samples[a], samples[b]) if y > 0], n=4)
+    return [q[0], q[2]]
 
 
 def profile_kernels(fns: dict, calls: int = 5, top: int = 12) -> dict:
@@ -148,6 +200,17 @@ def profile_kernels(fns: dict, calls: int = 5, top: int = 12) -> dict:
         for k, v in ranked[:top]:
             print(f"        {v:9.1f}  {k[:110]}", flush=True)
     return out
+
+
+def kernel_difference(profile: dict, a: str, b: str) -> dict | None:
+    """The kernels (GPU us per forward) that only one of two profiled variants runs, and both totals:
+    where two variants that should run the same code (every op site inlined) part ways."""
+    if a not in profile or b not in profile:
+        return None
+    ka, kb = profile[a]["by_kernel_us"], profile[b]["by_kernel_us"]
+    return {f"only {a}": {k: v for k, v in ka.items() if k not in kb},
+            f"only {b}": {k: v for k, v in kb.items() if k not in ka},
+            "total_us": {a: profile[a]["total_us"], b: profile[b]["total_us"]}}
 
 
 def main() -> int:
@@ -317,10 +380,13 @@ def main() -> int:
 
         graphs = counters["stats"]["unique_graphs"]
         fns = {name: (lambda m=m: run(m)) for name, m in variants.items()}
-        medians, per_round = interleaved(fns, args.rounds, args.iters)
+        medians, per_round, per_call = interleaved(fns, args.rounds, args.iters)
         times.update(medians)
         result["per_round_ms"] = per_round
-        result["paired"] = {f"{a} / {b}": paired_ratio(per_round, a, b) for a, b in PAIRS}
+        result["per_call_ms"] = {k: [round(x, 4) for x in v] for k, v in per_call.items()}
+        result["paired"] = {f"{a} / {b}": paired_ratio(per_call, a, b) for a, b in PAIRS}
+        result["paired_by_round"] = {f"{a} / {b}": paired_ratio(per_round, a, b) for a, b in PAIRS}
+        result["paired_quartiles"] = {f"{a} / {b}": quartiles(per_call, a, b) for a, b in PAIRS}
         if counters["stats"]["unique_graphs"] != graphs:  # a recompile could have taken in the grafts
             result["notes"].append(f"{counters['stats']['unique_graphs'] - graphs} graph(s) compiled during the "
                                    "timing rounds: a compiled variant recompiled")
@@ -328,9 +394,16 @@ def main() -> int:
             print(f"    {name}: {medians[name]:.3f} ms", flush=True)
 
     section(f"timing ({args.rounds} interleaved rounds x {args.iters} calls)", timing)
+    def profiled():
+        result["profile"] = profile_kernels({name: (lambda m=m: run(m)) for name, m in variants.items()})
+        diff = kernel_difference(result["profile"], "compile_grafted", "compile")
+        if diff is not None:
+            result["kernel_difference"] = diff
+            print(f"    kernels of compile_grafted not in compile: {len(diff['only compile_grafted'])}, "
+                  f"of compile not in compile_grafted: {len(diff['only compile'])}", flush=True)
+
     if args.profile:
-        section("profile", lambda: result.update(profile=profile_kernels(
-            {name: (lambda m=m: run(m)) for name, m in variants.items()})))
+        section("profile", profiled)
     for m in (grafted, fused_model):
         try:
             kg.ungraft(m)
@@ -349,8 +422,9 @@ def main() -> int:
 
     def ratio(a, b):
         paired = result.get("paired", {}).get(f"{a} / {b}")
+        q = result.get("paired_quartiles", {}).get(f"{a} / {b}")
         if paired is not None:
-            return f"{paired:.3f}"
+            return f"{paired:.3f}" + (f" (quartiles {q[0]:.3f}-{q[1]:.3f})" if q else "")
         return f"{times[a] / times[b]:.3f}" if a in times and b in times else "n/a"
 
     rows = [(f"{a.replace('_', ' ')} / {b.replace('_', ' ')}", ratio(a, b)) for a, b in PAIRS]

@@ -7,7 +7,9 @@ uses), the tuned op, its eager reference, ``torch.compile`` of the reference (on
 compile per op unless ``--compile static``) and Liger-Kernel where it has the op
 (``benchmarks/peers.py``). It reports op / min(eager, compile) and op / Liger per shape, the worst
 five of each, and the achieved bandwidth of memory-bound ops at their largest shape against the
-copy bandwidth measured at the start.
+copy bandwidth measured at the start. Each of ``--rounds`` rounds times the tuned op and its rivals
+at once, their graph replays taken in turn (``kernelgraft.bench.measure_interleaved``), so the
+ratio within a round is free of the clock drift that moves a large GEMM by 5-14% between timings.
 
     python benchmarks/bench_llm_suite.py --out $OUT            # the whole suite (~5 min on an H200, 3 rounds)
     python benchmarks/bench_llm_suite.py --quick               # a shape per regime + the known gaps
@@ -216,7 +218,7 @@ def markdown(summary: dict) -> str:
             "op/min(torch) | op/liger |")
     lines = ["## Every shape (GPU time by CUDA-graph replay)", "",
              "Times are medians of each variant's rounds; with several rounds the ratios are medians of "
-             "the ratios within a round (the rounds rotate the order of the variants).", "",
+             "the ratios within a round (each round times the variants at once, their graph replays in turn).", "",
              head, "|" + " --- |" * 11]
     for e in summary["shapes"]:
         lines.append(
@@ -264,7 +266,7 @@ def _until(deadline: float, cases: Iterator, skipped: list, name: str) -> Iterat
 def run(args) -> int:
     from _common import environment
 
-    from kernelgraft.bench import bench_op, measure, measure_ceilings, write_json
+    from kernelgraft.bench import bench_op, measure, measure_ceilings, measure_interleaved, write_json
     from kernelgraft.bench._report import document
     from kernelgraft.bench._peers import peers_for
 
@@ -286,6 +288,8 @@ def run(args) -> int:
     print(f"  copy {ceilings.copy_gbps:.0f} GB/s, bf16 GEMM {ceilings.bf16_tflops:.0f} TFLOP/s", flush=True)
     deadline = time.monotonic() + args.time_limit
     timer = lambda fn: measure(fn, graph=True, warmup_ms=30.0, rep_ms=40.0)  # noqa: E731
+    # each round times the op and its rivals at once, their replays in turn (the same clock)
+    together = lambda fns: measure_interleaved(fns, warmup_ms=30.0, rep_ms=40.0)  # noqa: E731
     rows, skipped = [], []
     out = Path(args.out or os.environ.get("OUT") or HERE / "results")
     out.mkdir(parents=True, exist_ok=True)
@@ -299,7 +303,7 @@ def run(args) -> int:
             rows += bench_op(op, _until(deadline, cases, skipped, name), ceilings=ceilings, timer=timer,
                              compile=args.compile != "off", dynamic=args.compile == "dynamic",
                              peers=peers_for(op.name, peers), timing="graph", candidates=False, untuned=False,
-                             compare=args.head_to_head, rounds=args.rounds)
+                             compare=args.head_to_head, rounds=args.rounds, together=together)
         except Exception as exc:  # one op failing must not lose the others
             print(f"{name}: failed: {type(exc).__name__}: {exc}")
         print(f"{name}: {len(dims_set)} shapes in {time.monotonic() - t0:.1f} s", flush=True)

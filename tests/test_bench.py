@@ -333,6 +333,57 @@ def test_a_failed_round_keeps_the_rounds_aligned():
     assert a.rounds == 2 and a.time_us == 10.0
 
 
+def test_rounds_time_the_rows_together_when_they_can():
+    """With ``together`` (measure_interleaved) each round is one timing of every row at once, the
+    order rotating by one per round; the rows' first timings are not a round of their own, a
+    failed callable loses its round only, and a failed round loses every row's."""
+    from kernelgraft.bench._run import Row, in_rounds
+
+    turns = []
+
+    def together(fns):
+        names = [fn() for fn in fns]
+        turns.append(names)
+        if len(turns) == 2:
+            raise RuntimeError("the capture stream broke")
+        return [RuntimeError("not capturable") if n == "b" and len(turns) == 3 else
+                Timing({"a": 100.0, "b": 120.0}[n] + len(turns), 0, 0, 0, 5) for n in names]
+
+    def timer(fn):
+        raise AssertionError("rounds run together: no row is timed alone")
+
+    a, b = Row("op", "s", 0, 1e6, 0.0, EAGER, "a"), Row("op", "s", 0, 1e6, 0.0, EAGER, "b")
+    a.fill(Timing(500.0, 0, 0, 0, 5), CEIL)  # the first timing, alone: not one of the rounds
+    b.fill(Timing(500.0, 0, 0, 0, 5), CEIL)
+    in_rounds([(a, lambda: "a"), (b, lambda: "b")], timer, CEIL, rounds=4, together=together)
+    assert turns == [["a", "b"], ["b", "a"], ["a", "b"], ["b", "a"]]
+    assert a.samples == [101.0, None, 103.0, 104.0] and b.samples == [121.0, None, None, 124.0]
+    assert a.rounds == 3 and a.time_us == 103.0 and b.rounds == 2 and b.time_us == pytest.approx(122.5)
+    assert a.spread == pytest.approx(104.0 / 101.0)
+
+
+def test_bench_op_times_graph_rounds_together():
+    """bench_op's graph timing takes its rounds through measure_interleaved by default (or the
+    ``together`` given); the cold-L2 timing times each row alone."""
+    from kernelgraft.examples.softmax import softmax
+
+    seen = []
+
+    def together(fns):
+        seen.append(len(fns))
+        return [Timing(10.0, 0, 0, 0, 5) for _ in fns]
+
+    rows = bench_op(softmax, [(torch.randn(4, 64),)], ceilings=CEIL, timer=FakeTimer(), compile=False,
+                    tune=False, candidates=False, untuned=False, compare=False, rounds=2, timing="graph",
+                    together=together)
+    eager = next(r for r in rows if r.kind == EAGER)
+    assert seen == [1, 1] and eager.samples == [10.0, 10.0]
+    seen.clear()
+    bench_op(softmax, [(torch.randn(4, 64),)], ceilings=CEIL, timer=FakeTimer(), compile=False, tune=False,
+             candidates=False, untuned=False, compare=False, rounds=2, timing="cold", together=together)
+    assert seen == []
+
+
 def test_bench_op_times_the_tuned_op_and_its_rivals_in_rounds():
     from kernelgraft.examples.softmax import softmax
 
@@ -405,3 +456,33 @@ def test_graph_timing_is_not_inflated_by_slow_first_calls():
     inflated = measure(slow_at_first, graph=True, warmup_ms=20, rep_ms=20)
     assert inflated.method == "graph" and inflated.calls >= 20, inflated
     assert inflated.median_us < steady.median_us * 1.5 + 0.5, (steady, inflated)
+
+
+@pytest.mark.gpu
+def test_measure_interleaved_times_each_callable_by_its_own_work():
+    """Replays in turn: twice the work reads about twice the time, a callable that cannot be
+    captured (a host synchronisation) is timed alone by events, one that raises returns its error
+    and the others are still timed."""
+    from kernelgraft.bench import measure_interleaved
+
+    x = torch.randn(1 << 24, device="cuda")
+    y = torch.empty_like(x)
+
+    def once():
+        torch.mul(x, 1.5, out=y)
+
+    def twice():
+        torch.mul(x, 1.5, out=y)
+        torch.mul(y, 1.5, out=y)
+
+    def syncs():
+        torch.mul(x, 1.5, out=y)
+        y[0].item()
+
+    def broken():
+        raise ValueError("no such kernel")
+
+    one, two, sync, err = measure_interleaved([once, twice, syncs, broken], warmup_ms=20, rep_ms=20)
+    assert one.method == two.method == "graph" and sync.method == "events", (one, two, sync)
+    assert 1.8 < two.median_us / one.median_us < 2.2, (one, two)
+    assert isinstance(err, ValueError)

@@ -1,9 +1,10 @@
-"""benchmarks/bench_graft_llama.py on the CPU: the interleaved rounds (every variant each round, the
-order rotating), ratios paired by round, and each compiled variant getting a graph of its own."""
+"""benchmarks/bench_graft_llama.py on the CPU: calls taken in turn (one call of each variant, the order
+rotating), ratios paired by turn, the kernels two variants do not share, and each compiled variant
+getting a graph of its own."""
 
 from __future__ import annotations
 
-import itertools
+import statistics
 
 import pytest
 import torch
@@ -17,22 +18,54 @@ def bench():
         yield module
 
 
-def test_rounds_rotate_the_order_and_ratios_pair_within_a_round(bench):
-    # A clock that drifts 10% per timing: timed one after the other, the later variant looks
-    # slower; paired within rounds with a rotating order, two equal variants come out about equal.
-    order, tick = [], itertools.count()
+class DriftingClock:
+    """A clock that drifts 1% per call: stamps are call counts, a call's time grows with its place."""
 
-    def timer(fn, iters):
-        order.append(fn)
-        return 1.0 * (1 + 0.1 * next(tick))
+    def __init__(self):
+        self.now, self.order = 0, []
 
-    medians, per_round = bench.interleaved({"a": "a", "b": "b", "c": "c"}, rounds=3, iters=5, timer=timer)
-    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
-    assert all(len(v) == 3 for v in per_round.values())
-    assert medians["a"] == sorted(per_round["a"])[1]
-    ratio = bench.paired_ratio(per_round, "b", "a")
-    assert 0.95 < ratio < 1.1, ratio
-    assert bench.paired_ratio(per_round, "b", "missing") is None
+    def call(self, name):
+        def fn():
+            self.order.append(name)
+            self.now += 1
+        return fn
+
+    def stamp(self):
+        return self.now
+
+    def elapsed(self, start, end):
+        return (end - start) * (1 + 0.01 * end) * (1.2 if self.order[end - 1] == "b" else 1.0)
+
+    def sync(self):
+        pass
+
+
+def test_calls_are_taken_in_turn_and_ratios_pair_the_calls_of_a_turn(bench):
+    # A clock that drifts 1% per call, and b 20% slower than a and c: paired within a turn (calls
+    # a few milliseconds apart, the order rotating by one per turn), b / a comes out about 1.2.
+    clock = DriftingClock()
+    fns = {n: clock.call(n) for n in "abc"}
+    medians, per_round, per_call = bench.interleaved(fns, rounds=2, iters=4, clock=clock)
+    # each round: one untimed call of each, then four turns, the order rotating by one per turn
+    turns = ["abc", "bca", "cab", "abc"]
+    assert "".join(clock.order) == "abc" + "".join(turns) + "abc" + "".join(["bca", "cab", "abc", "bca"])
+    assert all(len(v) == 2 for v in per_round.values()) and all(len(v) == 8 for v in per_call.values())
+    assert medians["a"] == pytest.approx(statistics.median(per_round["a"]))
+    assert bench.paired_ratio(per_call, "b", "a") == pytest.approx(1.2, rel=0.02)
+    assert bench.paired_ratio(per_call, "c", "a") == pytest.approx(1.0, rel=0.02)
+    q1, q3 = bench.quartiles(per_call, "b", "a")
+    assert 1.17 < q1 <= q3 < 1.23
+    assert bench.paired_ratio(per_call, "b", "missing") is None and bench.quartiles(per_call, "a", "x") is None
+
+
+def test_kernel_difference_names_what_one_variant_runs_alone(bench):
+    profile = {"compile_grafted": {"total_us": 3.0, "by_kernel_us": {"gemm": 2.0, "kg_rmsnorm": 1.0}},
+               "compile": {"total_us": 2.5, "by_kernel_us": {"gemm": 2.0, "triton_red_fused_rsqrt_0": 0.5}}}
+    diff = bench.kernel_difference(profile, "compile_grafted", "compile")
+    assert diff["only compile_grafted"] == {"kg_rmsnorm": 1.0}
+    assert diff["only compile"] == {"triton_red_fused_rsqrt_0": 0.5}
+    assert diff["total_us"] == {"compile_grafted": 3.0, "compile": 2.5}
+    assert bench.kernel_difference(profile, "compile_grafted", "eager") is None
 
 
 def test_each_compiled_variant_gets_a_graph_of_its_own(bench):

@@ -14,7 +14,7 @@ from ._peers import Peer, as_peers, parse_peer
 from ._report import load_json, plot, render_table, write_json
 from ._run import Row, bench_op
 from ._suite import REGIMES, SUITES, Case, cases, regime_of, shape_plan
-from ._timing import Timing, measure
+from ._timing import Timing, measure, measure_interleaved
 
 __all__ = [
     "Case",
@@ -33,6 +33,7 @@ __all__ = [
     "load_json",
     "measure",
     "measure_ceilings",
+    "measure_interleaved",
     "parse_peer",
     "plot",
     "regime_of",

@@ -19,13 +19,15 @@ from ._ceilings import Ceilings
 from ._cost import call_cost, describe_inputs
 from ._peers import Peer, as_peers
 from ._suite import regime_of
-from ._timing import Timing, measure
+from ._timing import Timing, measure, measure_interleaved
 
 __all__ = ["Row", "bench_op", "tuned_label"]
 
 log = logging.getLogger(__name__)
 
 Timer = Callable[[Callable[[], object]], Timing]
+# times several callables at once (measure_interleaved): a Timing, or the exception, for each
+Together = Callable[[list], list]
 
 # kinds of rows, in display order
 CANDIDATE, BACKEND, EAGER, COMPILE, PEER, DEFAULT, TUNED = (
@@ -213,6 +215,7 @@ def bench_op(
     dynamic: bool = False,
     compare: bool = True,
     rounds: int = 1,
+    together: Together | None = None,
 ) -> list[Row]:
     """All rows for ``op`` over ``inputs`` (tuples of arguments, small to large; a
     :class:`~kernelgraft.bench.Case` carries its regime into the rows).
@@ -226,7 +229,13 @@ def bench_op(
     ``vs_compile`` (a dozen more timings per shape). With ``rounds=N`` the tuned op, eager,
     torch.compile and the peers of a shape are timed N times in rotating order, each keeping the
     median (``Row.rounds``, ``Row.spread``): timed once, one after the other, the same cuBLAS GEMM
-    read 262 and 306 us a few seconds apart on the H200 (clock drift under a GEMM's power draw)."""
+    read 262 and 306 us a few seconds apart on the H200 (clock drift under a GEMM's power draw).
+    With ``timing="graph"`` each round times them all at once, their graph replays taken in turn
+    (``together``, by default ``measure_interleaved``; ignored for "cold")."""
+    if together is None and timing == "graph" and timer is None:
+        together = measure_interleaved
+    elif timing != "graph":
+        together = None
     timer, quick = _timers(timing, timer)
     peer_list = as_peers(peers)
     rows: list[Row] = []
@@ -313,7 +322,7 @@ def bench_op(
                         # inside the tuning block: the tuned op's plans belong to its scope; in
                         # the order of the first round (rivals, then the op), which the rounds rotate
                         in_rounds(list(zip([*rivals, tuned], [*rival_fns, lambda: op(*args)])),
-                                  timer, ceilings, rounds)
+                                  timer, ceilings, rounds, together)
                         if compare and tuned.time_us is not None:
                             _compare(tuned, lambda: op(*args), timed, cand_fns, compile_fn, quick)
                     emit(tuned)
@@ -322,7 +331,7 @@ def bench_op(
                     if tuned not in rows:
                         emit(tuned)
             else:
-                in_rounds(list(zip(rivals, rival_fns)), timer, ceilings, rounds)
+                in_rounds(list(zip(rivals, rival_fns)), timer, ceilings, rounds, together)
                 if timed:
                     best = min(timed, key=lambda r: r.time_us)
                     tuned = emit(dataclasses.replace(best, kind=TUNED, variant=label, backend="kg",
@@ -353,25 +362,44 @@ def _ranking(op: Any, args: tuple, top: int = 3) -> list | None:
 
 
 def in_rounds(timed: Sequence[tuple[Row, Callable[[], object] | None]], timer: Timer,
-              ceilings: Ceilings | None, rounds: int) -> None:
-    """Time each row's callable ``rounds - 1`` more times (its first timing is round one, ``timed``
-    in the order round one took), the order rotating by one per round so that drift over the
-    rounds lands on every row alike; each row keeps the median of its rounds and their spread, and
-    ``samples`` round by round (None for a round that failed, so rounds stay aligned across rows).
-    Rows that were not timed stay as they are."""
+              ceilings: Ceilings | None, rounds: int, together: Together | None = None) -> None:
+    """Time each row's callable in ``rounds`` rounds, each keeping the median of its rounds, their
+    spread and ``samples`` round by round (None for a round that failed, so rounds stay aligned
+    across rows). Rows that were not timed stay as they are.
+
+    With ``together`` (``measure_interleaved``: one timing of all the callables at once, their
+    replays taken in turn) each round is one such timing, the order rotating by one per round.
+    Without it the first timing (``timed`` in the order round one took) is round one and each
+    later round times the rows one after the other, the order rotating by one per round, so that
+    drift over the rounds lands on every row alike."""
     live = [(row, fn) for row, fn in timed if fn is not None and row.time_us is not None]
     if rounds <= 1 or not live:
         return
-    samples: dict[int, list[float | None]] = {id(row): [row.time_us] for row, _ in live}
-    for r in range(1, rounds):
-        for row, fn in live[r % len(live):] + live[:r % len(live)]:
+    samples: dict[int, list[float | None]] = {id(row): [] if together else [row.time_us] for row, _ in live}
+    for r in range(0 if together else 1, rounds):
+        turn = live[r % len(live):] + live[:r % len(live)]
+        if together is not None:
             try:
-                samples[id(row)].append(timer(fn).median_us)
-            except Exception as exc:  # a round that fails leaves the others to judge by
+                got = together([fn for _, fn in turn])
+            except Exception as exc:  # the whole round failed: every row's round is missing
+                got = [exc] * len(turn)
+        else:
+            got = []
+            for _, fn in turn:
+                try:
+                    got.append(timer(fn))
+                except Exception as exc:  # a round that fails leaves the others to judge by
+                    got.append(exc)
+        for (row, _), timing in zip(turn, got):
+            if isinstance(timing, BaseException):
                 samples[id(row)].append(None)
-                log.warning("%s %s %s: round %d failed: %s", row.op, row.shape, row.variant, r, _error(exc))
+                log.warning("%s %s %s: round %d failed: %s", row.op, row.shape, row.variant, r, _error(timing))
+            else:
+                samples[id(row)].append(timing.median_us)
     for row, _ in live:
         got = [t for t in samples[id(row)] if t is not None]
+        if not got:  # every round failed: the row keeps its first timing
+            continue
         median = statistics.median(got)
         row.fill(Timing(median, min(got), median, median, row.reps, row.method, row.calls), ceilings)
         row.rounds, row.spread, row.samples = len(got), max(got) / min(got), samples[id(row)]

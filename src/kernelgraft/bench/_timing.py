@@ -7,6 +7,8 @@ With ``graph=True`` the calls are instead captured into a CUDA graph (as many as
 millisecond) and the graph is replayed: GPU time back to back, with no host launch cost and a warm
 L2 for inputs that fit in it, the way a model step replayed as a CUDA graph runs them. A callable
 that cannot be captured is timed by per-call events instead (``Timing.method`` says which).
+``measure_interleaved`` times several callables that way at once, their replays taken in turn, so
+a clock that drifts over milliseconds (a large GEMM's power draw) lands on all of them alike.
 
 Like ``triton.testing.do_bench`` (which this mirrors rather than calls, because its signature
 differs across Triton releases): a warm-up, a repetition count fitted to a time budget, and an L2
@@ -29,7 +31,7 @@ from .._timing._capture import replay_graph
 from .._timing._gpu_busy import cover
 from .._timing._l2 import FLUSH_BYTES, flush_buffer as _flush
 
-__all__ = ["Timing", "measure", "FLUSH_BYTES"]
+__all__ = ["Timing", "measure", "measure_interleaved", "FLUSH_BYTES"]
 
 log = logging.getLogger(__name__)
 
@@ -83,9 +85,87 @@ def measure(
         return _measure(fn, device, warmup_ms, rep_ms, min_reps, max_reps, cold_l2)
 
 
-def _measure_graph(fn, device, warmup_ms, rep_ms, min_reps, max_reps) -> Timing | None:
-    """Per-call times from replays of a CUDA graph of several calls; None if ``fn`` cannot be
-    captured (a host synchronisation, a CPU tensor), so the caller times it eagerly."""
+def measure_interleaved(
+    fns: "list[Callable[[], object]]",
+    *,
+    device: torch.device | str = "cuda",
+    warmup_ms: float = 100.0,
+    rep_ms: float = 60.0,
+    min_reps: int = 5,
+    max_reps: int = 500,
+) -> "list[Timing | Exception]":
+    """Per-call GPU time of each of ``fns`` (microseconds), by CUDA-graph replays taken in turn:
+    one replay of each graph (about a millisecond of work), then the next round of replays, the
+    order rotating by one per round, for about ``rep_ms`` of each; a :class:`Timing` per callable
+    (the median of its replays), or the exception that timing it raised.
+
+    Timed one after the other, each over tens of milliseconds, two runs of the very same cuBLAS
+    GEMM read 259 and 327 us within one round on the H200: its clock under a GEMM's power draw
+    moves over milliseconds to seconds. Replays taken in turn, back to back on the GPU, see the
+    same clock to within a millisecond, so the ratio of two medians is the ratio of the work. A
+    callable that cannot be captured is timed alone afterwards by per-call events (warm L2)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise RuntimeError("kernelgraft.bench.measure_interleaved needs a CUDA device")
+    results: "list[Timing | Exception | None]" = [None] * len(fns)
+    graphs: list[tuple[int, object, int]] = []  # (index into fns, graph, calls per replay)
+    with on_device(device):
+        for i, fn in enumerate(fns):
+            try:
+                made = _graph_of(fn, device)
+            except Exception as exc:  # the callable itself fails: its row says so
+                results[i] = exc
+                continue
+            if made is not None:
+                graphs.append((i, *made))
+        if graphs:
+            samples = _replay_in_turn([(g, inner) for _, g, inner in graphs], device, warmup_ms, rep_ms,
+                                      min_reps, max_reps)
+            for (i, _, inner), got in zip(graphs, samples):
+                results[i] = summarize(got, "graph", inner)
+            del graphs
+        for i, fn in enumerate(fns):  # not capturable: alone, by per-call events
+            if results[i] is None:
+                try:
+                    results[i] = _measure(fn, device, warmup_ms, rep_ms, min_reps, max_reps, cold_l2=False)
+                except Exception as exc:
+                    results[i] = exc
+    return results  # type: ignore[return-value]
+
+
+def _replay_in_turn(graphs, device, warmup_ms, rep_ms, min_reps, max_reps) -> list[list[float]]:
+    """Per-call microseconds of each (graph, calls) pair's replays, taken in rotating turns."""
+    deadline = time.perf_counter() + warmup_ms / 1e3
+    while time.perf_counter() < deadline:  # bring the clocks up
+        for graph, _ in graphs:
+            graph.replay()
+        torch.cuda.synchronize(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for graph, _ in graphs:
+        graph.replay()
+    end.record()
+    end.synchronize()
+    turn_ms = max(start.elapsed_time(end), 1e-3)  # one replay of each
+    reps = int(min(max_reps, max(min_reps, rep_ms * len(graphs) / turn_ms)))
+    n = len(graphs)
+    events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+              for _ in range(reps)]
+    for r in range(reps):
+        for k in range(n):
+            j = (r + k) % n
+            s, e = events[r][j]
+            s.record()
+            graphs[j][0].replay()
+            e.record()
+    torch.cuda.synchronize(device)
+    return [[events[r][j][0].elapsed_time(events[r][j][1]) * 1e3 / graphs[j][1] for r in range(reps)]
+            for j in range(n)]
+
+
+def _graph_of(fn, device) -> "tuple[object, int] | None":
+    """A CUDA graph of several calls of ``fn`` (about a millisecond of GPU time) and the number of
+    calls in it; None if ``fn`` cannot be captured (a host synchronisation, a CPU tensor)."""
     fn()  # compile / allocate outside the capture
     torch.cuda.synchronize(device)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -96,30 +176,22 @@ def _measure_graph(fn, device, warmup_ms, rep_ms, min_reps, max_reps) -> Timing 
     torch.cuda.synchronize(device)
     # an eager estimate includes launch gaps: replay_graph corrects the calls per graph
     made = replay_graph(lambda _: fn(), max(start.elapsed_time(end) / 3, 1e-3), _REPLAY_TARGET_MS,
-                        _MAX_CALLS_PER_GRAPH)  # ``device`` is current (measure)
+                        _MAX_CALLS_PER_GRAPH)  # ``device`` is current
     if isinstance(made, str):
         log.info("CUDA-graph capture failed (%s); timing by per-call events", made)
         return None
+    return made
+
+
+def _measure_graph(fn, device, warmup_ms, rep_ms, min_reps, max_reps) -> Timing | None:
+    """Per-call times from replays of a CUDA graph of several calls; None if ``fn`` cannot be
+    captured (a host synchronisation, a CPU tensor), so the caller times it eagerly."""
+    made = _graph_of(fn, device)
+    if made is None:
+        return None
     graph, inner = made
-    deadline = time.perf_counter() + warmup_ms / 1e3
-    graph.replay()
-    while time.perf_counter() < deadline:  # bring the clocks up, as the eager path does
-        graph.replay()
-        torch.cuda.synchronize(device)
-    start.record()
-    graph.replay()
-    end.record()
-    end.synchronize()
-    replay_ms = max(start.elapsed_time(end), 1e-3)
-    reps = int(min(max_reps, max(min_reps, rep_ms / replay_ms)))
-    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for s, e in pairs:
-        s.record()
-        graph.replay()
-        e.record()
-    torch.cuda.synchronize(device)
-    samples = [s.elapsed_time(e) * 1e3 / inner for s, e in pairs]
-    del graph
+    samples = _replay_in_turn([made], device, warmup_ms, rep_ms, min_reps, max_reps)[0]
+    del graph, made
     return summarize(samples, "graph", inner)
 
 
