@@ -50,6 +50,28 @@ def test_predicate_rejecting_all_falls_back_with_one_warning_listing_reasons():
     assert LAUNCHES == ["scale[64]"]
 
 
+def test_a_predicate_that_raises_skips_its_candidate_and_says_so_once():
+    # A bug in a supports() predicate (the GEMM's WMMA kernel read a config key it is not given,
+    # on CUDA only) retired its kernel without a word: the reason sat in op.candidates() alone.
+    def buggy(x, alpha, **config):
+        return config["num_stages"] > 1 or "one stage"
+
+    scale = make_op("kgtest::d_raise", impls=[
+        kg.triton(launch_scale, configs=[{"BLOCK": 64}], supports=buggy, name="buggy"),
+        kg.triton(launch_scale, configs=[{"BLOCK": 256}], name="plain")])
+    LAUNCHES.clear()
+    with pytest.warns(kg.KernelgraftWarning, match=r"kg.triton\(buggy\): its supports\(\) predicate raised "
+                                                     r"KeyError: 'num_stages'") as caught:
+        out = scale(torch.randn(50), 2.0)
+    assert len([w for w in caught if "predicate raised" in str(w.message)]) == 1
+    assert LAUNCHES == ["scale[256]"] and out.shape == (50,)
+    bad, good = [c for c in scale.candidates(torch.randn(50), 2.0) if c.impl.backend == "triton"]
+    assert bad.reason == "supports() raised KeyError: 'num_stages'" and good.supported
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        scale.candidates(torch.randn(60), 2.0)  # warned once per impl and exception type
+
+
 def test_predicate_picks_among_configs():
     scale = make_op("kgtest::d_pick", impl_options={"supports": lambda x, alpha, BLOCK: BLOCK >= x.numel()})
     LAUNCHES.clear()

@@ -340,3 +340,19 @@ def test_gemm_cuda_and_triton_candidates_match_on_gpu():
                 backends.add(cand.impl.backend)
                 n += 1
     assert backends == {"triton", "cuda"} and n >= 50
+
+
+def test_the_wmma_gemm_predicate_accepts_cuda_tensors():
+    # _wmma_fits called the Triton predicate without its config, which reads the pipeline's
+    # stages on CUDA tensors only: every CUDA GEMM candidate was refused on the GPU (KeyError)
+    # while the CPU tests, whose tensors skip that check, passed. Fake CUDA tensors reach it here.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from kernelgraft.examples import gemm as module
+
+    with FakeTensorMode():
+        a = torch.empty(64, 128, device="cuda", dtype=torch.bfloat16)
+        b = torch.empty(128, 256, device="cuda", dtype=torch.bfloat16)
+        for config in module.CUDA.configs:
+            assert module._wmma_fits(a, b, **config.as_dict()) is True
+        assert "dtypes differ" in module._wmma_fits(a, b.half(), **module.CUDA.configs[0].as_dict())

@@ -94,7 +94,9 @@ def test_mutating_op_restored_between_timed_runs():
     with kg.tune("on", repeats=10):
         op(x)
     torch.testing.assert_close(x, before + 1)
-    assert len(kg.tune.decision(op, before).ranking) == 2
+    ranking = kg.tune.decision(op, before).ranking
+    # both kernel configs measured (and, on CUDA, torch:eager and torch:compile of the reference)
+    assert len([e for e in ranking if e["backend"] == "triton"]) == 2
 
 
 def test_capture_does_not_tune_and_warns():

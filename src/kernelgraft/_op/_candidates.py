@@ -11,12 +11,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from .. import backends
+from .._errors import KernelgraftWarning
 from .._spec import Config, ImplSpec
 
 __all__ = ["Candidate", "LAYOUT", "evaluate", "capability"]
@@ -120,11 +122,24 @@ def _impl_reason(impl: ImplSpec, device: torch.device, tensors) -> tuple[str | N
     return None, None
 
 
+_RAISED: set[tuple[str, str]] = set()  # (impl fingerprint, exception type) warned about
+
+
 def _predicate(impl: ImplSpec, config: Config, args: Sequence[Any]) -> str | None:
     try:
         verdict = impl.supports(*args, **config.as_dict())  # type: ignore[misc]
     except Exception as exc:  # a predicate that raises rejects, with its message as the reason
-        return f"supports() raised {type(exc).__name__}: {exc}"
+        reason = f"supports() raised {type(exc).__name__}: {exc}"
+        # once per impl and exception type: a bug in a predicate retires its kernel without a
+        # word otherwise (the GEMM's WMMA kernel read a config key it is not given, on CUDA only)
+        key = (impl.fingerprint, type(exc).__name__)
+        if key not in _RAISED:
+            _RAISED.add(key)
+            warnings.warn(f"kg.{impl.backend}({impl.display_name}): its supports() predicate raised "
+                          f"{type(exc).__name__}: {exc} (config {config.as_dict()}); the candidates it "
+                          "raises for are skipped. A predicate returns True, or a string that says why "
+                          "not", KernelgraftWarning, stacklevel=2)
+        return reason
     if verdict is True:
         return None
     if isinstance(verdict, str):

@@ -100,11 +100,18 @@ def _smem_limit(index: int) -> int:
     return torch.cuda.get_device_properties(index).shared_memory_per_block_optin
 
 
-def _shapes_fit(a, b, **config):
+def _dims_fit(a, b) -> bool | str:
     if a.shape[1] != b.shape[0]:
         return f"inner dimensions differ: a is {tuple(a.shape)}, b is {tuple(b.shape)}"
     if a.dtype != b.dtype:
         return f"dtypes differ: {a.dtype} vs {b.dtype}"
+    return True
+
+
+def _shapes_fit(a, b, **config):
+    fit = _dims_fit(a, b)
+    if fit is not True:
+        return fit
     if a.device.type == "cuda":  # the pipeline's A and B tiles, one pair per stage, in shared memory
         need = config["num_stages"] * (config["BLOCK_M"] + config["BLOCK_N"]) * config["BLOCK_K"] * a.element_size()
         limit = _smem_limit(a.device.index if a.device.index is not None else torch.cuda.current_device())
@@ -218,7 +225,7 @@ def launch_gemm_cuda(a, b, c, *, BM, BN, WARPS_M, WARPS_N):
 
 
 def _wmma_fits(a, b, **config):
-    fit = _shapes_fit(a, b)
+    fit = _dims_fit(a, b)  # its tiles are static shared memory: no pipeline stages to fit
     if fit is not True:
         return fit
     if a.dtype not in (torch.float16, torch.bfloat16):
