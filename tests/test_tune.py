@@ -319,6 +319,28 @@ def test_matmul_heuristics_without_package_uses_fallback(monkeypatch):
     assert kg.tune.matmul_heuristics(lambda x: (1, 1, 1))([1, 2, 3], torch.randn(2)) == [1, 2, 3]
 
 
+def test_gemm_pruning_keeps_the_kernels_it_cannot_score(monkeypatch):
+    # The prune hooks scored Triton tiles (BLOCK_M, BLOCK_N, BLOCK_K) and raised KeyError on the
+    # WMMA kernel's configs (BM, BN) once those ran on the GPU; nvMatmulHeuristics' scoring read
+    # their missing entries as matching every suggestion. Both now rank Triton's tiles and keep
+    # every other kernel's candidates as they are.
+    from kernelgraft.examples import gemm as module
+
+    a, b = torch.randn(64, 128), torch.randn(128, 256)
+    cands = module.gemm.candidates(a, b)
+    kernels = [c for c in cands if c.impl.backend in ("triton", "cuda")]
+    wmma = [c for c in kernels if c.impl.backend == "cuda"]
+    assert len(wmma) == 4 and len(kernels) == 34
+    kept = module.prune_gemm(kernels, a, b)
+    assert len(kept) == 12 and kept[8:] == wmma and all(c.impl.backend == "triton" for c in kept[:8])
+
+    monkeypatch.setattr(_prune, "_nvmmh", lambda: object())
+    monkeypatch.setattr(_prune, "_suggestions", lambda *args: [(16, 64, 256, 3)])
+    kept = module.PRUNE(kernels, a, b)
+    assert len(kept) == 12 and kept[8:] == wmma  # keep=8 tiles, then the WMMA configs
+    assert kept[0].config.as_dict()["BLOCK_M"] == 16 and kept[0].config.as_dict()["BLOCK_K"] == 256
+
+
 # ---------------------------------------------------------------- disk cache
 def _writer(path, worker, n):
     cache = DiskCache(Path(path))

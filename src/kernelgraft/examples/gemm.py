@@ -277,7 +277,8 @@ def gemm_score(M: int, N: int, K: int, config: dict, sms: int = 132) -> float:
 
 
 def prune_gemm(candidates: list, a: torch.Tensor, b: torch.Tensor, keep: int = 8) -> list:
-    """Keep the ``keep`` candidates the model in ``gemm_score`` ranks best, best first.
+    """Keep the ``keep`` Triton candidates the model in ``gemm_score`` ranks best, best first, then
+    every other candidate (the WMMA kernel's four configs: the model scores Triton's tiles only).
 
     ``keep=8`` (of 30): on the H200 sweep of 2026-11-30 (22 shapes, benchmarks/results/) the
     exhaustive best was in the model's top 8 on every shape, in its top 4 on 18 of them (and
@@ -286,7 +287,9 @@ def prune_gemm(candidates: list, a: torch.Tensor, b: torch.Tensor, keep: int = 8
     M, K = a.shape
     N = b.shape[1]
     sms = _sm_count(a.device)
-    return sorted(candidates, key=lambda c: gemm_score(M, N, K, c.config.as_dict(), sms))[:keep]
+    tiled = [c for c in candidates if "BLOCK_K" in c.config.as_dict()]
+    others = [c for c in candidates if "BLOCK_K" not in c.config.as_dict()]
+    return sorted(tiled, key=lambda c: gemm_score(M, N, K, c.config.as_dict(), sms))[:keep] + others
 
 
 PRUNE = kg.tune.matmul_heuristics(lambda a, b: (a.shape[0], b.shape[1], a.shape[1]), keep=8,

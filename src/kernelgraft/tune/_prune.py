@@ -126,8 +126,10 @@ def matmul_heuristics(
     """A prune hook for GEMM-like ops from nvMatmulHeuristics' suggestions.
 
     ``mnk(*inputs) -> (M, N, K)``; ``keys`` name the config entries holding the tile sizes and
-    pipeline stages. Keeps the ``keep`` candidates closest to the suggestions. Without the
-    package (or if it fails) ``fallback`` prunes instead, or the list stays as it is.
+    pipeline stages. Keeps the ``keep`` candidates closest to the suggestions, and every candidate
+    whose config lacks those entries (another kernel's, which the suggestions cannot judge: read
+    as absent they would match every suggestion). Without the package (or if it fails)
+    ``fallback`` prunes instead, or the list stays as it is.
     """
 
     def prune(candidates: list, *inputs: Any) -> list:
@@ -150,7 +152,8 @@ def matmul_heuristics(
             tile = tuple(cfg.get(k) for k in keys)
             return min(rank * 0.25 + _distance(tile, want) for rank, want in enumerate(wants))
 
-        return sorted(candidates, key=score)[:keep]
+        tiled = [c for c in candidates if all(k in c.config.as_dict() for k in keys[:3])]
+        return sorted(tiled, key=score)[:keep] + [c for c in candidates if not any(c is t for t in tiled)]
 
     prune.__name__ = "matmul_heuristics"
     return prune
