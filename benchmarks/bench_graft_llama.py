@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import add_llama_arguments, build_llama  # noqa: E402
 
 
-# (variant, baseline) pairs of the ratio table, each the median over rounds of the ratio in a round
+# (variant, baseline) pairs of the ratio table, each the median over turns of the ratio of a turn's calls
 PAIRS = (("eager_grafted", "eager"), ("compile_grafted", "compile"), ("compile_grafted_fused", "compile"),
          ("compile", "eager"), ("compile_grafted", "eager"))
 
@@ -155,19 +155,26 @@ def interleaved(fns: dict, rounds: int, iters: int, clock=None) -> tuple[dict, d
     return {name: statistics.median(v) for name, v in per_round.items()}, per_round, per_call
 
 
+def _ratios(samples: dict[str, list[float]], a: str, b: str) -> list[float]:
+    if a not in samples or b not in samples:
+        return []
+    return [x / y for x, y in zip(samples[a], samples[b]) if y > 0]
+
+
 def paired_ratio(samples: dict[str, list[float]], a: str, b: str) -> float | None:
     """The median over aligned samples (calls of a turn, or rounds) of time(a) / time(b); None if
     either is missing."""
-    if a not in samples or b not in samples:
-        return None
-    return statistics.median(x / y for x, y in zip(samples[a], samples[b]) if y > 0)
+    ratios = _ratios(samples, a, b)
+    return statistics.median(ratios) if ratios else None
 
 
 def quartiles(samples: dict[str, list[float]], a: str, b: str) -> list[float] | None:
-    """The first and third quartiles of the paired ratios time(a) / time(b): how wide they spread."""
-    if a not in samples or b not in samples:
+    """The first and third quartiles of the paired ratios time(a) / time(b): how wide they spread
+    (None with fewer than two)."""
+    ratios = _ratios(samples, a, b)
+    if len(ratios) < 2:
         return None
-    q = statistics.quantiles([x / y for x, y in zip(samples[a], samples[b]) if y > 0], n=4)
+    q = statistics.quantiles(ratios, n=4)
     return [q[0], q[2]]
 
 

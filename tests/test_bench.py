@@ -347,7 +347,7 @@ def test_rounds_time_the_rows_together_when_they_can():
         if len(turns) == 2:
             raise RuntimeError("the capture stream broke")
         return [RuntimeError("not capturable") if n == "b" and len(turns) == 3 else
-                Timing({"a": 100.0, "b": 120.0}[n] + len(turns), 0, 0, 0, 5) for n in names]
+                Timing({"a": 100.0, "b": 120.0}[n] + len(turns), 0, 0, 0, 5, "graph", 7) for n in names]
 
     def timer(fn):
         raise AssertionError("rounds run together: no row is timed alone")
@@ -360,6 +360,25 @@ def test_rounds_time_the_rows_together_when_they_can():
     assert a.samples == [101.0, None, 103.0, 104.0] and b.samples == [121.0, None, None, 124.0]
     assert a.rounds == 3 and a.time_us == 103.0 and b.rounds == 2 and b.time_us == pytest.approx(122.5)
     assert a.spread == pytest.approx(104.0 / 101.0)
+    # the row says how its rounds were timed, not how its discarded first timing was
+    assert (a.method, a.calls) == ("graph", 7) and a.gbps == pytest.approx(1e6 / 103e-6 / 1e9)
+
+
+def test_a_together_that_returns_too_few_timings_fails_its_round():
+    from kernelgraft.bench._run import Row, in_rounds
+
+    a, b = Row("op", "s", 0, 1e6, 0.0, EAGER, "a"), Row("op", "s", 0, 1e6, 0.0, EAGER, "b")
+    a.fill(Timing(10.0, 0, 0, 0, 5), CEIL)
+    b.fill(Timing(10.0, 0, 0, 0, 5), CEIL)
+    calls = []
+
+    def together(fns):
+        calls.append(len(fns))
+        timings = [Timing(20.0, 0, 0, 0, 5) for _ in fns]
+        return timings[:1] if len(calls) == 1 else timings
+
+    in_rounds([(a, lambda: "a"), (b, lambda: "b")], None, CEIL, rounds=2, together=together)
+    assert a.samples == [None, 20.0] and b.samples == [None, 20.0]
 
 
 def test_bench_op_times_graph_rounds_together():
@@ -381,6 +400,26 @@ def test_bench_op_times_graph_rounds_together():
     seen.clear()
     bench_op(softmax, [(torch.randn(4, 64),)], ceilings=CEIL, timer=FakeTimer(), compile=False, tune=False,
              candidates=False, untuned=False, compare=False, rounds=2, timing="cold", together=together)
+    assert seen == []
+
+
+def test_graph_rounds_default_to_measure_interleaved(monkeypatch):
+    """Without a timer or ``together`` of one's own, graph-timed rounds go through
+    measure_interleaved; with a timer of one's own they stay one row after another."""
+    from kernelgraft.bench import _run
+    from kernelgraft.examples.softmax import softmax
+
+    seen = []
+    monkeypatch.setattr(_run, "measure", lambda fn, **kw: (fn(), Timing(5.0, 0, 0, 0, 3, "graph", 9))[1])
+    monkeypatch.setattr(_run, "measure_interleaved",
+                        lambda fns: seen.append(len(fns)) or [Timing(6.0, 0, 0, 0, 3, "graph", 9) for _ in fns])
+    rows = bench_op(softmax, [(torch.randn(4, 64),)], ceilings=CEIL, compile=False, tune=False, candidates=False,
+                    untuned=False, compare=False, rounds=3, timing="graph")
+    eager = next(r for r in rows if r.kind == EAGER)
+    assert seen == [1, 1, 1] and eager.samples == [6.0, 6.0, 6.0] and eager.calls == 9
+    seen.clear()
+    bench_op(softmax, [(torch.randn(4, 64),)], ceilings=CEIL, timer=FakeTimer(), compile=False, tune=False,
+             candidates=False, untuned=False, compare=False, rounds=3, timing="graph")
     assert seen == []
 
 

@@ -56,6 +56,9 @@ def test_calls_are_taken_in_turn_and_ratios_pair_the_calls_of_a_turn(bench):
     q1, q3 = bench.quartiles(per_call, "b", "a")
     assert 1.17 < q1 <= q3 < 1.23
     assert bench.paired_ratio(per_call, "b", "missing") is None and bench.quartiles(per_call, "a", "x") is None
+    one = {"a": [1.0], "b": [2.0]}  # a single turn: a ratio, but no quartiles
+    assert bench.paired_ratio(one, "b", "a") == 2.0 and bench.quartiles(one, "b", "a") is None
+    assert bench.paired_ratio({"a": [], "b": []}, "a", "b") is None
 
 
 def test_kernel_difference_names_what_one_variant_runs_alone(bench):

@@ -50,12 +50,13 @@ def test_predicate_rejecting_all_falls_back_with_one_warning_listing_reasons():
     assert LAUNCHES == ["scale[64]"]
 
 
-def test_a_predicate_that_raises_skips_its_candidate_and_says_so_once():
+def test_a_predicate_that_raises_skips_its_candidate_and_says_so_once(monkeypatch):
     # A bug in a supports() predicate (the GEMM's WMMA kernel read a config key it is not given,
     # on CUDA only) retired its kernel without a word: the reason sat in op.candidates() alone.
     def buggy(x, alpha, **config):
         return config["num_stages"] > 1 or "one stage"
 
+    monkeypatch.setattr(_candidates, "_RAISED", set())  # warned once per process: start afresh
     scale = make_op("kgtest::d_raise", impls=[
         kg.triton(launch_scale, configs=[{"BLOCK": 64}], supports=buggy, name="buggy"),
         kg.triton(launch_scale, configs=[{"BLOCK": 256}], name="plain")])

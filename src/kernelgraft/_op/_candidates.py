@@ -129,16 +129,17 @@ def _predicate(impl: ImplSpec, config: Config, args: Sequence[Any]) -> str | Non
     try:
         verdict = impl.supports(*args, **config.as_dict())  # type: ignore[misc]
     except Exception as exc:  # a predicate that raises rejects, with its message as the reason
-        reason = f"supports() raised {type(exc).__name__}: {exc}"
+        text = (str(exc).splitlines() or [""])[0][:300]
+        reason = f"supports() raised {type(exc).__name__}: {text}"
         # once per impl and exception type: a bug in a predicate retires its kernel without a
         # word otherwise (the GEMM's WMMA kernel read a config key it is not given, on CUDA only)
         key = (impl.fingerprint, type(exc).__name__)
         if key not in _RAISED:
-            _RAISED.add(key)
             warnings.warn(f"kg.{impl.backend}({impl.display_name}): its supports() predicate raised "
-                          f"{type(exc).__name__}: {exc} (config {config.as_dict()}); the candidates it "
+                          f"{type(exc).__name__}: {text} (config {config.as_dict()}); the candidates it "
                           "raises for are skipped. A predicate returns True, or a string that says why "
                           "not", KernelgraftWarning, stacklevel=2)
+            _RAISED.add(key)  # after the warning: under -W error it raises, and warns again next time
         return reason
     if verdict is True:
         return None

@@ -230,8 +230,10 @@ def bench_op(
     torch.compile and the peers of a shape are timed N times in rotating order, each keeping the
     median (``Row.rounds``, ``Row.spread``): timed once, one after the other, the same cuBLAS GEMM
     read 262 and 306 us a few seconds apart on the H200 (clock drift under a GEMM's power draw).
-    With ``timing="graph"`` each round times them all at once, their graph replays taken in turn
-    (``together``, by default ``measure_interleaved``; ignored for "cold")."""
+    With ``timing="graph"`` and ``rounds`` of 2 or more each round times them all at once, their
+    graph replays taken in turn: by ``together`` where given, else by ``measure_interleaved`` where
+    ``timer`` is not given either (a timer of one's own keeps its rounds one row after another).
+    ``together`` is ignored for "cold"."""
     if together is None and timing == "graph" and timer is None:
         together = measure_interleaved
     elif timing != "graph":
@@ -376,11 +378,15 @@ def in_rounds(timed: Sequence[tuple[Row, Callable[[], object] | None]], timer: T
     if rounds <= 1 or not live:
         return
     samples: dict[int, list[float | None]] = {id(row): [] if together else [row.time_us] for row, _ in live}
+    # how each row's timings were taken (method, calls per graph, reps): the last that counted
+    how: dict[int, tuple] = {id(row): (row.method, row.calls, row.reps) for row, _ in live} if not together else {}
     for r in range(0 if together else 1, rounds):
         turn = live[r % len(live):] + live[:r % len(live)]
         if together is not None:
             try:
-                got = together([fn for _, fn in turn])
+                got = list(together([fn for _, fn in turn]))
+                if len(got) != len(turn):
+                    raise RuntimeError(f"{len(got)} timings for {len(turn)} callables")
             except Exception as exc:  # the whole round failed: every row's round is missing
                 got = [exc] * len(turn)
         else:
@@ -396,12 +402,14 @@ def in_rounds(timed: Sequence[tuple[Row, Callable[[], object] | None]], timer: T
                 log.warning("%s %s %s: round %d failed: %s", row.op, row.shape, row.variant, r, _error(timing))
             else:
                 samples[id(row)].append(timing.median_us)
+                how[id(row)] = (timing.method, timing.calls, timing.reps)
     for row, _ in live:
         got = [t for t in samples[id(row)] if t is not None]
         if not got:  # every round failed: the row keeps its first timing
             continue
         median = statistics.median(got)
-        row.fill(Timing(median, min(got), median, median, row.reps, row.method, row.calls), ceilings)
+        method, calls, reps = how[id(row)]
+        row.fill(Timing(median, min(got), median, median, reps, method, calls), ceilings)
         row.rounds, row.spread, row.samples = len(got), max(got) / min(got), samples[id(row)]
 
 

@@ -72,7 +72,8 @@ def measure(
 ) -> Timing:
     """Median time of ``fn()`` in microseconds over about ``rep_ms`` of GPU time, measured on
     ``device`` (the device of the tensors ``fn`` works on; "cuda" is the current one); by CUDA-graph
-    replay with ``graph=True`` (``cold_l2`` then does not apply)."""
+    replay with ``graph=True`` (``cold_l2`` then does not apply: a callable that cannot be captured
+    is timed by per-call events with a warm L2, as ``measure_interleaved`` times it)."""
     device = torch.device(device)
     if device.type != "cuda":
         raise RuntimeError("kernelgraft.bench.measure needs a CUDA device")
@@ -82,7 +83,7 @@ def measure(
             timing = _measure_graph(fn, device, warmup_ms, rep_ms, min_reps, max_reps)
             if timing is not None:
                 return timing
-        return _measure(fn, device, warmup_ms, rep_ms, min_reps, max_reps, cold_l2)
+        return _measure(fn, device, warmup_ms, rep_ms, min_reps, max_reps, cold_l2 and not graph)
 
 
 def measure_interleaved(
@@ -118,6 +119,7 @@ def measure_interleaved(
                 continue
             if made is not None:
                 graphs.append((i, *made))
+        made = None  # the graphs (and their memory pools) live in ``graphs`` only
         if graphs:
             samples = _replay_in_turn([(g, inner) for _, g, inner in graphs], device, warmup_ms, rep_ms,
                                       min_reps, max_reps)
@@ -178,7 +180,7 @@ def _graph_of(fn, device) -> "tuple[object, int] | None":
     made = replay_graph(lambda _: fn(), max(start.elapsed_time(end) / 3, 1e-3), _REPLAY_TARGET_MS,
                         _MAX_CALLS_PER_GRAPH)  # ``device`` is current
     if isinstance(made, str):
-        log.info("CUDA-graph capture failed (%s); timing by per-call events", made)
+        log.warning("CUDA-graph capture failed (%s); timing by per-call events", made)
         return None
     return made
 
