@@ -343,17 +343,34 @@ def test_gemm_cuda_and_triton_candidates_match_on_gpu():
     assert backends == {"triton", "cuda"} and n >= 50
 
 
-def test_the_wmma_gemm_predicate_accepts_cuda_tensors():
-    # _wmma_fits called the Triton predicate without its config, which reads the pipeline's
-    # stages on CUDA tensors only: every CUDA GEMM candidate was refused on the GPU (KeyError)
-    # while the CPU tests, whose tensors skip that check, passed. Fake CUDA tensors reach it here.
+@pytest.mark.parametrize("name", ["add_relu", "rmsnorm", "rmsnorm_residual", "softmax", "swiglu", "gemm",
+                                  "fp8_kcache_scatter"])
+def test_every_predicate_takes_cuda_tensors(name):
+    # A predicate's CUDA branch never runs in the CPU tests: the GEMM's WMMA predicate called the
+    # Triton one without its config, which reads the pipeline's stages on CUDA tensors only, and
+    # every CUDA GEMM candidate was refused on the GPU (KeyError) while the CPU tests passed. Fake
+    # CUDA tensors of each sample's shapes reach those branches here; only a question this
+    # machine's torch cannot answer (a device property) may stop one.
+    import importlib
+
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from kernelgraft.examples import gemm as module
-
-    with FakeTensorMode():
-        a = torch.empty(64, 128, device="cuda", dtype=torch.bfloat16)
-        b = torch.empty(128, 256, device="cuda", dtype=torch.bfloat16)
-        for config in module.CUDA.configs:
-            assert module._wmma_fits(a, b, **config.as_dict()) is True
-        assert "dtypes differ" in module._wmma_fits(a, b.half(), **module.CUDA.configs[0].as_dict())
+    op = getattr(importlib.import_module(f"kernelgraft.examples.{name}"), name)
+    answered = 0
+    for inputs in list(op.sample_inputs("cpu"))[:6]:
+        with FakeTensorMode():
+            fake = tuple(torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cuda")
+                         if isinstance(t, torch.Tensor) else t for t in inputs)
+            for impl in op.impls:
+                for config in (impl.configs if impl.supports is not None else ()):
+                    try:
+                        verdict = impl.supports(*fake, **config.as_dict())
+                    except (AssertionError, RuntimeError) as exc:
+                        if "CUDA" not in str(exc) and "cuda" not in str(exc):
+                            raise
+                        continue  # torch.cuda asked for a real device
+                    assert verdict is True or verdict is False or (isinstance(verdict, str) and verdict), \
+                        (impl.display_name, config, verdict)
+                    answered += 1
+    if name == "gemm":  # the WMMA kernel's four configs answer on every sample
+        assert answered >= 4 * 3
