@@ -89,6 +89,28 @@ def test_reference_outputs_that_alias_each_other_are_returned_as_separate_tensor
     assert b.tolist() == [2.0]
 
 
+@pytest.mark.parametrize("body", ["x", "x[1:]", "x.t()", "w", "(x * 2).t()", "x * 2", "torch.empty(0)"],
+                         ids=["input", "view", "transposed-view", "other-input", "fresh-transposed", "fresh",
+                              "empty"])
+def test_a_single_reference_output_is_fresh_and_contiguous(body):
+    # The eager path's single-tensor output (a PyTorch plan, the reference serving a call) is
+    # checked against each tensor argument's storage (a fast path of _fresh_outputs): an output
+    # that is an input or a view of one comes back as a copy, any other one contiguous.
+    ns: dict = {}
+    exec(f"def ref(x: torch.Tensor, w: torch.Tensor, alpha: float) -> torch.Tensor:\n    return {body}",
+         {"torch": torch}, ns)
+    op = kg.op(f"kgtest::fresh_{abs(hash(body)) % 10**6}")(ns["ref"])
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    for _ in range(2):  # the first call plans, the second takes the steady state
+        out = op(x, w, 1.0)
+        want = ns["ref"](x, w, 1.0)
+        torch.testing.assert_close(out, want)
+        assert out.is_contiguous()
+        if out.numel():
+            assert out.untyped_storage().data_ptr() not in (x.untyped_storage().data_ptr(),
+                                                             w.untyped_storage().data_ptr())
+
+
 def test_register_meta_overrides_output_allocation():
     calls = []
 

@@ -116,6 +116,10 @@ class KernelOp:
         self._meta_fn: Callable[..., Any] = fn
         self._meta_shape_only = False
         self._nparams = len(self.signature.params)
+        # where a single-tensor output's aliasing check looks (_fresh_outputs); None: lists too
+        self._tensor_positions: tuple[int, ...] | None = (
+            None if any(p.kind == "tensor_list" for p in self.signature.params)
+            else tuple(i for i, p in enumerate(self.signature.params) if p.kind == "tensor"))
         self._d = Dispatcher(self)  # the runtime state: plans, runners, bundles, replays
         self.__doc__ = fn.__doc__
         self.__name__ = getattr(fn, "__name__", "op")
@@ -318,6 +322,15 @@ class KernelOp:
                 )
             return None
         single = kind == "tensor"
+        if single and not empty and type(outs) is torch.Tensor and self._tensor_positions is not None:
+            # the common case on the eager path (a PyTorch plan, the reference serving a call):
+            # one tensor, compared with each tensor argument's storage without building a set
+            ptr = outs.untyped_storage().data_ptr()
+            for i in self._tensor_positions:
+                t = args[i]
+                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() == ptr:
+                    return outs.clone(memory_format=torch.contiguous_format)
+            return outs.contiguous()
         items = (outs,) if single else outs
         if not isinstance(items, (tuple, list)) or len(items) != self.signature.n_returns or not all(
             isinstance(o, torch.Tensor) for o in items
