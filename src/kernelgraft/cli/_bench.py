@@ -24,8 +24,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--timing", choices=("cold", "graph"), default="cold",
                         help="cold: each call after an L2 flush (default); graph: CUDA-graph replay")
     parser.add_argument("--rounds", type=int, default=1,
-                        help="time the tuned op, torch and the peers N times each in rotating order and keep "
-                             "each one's median: large GEMMs drift by several %% between two timings")
+                        help="time the tuned op, torch and the peers N times each and keep each one's median "
+                             "(with --timing graph each round replays their graphs in turn): large GEMMs drift "
+                             "by several %% between two timings")
     parser.add_argument("--dynamic", action="store_true",
                         help="compile the reference once with dynamic shapes instead of once per shape")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile of the reference")
