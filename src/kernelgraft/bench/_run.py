@@ -379,7 +379,7 @@ def in_rounds(timed: Sequence[tuple[Row, Callable[[], object] | None]], timer: T
         return
     samples: dict[int, list[float | None]] = {id(row): [] if together else [row.time_us] for row, _ in live}
     # how each row's timings were taken (method, calls per graph, reps): the last that counted
-    how: dict[int, tuple] = {id(row): (row.method, row.calls, row.reps) for row, _ in live} if not together else {}
+    how: dict[int, tuple] = {id(row): (row.method, row.calls, row.reps) for row, _ in live}
     for r in range(0 if together else 1, rounds):
         turn = live[r % len(live):] + live[:r % len(live)]
         if together is not None:

@@ -191,10 +191,8 @@ def _measure_graph(fn, device, warmup_ms, rep_ms, min_reps, max_reps) -> Timing 
     made = _graph_of(fn, device)
     if made is None:
         return None
-    graph, inner = made
     samples = _replay_in_turn([made], device, warmup_ms, rep_ms, min_reps, max_reps)[0]
-    del graph, made
-    return summarize(samples, "graph", inner)
+    return summarize(samples, "graph", made[1])
 
 
 def _measure(fn, device, warmup_ms, rep_ms, min_reps, max_reps, cold_l2) -> Timing:

@@ -152,8 +152,10 @@ def matmul_heuristics(
             tile = tuple(cfg.get(k) for k in keys)
             return min(rank * 0.25 + _distance(tile, want) for rank, want in enumerate(wants))
 
-        tiled = [c for c in candidates if all(k in c.config.as_dict() for k in keys[:3])]
-        return sorted(tiled, key=score)[:keep] + [c for c in candidates if not any(c is t for t in tiled)]
+        def tiled(c: Any) -> bool:
+            return all(k in c.config.as_dict() for k in keys[:3])
+
+        return sorted(filter(tiled, candidates), key=score)[:keep] + [c for c in candidates if not tiled(c)]
 
     prune.__name__ = "matmul_heuristics"
     return prune
