@@ -19,7 +19,12 @@ In eager only the module graft applies (a pattern graft acts inside torch.compil
 runs in its own try/except, reports and continues. Each compiled variant's count of Dynamo guards
 (which run on every call, on the host) goes into the JSON ("guard_lines"). Prints a ratio table
 last; writes JSON to --out (default $OUT/bench_graft_llama.json). Runtime about 2-3 minutes on an
-H200 (three or, with --cudagraphs, five Inductor compiles).
+H200 (four or, with --cudagraphs, six Inductor compiles).
+
+A control runs beside the variants: "compile_copy", a copy of the plain model (the grafted ones
+are copies too) compiled the same way. It runs the plain model's program, so its ratio to
+"compile" is the spread between two equal programs in that run, and each pair's
+``turns_faster`` count (turns where each side was faster) says whether a ratio is more than it.
 
     python benchmarks/bench_graft_llama.py [--hidden 2048 --layers 4 --batch 4 --seq 1024] [--cudagraphs]
 """
@@ -44,7 +49,11 @@ from _common import add_llama_arguments, build_llama  # noqa: E402
 
 
 # (variant, baseline) pairs of the ratio table, each the median over turns of the ratio of a turn's calls
+# "compile_copy" is the control: the plain model's code on a copy of it (as the grafted variants are
+# copies), compiled the same way. Its ratio to "compile" is how far two equal programs read apart
+# in this run: the resolution of the others.
 PAIRS = (("eager_grafted", "eager"), ("compile_grafted", "compile"), ("compile_grafted_fused", "compile"),
+         ("compile_copy", "compile"), ("compile_grafted", "compile_copy"),
          ("compile", "eager"), ("compile_grafted", "eager"))
 
 
@@ -166,6 +175,15 @@ def paired_ratio(samples: dict[str, list[float]], a: str, b: str) -> float | Non
     either is missing."""
     ratios = _ratios(samples, a, b)
     return statistics.median(ratios) if ratios else None
+
+
+def turns_faster(samples: dict[str, list[float]], a: str, b: str) -> list[int] | None:
+    """[turns where a was faster, turns where b was] over aligned samples (ties in neither): with
+    no difference between the two, each count is binomial around half the turns."""
+    ratios = _ratios(samples, a, b)
+    if not ratios:
+        return None
+    return [sum(r < 1.0 for r in ratios), sum(r > 1.0 for r in ratios)]
 
 
 def quartiles(samples: dict[str, list[float]], a: str, b: str) -> list[float] | None:
@@ -309,6 +327,9 @@ def main() -> int:
     if args.cudagraphs and not args.eager_only:
         section("compile_cudagraphs", lambda: compiled("compile_cudagraphs", model, "reduce-overhead"))
 
+    if not args.eager_only:  # the control: equal code on a copy, as the grafted variants are copies
+        section("compile_copy", lambda: compiled("compile_copy", copy.deepcopy(model)))
+
     reports = {}
     grafted = copy.deepcopy(model)
     fused_model = copy.deepcopy(model)
@@ -394,6 +415,7 @@ def main() -> int:
         result["paired"] = {f"{a} / {b}": paired_ratio(per_call, a, b) for a, b in PAIRS}
         result["paired_by_round"] = {f"{a} / {b}": paired_ratio(per_round, a, b) for a, b in PAIRS}
         result["paired_quartiles"] = {f"{a} / {b}": quartiles(per_call, a, b) for a, b in PAIRS}
+        result["turns_faster"] = {f"{a} / {b}": turns_faster(per_call, a, b) for a, b in PAIRS}
         if counters["stats"]["unique_graphs"] != graphs:  # a recompile could have taken in the grafts
             result["notes"].append(f"{counters['stats']['unique_graphs'] - graphs} graph(s) compiled during the "
                                    "timing rounds: a compiled variant recompiled")
@@ -430,8 +452,10 @@ def main() -> int:
     def ratio(a, b):
         paired = result.get("paired", {}).get(f"{a} / {b}")
         q = result.get("paired_quartiles", {}).get(f"{a} / {b}")
+        won = result.get("turns_faster", {}).get(f"{a} / {b}")
         if paired is not None:
-            return f"{paired:.3f}" + (f" (quartiles {q[0]:.3f}-{q[1]:.3f})" if q else "")
+            return (f"{paired:.3f}" + (f" (quartiles {q[0]:.3f}-{q[1]:.3f})" if q else "")
+                    + (f", faster in {won[0]} of {sum(won)} turns" if won else ""))
         return f"{times[a] / times[b]:.3f}" if a in times and b in times else "n/a"
 
     rows = [(f"{a.replace('_', ' ')} / {b.replace('_', ' ')}", ratio(a, b)) for a, b in PAIRS]

@@ -59,6 +59,12 @@ def test_calls_are_taken_in_turn_and_ratios_pair_the_calls_of_a_turn(bench):
     one = {"a": [1.0], "b": [2.0]}  # a single turn: a ratio, but no quartiles
     assert bench.paired_ratio(one, "b", "a") == 2.0 and bench.quartiles(one, "b", "a") is None
     assert bench.paired_ratio({"a": [], "b": []}, "a", "b") is None
+    # b is slower in every turn; a and c take turns being ahead of each other with the drift
+    assert bench.turns_faster(per_call, "b", "a") == [0, 8] and bench.turns_faster(per_call, "a", "b") == [8, 0]
+    won, lost = bench.turns_faster(per_call, "c", "a")
+    assert won + lost == 8 and 0 < won < 8
+    assert bench.turns_faster({"a": [1.0, 2.0], "b": [1.0, 1.0]}, "a", "b") == [0, 1]  # a tie counts for neither
+    assert bench.turns_faster(per_call, "a", "missing") is None
 
 
 def test_kernel_difference_names_what_one_variant_runs_alone(bench):

@@ -202,6 +202,59 @@ def test_finalists_are_retimed_and_keep_their_fastest_median():
     assert calls == {64: 2, 128: 2, 256: 1, 512: 1}
 
 
+def _counting_timer(first: dict, calls: dict):
+    def timer(trial, settings):
+        block = trial.candidate.config.as_dict()["BLOCK"]
+        calls[block] = calls.get(block, 0) + 1
+        return first[block]
+    return timer
+
+
+def test_finalists_timed_together_are_scored_by_that_timing():
+    # The first pass (a drifting clock) puts 64 ahead; timed together, in turn, 128 is 4% faster.
+    # Up to four candidates within 5% of the fastest are timed together, each sized by its
+    # first-pass time, and none is re-timed alone.
+    op = make_scale("tg::together")
+    calls: dict = {}
+    timer = _counting_timer({64: 1.00, 128: 1.04, 256: 1.05, 512: 3.0}, calls)
+    asked = []
+
+    def together(trials, settings, estimates):
+        blocks = [t.candidate.config.as_dict()["BLOCK"] for t in trials]
+        asked.append((blocks, estimates))
+        return [{64: 1.04, 128: 1.00, 256: 1.06}[b] for b in blocks]
+
+    timer.together = together
+    with kg.tune("on", timer=timer):
+        op(torch.randn(300))
+    d = kg.tune.decision(op, torch.randn(300))
+    assert asked == [([64, 128, 256], [1.00, 1.04, 1.05])]
+    assert d.winner["config"] == {"BLOCK": 128} and d.winner["ms"] == 1.00
+    assert [e["ms"] for e in d.ranking] == [1.00, 1.04, 1.06, 3.0]
+    assert calls == {64: 1, 128: 1, 256: 1, 512: 1}
+
+
+@pytest.mark.parametrize("answer", [[None, 1.0], [float("nan"), 1.0], RuntimeError("capture failed")])
+def test_finalists_fall_back_to_timing_alone_when_not_all_are_timed_together(answer):
+    # One finalist the timer could not time in turn (None, a bad number, an error): the first-pass
+    # scores stand, and the near-tie is re-timed one candidate after another as before.
+    op = make_scale("tg::together_fallback")
+    calls: dict = {}
+    timer = _counting_timer({64: 1.00, 128: 1.02, 256: 3.0, 512: 4.0}, calls)
+
+    def together(trials, settings, estimates):
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    timer.together = together
+    with kg.tune("on", timer=timer):
+        op(torch.randn(300))
+    d = kg.tune.decision(op, torch.randn(300))
+    assert d.winner["config"] == {"BLOCK": 64} and d.winner["ms"] == 1.00
+    assert calls == {64: 2, 128: 2, 256: 1, 512: 1}
+
+
 # ---------------------------------------------------------------- modes
 def test_mode_off_and_cached_do_not_measure():
     op = make_scale("tm::a")

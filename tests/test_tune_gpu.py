@@ -57,6 +57,30 @@ def test_timer_graph_and_eager_agree_roughly():
     assert 0.1 < g / e < 3.0
 
 
+def test_together_times_finalists_at_one_clock():
+    # Two copies of one copy and a copy of twice the bytes, timed in turn: the equal two read
+    # within a few percent of each other, the larger one about twice as long; a trial that
+    # restores its inputs is not timed in turn (None), and with fewer than two left none is.
+    x = torch.randn(1 << 24, device="cuda")
+    big = torch.randn(1 << 25, device="cuda")
+    outs = [torch.empty_like(x), torch.empty_like(x), torch.empty_like(big)]
+
+    class S:
+        warmup, repeats, graph = 3, 50, True
+
+    trials = [_timing.Trial("a", lambda i: outs[0].copy_(x)), _timing.Trial("b", lambda i: outs[1].copy_(x)),
+              _timing.Trial("big", lambda i: outs[2].copy_(big))]
+    alone = [_timing.cuda_timer(t, S) for t in trials]
+    got = _timing.together(trials, S, alone)
+    assert all(ms is not None and ms > 0 for ms in got)
+    assert 0.95 < got[0] / got[1] < 1.05
+    assert 1.7 < got[2] / got[0] < 2.3
+    restoring = _timing.Trial("r", lambda i: outs[1].copy_(x), restore=lambda i: None)
+    assert _timing.together([trials[0], restoring], S, alone[:2]) == [None, None]
+    S.graph = False
+    assert _timing.together(trials, S, alone) == [None, None, None]
+
+
 def test_cold_timing_reads_from_hbm():
     """cold_l2 times each launch after an L2 flush: a copy whose 16 MB fit the L2 (50 MB) takes
     clearly longer cold than warm, and the cold time stays near what its bytes cost at HBM speed."""

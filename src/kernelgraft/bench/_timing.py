@@ -30,6 +30,7 @@ from .._timing import on_device
 from .._timing._capture import replay_graph
 from .._timing._gpu_busy import cover
 from .._timing._l2 import FLUSH_BYTES, flush_buffer as _flush
+from .._timing._turns import replay_in_turn
 
 __all__ = ["Timing", "measure", "measure_interleaved", "FLUSH_BYTES"]
 
@@ -121,10 +122,10 @@ def measure_interleaved(
                 graphs.append((i, *made))
         made = None  # the graphs (and their memory pools) live in ``graphs`` only
         if graphs:
-            samples = _replay_in_turn([(g, inner) for _, g, inner in graphs], device, warmup_ms, rep_ms,
-                                      min_reps, max_reps)
+            samples = replay_in_turn([(g, inner) for _, g, inner in graphs], device, warmup_ms, rep_ms,
+                                     min_reps, max_reps)
             for (i, _, inner), got in zip(graphs, samples):
-                results[i] = summarize(got, "graph", inner)
+                results[i] = summarize([ms * 1e3 for ms in got], "graph", inner)
             del graphs
         for i, fn in enumerate(fns):  # not capturable: alone, by per-call events
             if results[i] is None:
@@ -133,36 +134,6 @@ def measure_interleaved(
                 except Exception as exc:
                     results[i] = exc
     return results  # type: ignore[return-value]
-
-
-def _replay_in_turn(graphs, device, warmup_ms, rep_ms, min_reps, max_reps) -> list[list[float]]:
-    """Per-call microseconds of each (graph, calls) pair's replays, taken in rotating turns."""
-    deadline = time.perf_counter() + warmup_ms / 1e3
-    while time.perf_counter() < deadline:  # bring the clocks up
-        for graph, _ in graphs:
-            graph.replay()
-        torch.cuda.synchronize(device)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for graph, _ in graphs:
-        graph.replay()
-    end.record()
-    end.synchronize()
-    turn_ms = max(start.elapsed_time(end), 1e-3)  # one replay of each
-    reps = int(min(max_reps, max(min_reps, rep_ms * len(graphs) / turn_ms)))
-    n = len(graphs)
-    events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-              for _ in range(reps)]
-    for r in range(reps):
-        for k in range(n):
-            j = (r + k) % n
-            s, e = events[r][j]
-            s.record()
-            graphs[j][0].replay()
-            e.record()
-    torch.cuda.synchronize(device)
-    return [[events[r][j][0].elapsed_time(events[r][j][1]) * 1e3 / graphs[j][1] for r in range(reps)]
-            for j in range(n)]
 
 
 def _graph_of(fn, device) -> "tuple[object, int] | None":
@@ -191,8 +162,8 @@ def _measure_graph(fn, device, warmup_ms, rep_ms, min_reps, max_reps) -> Timing 
     made = _graph_of(fn, device)
     if made is None:
         return None
-    samples = _replay_in_turn([made], device, warmup_ms, rep_ms, min_reps, max_reps)[0]
-    return summarize(samples, "graph", made[1])
+    samples = replay_in_turn([made], device, warmup_ms, rep_ms, min_reps, max_reps)[0]
+    return summarize([ms * 1e3 for ms in samples], "graph", made[1])
 
 
 def _measure(fn, device, warmup_ms, rep_ms, min_reps, max_reps, cold_l2) -> Timing:

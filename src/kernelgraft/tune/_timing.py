@@ -50,8 +50,9 @@ from .._timing import on_device
 from .._timing._capture import capture_calls, replay_graph
 from .._timing._gpu_busy import cover
 from .._timing._l2 import flush
+from .._timing._turns import replay_in_turn
 
-__all__ = ["Trial", "Timer", "CaptureRefused", "cuda_timer", "default_timer"]
+__all__ = ["Trial", "Timer", "CaptureRefused", "cuda_timer", "default_timer", "together"]
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +195,42 @@ def host_ms(trial: Trial, calls: int = 10) -> float:
             trial.restore(k)
     return host_us / 1e3
 
+
+def together(trials: "list[Trial]", settings: Any, estimates_ms: "list[float]") -> "list[float | None]":
+    """Median milliseconds of one launch of each of ``trials`` (one key's candidates, on one
+    device), their CUDA graphs replayed in turn (``kernelgraft._timing._turns``): the finalists'
+    timing, every one at the same clock. ``estimates_ms``: each one's first-pass time, to size its
+    graph. None for a trial that cannot be timed so (it restores its inputs, times a cold L2, or
+    its capture fails), and for all of them when fewer than two can: the caller times those alone."""
+    out: "list[float | None]" = [None] * len(trials)
+    if not trials or not bool(getattr(settings, "graph", True)):
+        return out
+    with on_device(trials[0].device):
+        graphs = []  # (index into trials, graph, calls per replay)
+        for i, (trial, est) in enumerate(zip(trials, estimates_ms)):
+            if trial.restore is not None or trial.cold:
+                continue
+            made = replay_graph(lambda j, t=trial: t.run(j % t.n_sets), est, _REPLAY_TARGET_MS)
+            if isinstance(made, str):
+                log.debug("graph capture of %s failed (%s); not timed in turn", trial.candidate, made)
+                continue
+            graphs.append((i, *made))
+        if len(graphs) < 2:
+            return out
+        turns = max(3, int(getattr(settings, "repeats", 50)))
+        samples = replay_in_turn([(g, calls) for _, g, calls in graphs], None, warmup_ms=2.0,
+                                 rep_ms=_TOGETHER_MS, min_reps=5, max_reps=turns)
+        for (i, _, _), got in zip(graphs, samples):
+            out[i] = statistics.median(got)
+        del graphs, samples
+    return out
+
+
+_TOGETHER_MS = 20.0  # GPU time of each finalist's replays in ``together`` (about 20 turns)
+
+# A timer may also time several trials at once, in turn (``timer.together``): the tuner re-times
+# its finalists that way where it can (kernelgraft.tune._trials).
+cuda_timer.together = together  # type: ignore[attr-defined]
 
 # A timer may also say what one call costs the host (``timer.host_ms(trial)``): the tuner scores
 # torch:compile by the larger of the two and records it beside the others' GPU time (see
