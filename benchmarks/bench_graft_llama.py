@@ -8,7 +8,8 @@ pattern.
 Each variant is its own copy of the model (grafted, then compiled where it is compiled, in an order
 that keeps the plain model's compile free of the pattern grafts, which act on every graph Inductor
 compiles while they are active). Once all are built they are timed with their calls taken in turn
-(``interleaved``: one call of each variant, the order rotating, no synchronisation between calls),
+(``interleaved``: one call of each variant, in orders where each variant follows each other one
+equally often, no synchronisation between calls),
 and each ratio is the median over turns of the ratio of two calls a few milliseconds apart: timed
 in blocks of 30 calls, one after the other, the same compiled model moved by 2-10% between blocks
 (clock drift), more than the difference a graft makes. The quartiles of those paired ratios go
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import statistics
 import os
@@ -46,6 +48,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import add_llama_arguments, build_llama  # noqa: E402
+
+from kernelgraft._timing._turns import balanced_orders  # noqa: E402
 
 
 # (variant, baseline) pairs of the ratio table, each the median over turns of the ratio of a turn's calls
@@ -130,11 +134,13 @@ class Events:
 
 def interleaved(fns: dict, rounds: int, iters: int, clock=None) -> tuple[dict, dict, dict]:
     """Milliseconds per call of each of ``fns``, the calls taken in turn: each round makes one
-    untimed call of each, then ``iters`` turns of one timed call of each (the order rotating by one
-    per turn), with no synchronisation until the round ends, so the GPU runs the calls back to back
-    and two variants' calls in a turn are a few milliseconds apart: the clock's drift over a run
-    (the same compiled model read 4.26 and 4.66 ms in rounds a minute apart) lands on both sides
-    of a pair. A call's time is its start-to-end on the GPU's stream: its kernels, and any gap
+    untimed call of each, then ``iters`` turns of one timed call of each (in ``balanced_orders``,
+    one after the other), with no synchronisation until the round ends, so the GPU runs the calls
+    back to back and two variants' calls in a turn are a few milliseconds apart: the clock's drift
+    over a run (the same compiled model read 4.26 and 4.66 ms in rounds a minute apart) lands on
+    both sides of a pair. The garbage collector runs between rounds, not inside one (as
+    ``timeit`` does): an eager forward's garbage would otherwise be collected in whichever call
+    comes next. A call's time is its start-to-end on the GPU's stream: its kernels, and any gap
     where the GPU waited for the host to launch them (a host-bound decode step).
 
     Returns each variant's median over rounds, its median per round (index r: round r) and its
@@ -142,25 +148,35 @@ def interleaved(fns: dict, rounds: int, iters: int, clock=None) -> tuple[dict, d
     turn). ``clock`` (``stamp``, ``elapsed``, ``sync``) defaults to CUDA events."""
     clock = clock or Events()
     names = list(fns)
+    orders = balanced_orders(len(names))
     per_round: dict[str, list[float]] = {name: [] for name in names}
     per_call: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names:
-            fns[name]()
-        stamps = []
-        for i in range(iters):
-            k = (r * iters + i) % len(names)
-            for name in names[k:] + names[:k]:
-                start = clock.stamp()
+    collecting = gc.isenabled()
+    try:
+        for r in range(rounds):
+            for name in names:
                 fns[name]()
-                stamps.append((name, start, clock.stamp()))
-        clock.sync()
-        times: dict[str, list[float]] = {name: [] for name in names}
-        for name, start, end in stamps:
-            times[name].append(clock.elapsed(start, end))
-        for name in names:
-            per_round[name].append(statistics.median(times[name]))
-            per_call[name].extend(times[name])
+            clock.sync()
+            gc.collect()
+            gc.disable()
+            stamps = []
+            for i in range(iters):
+                for k in orders[(r * iters + i) % len(orders)]:
+                    start = clock.stamp()
+                    fns[names[k]]()
+                    stamps.append((names[k], start, clock.stamp()))
+            clock.sync()
+            if collecting:
+                gc.enable()
+            times: dict[str, list[float]] = {name: [] for name in names}
+            for name, start, end in stamps:
+                times[name].append(clock.elapsed(start, end))
+            for name in names:
+                per_round[name].append(statistics.median(times[name]))
+                per_call[name].extend(times[name])
+    finally:
+        if collecting:
+            gc.enable()
     return {name: statistics.median(v) for name, v in per_round.items()}, per_round, per_call
 
 

@@ -525,3 +525,18 @@ def test_measure_interleaved_times_each_callable_by_its_own_work():
     assert one.method == two.method == "graph" and sync.method == "events", (one, two, sync)
     assert 1.8 < two.median_us / one.median_us < 2.2, (one, two)
     assert isinstance(err, ValueError)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7])
+def test_balanced_orders_put_each_variant_straight_after_each_other_equally_often(n):
+    import collections
+
+    from kernelgraft._timing._turns import balanced_orders
+
+    orders = balanced_orders(n)
+    assert len(orders) == (1 if n == 1 else n if n % 2 == 0 else 2 * n)
+    assert all(sorted(o) == list(range(n)) for o in orders)
+    follows = collections.Counter((o[i], o[i + 1]) for o in orders for i in range(n - 1))
+    if n > 1:
+        assert set(follows) == {(a, b) for a in range(n) for b in range(n) if a != b}
+        assert len(set(follows.values())) == 1  # every ordered pair equally often

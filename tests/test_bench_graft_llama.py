@@ -1,5 +1,5 @@
-"""benchmarks/bench_graft_llama.py on the CPU: calls taken in turn (one call of each variant, the order
-rotating), ratios paired by turn, the kernels two variants do not share, and each compiled variant
+"""benchmarks/bench_graft_llama.py on the CPU: calls taken in turn (one call of each variant, in
+orders where each follows each other equally often), ratios paired by turn, the kernels two variants do not share, and each compiled variant
 getting a graph of its own."""
 
 from __future__ import annotations
@@ -42,14 +42,20 @@ class DriftingClock:
 
 def test_calls_are_taken_in_turn_and_ratios_pair_the_calls_of_a_turn(bench):
     # A clock that drifts 1% per call, and b 20% slower than a and c: paired within a turn (calls
-    # a few milliseconds apart, the order rotating by one per turn), b / a comes out about 1.2.
+    # a few milliseconds apart, in balanced orders), b / a comes out about 1.2.
+    import gc
+
     clock = DriftingClock()
+    collecting = []
     fns = {n: clock.call(n) for n in "abc"}
-    medians, per_round, per_call = bench.interleaved(fns, rounds=2, iters=4, clock=clock)
-    # each round: one untimed call of each, then four turns, the order rotating by one per turn
-    turns = ["abc", "bca", "cab", "abc"]
-    assert "".join(clock.order) == "abc" + "".join(turns) + "abc" + "".join(["bca", "cab", "abc", "bca"])
-    assert all(len(v) == 2 for v in per_round.values()) and all(len(v) == 8 for v in per_call.values())
+    fns["a"] = lambda inner=fns["a"]: (collecting.append(gc.isenabled()), inner())
+    medians, per_round, per_call = bench.interleaved(fns, rounds=2, iters=6, clock=clock)
+    # each round: one untimed call of each, then six turns, each a balanced order of the three
+    orders = ["".join("abc"[k] for k in o) for o in bench.balanced_orders(3)]
+    assert "".join(clock.order) == ("abc" + "".join(orders)) * 2
+    # the collector runs between rounds: on for the untimed calls, off for the timed turns
+    assert collecting == [True] + [False] * 6 + [True] + [False] * 6 and gc.isenabled()
+    assert all(len(v) == 2 for v in per_round.values()) and all(len(v) == 12 for v in per_call.values())
     assert medians["a"] == pytest.approx(statistics.median(per_round["a"]))
     assert bench.paired_ratio(per_call, "b", "a") == pytest.approx(1.2, rel=0.02)
     assert bench.paired_ratio(per_call, "c", "a") == pytest.approx(1.0, rel=0.02)
@@ -60,9 +66,9 @@ def test_calls_are_taken_in_turn_and_ratios_pair_the_calls_of_a_turn(bench):
     assert bench.paired_ratio(one, "b", "a") == 2.0 and bench.quartiles(one, "b", "a") is None
     assert bench.paired_ratio({"a": [], "b": []}, "a", "b") is None
     # b is slower in every turn; a and c take turns being ahead of each other with the drift
-    assert bench.turns_faster(per_call, "b", "a") == [0, 8] and bench.turns_faster(per_call, "a", "b") == [8, 0]
+    assert bench.turns_faster(per_call, "b", "a") == [0, 12] and bench.turns_faster(per_call, "a", "b") == [12, 0]
     won, lost = bench.turns_faster(per_call, "c", "a")
-    assert won + lost == 8 and 0 < won < 8
+    assert won + lost == 12 and 0 < won < 12
     assert bench.turns_faster({"a": [1.0, 2.0], "b": [1.0, 1.0]}, "a", "b") == [0, 1]  # a tie counts for neither
     assert bench.turns_faster(per_call, "a", "missing") is None
 
