@@ -202,6 +202,18 @@ def turns_faster(samples: dict[str, list[float]], a: str, b: str) -> list[int] |
     return [sum(r < 1.0 for r in ratios), sum(r > 1.0 for r in ratios)]
 
 
+def group_ratios(samples: dict[str, list[float]], ours: list[str], plain: list[str]) -> dict:
+    """Grafted copies against plain copies, as groups: per turn, the mean time of ``ours`` over
+    the mean of ``plain``, its median over turns and the turns each side was faster; beside it
+    each copy's paired ratio to the mean of ``plain`` (how far equal programs spread)."""
+    turns = min(len(samples[n]) for n in ours + plain)
+    mean = lambda names, t: statistics.fmean(samples[n][t] for n in names)  # noqa: E731
+    group = {"ours": [mean(ours, t) for t in range(turns)], "plain": [mean(plain, t) for t in range(turns)]}
+    each = {n: paired_ratio({n: samples[n][:turns], "plain": group["plain"]}, n, "plain") for n in ours + plain}
+    return {"ours / plain": paired_ratio(group, "ours", "plain"), "quartiles": quartiles(group, "ours", "plain"),
+            "turns_faster": turns_faster(group, "ours", "plain"), "each / plain": each}
+
+
 def quartiles(samples: dict[str, list[float]], a: str, b: str) -> list[float] | None:
     """The first and third quartiles of the paired ratios time(a) / time(b): how wide they spread
     (None with fewer than two)."""
@@ -262,6 +274,11 @@ def main() -> int:
     parser.add_argument("--cudagraphs", action="store_true", help="also time mode='reduce-overhead'")
     parser.add_argument("--eager-only", action="store_true",
                         help="skip torch.compile (a decode-sized run: --batch 1 --seq 1 --eager-only)")
+    parser.add_argument("--copies", type=int, default=1,
+                        help="copies of the plain compiled model as controls, and of the compiled grafted one: "
+                             "with more than one, each side's copies are timed in turn and compared as groups")
+    parser.add_argument("--compiled-only", action="store_true",
+                        help="time the compiled variants only (more turns in the time; eager is still built)")
     parser.add_argument("--profile", action="store_true",
                         help="after the timing, list each variant's GPU kernels (torch.profiler, CUDA time "
                              "per forward by kernel) beside the plain model's: where a ratio comes from")
@@ -344,17 +361,19 @@ def main() -> int:
         section("compile_cudagraphs", lambda: compiled("compile_cudagraphs", model, "reduce-overhead"))
 
     if not args.eager_only:  # the control: equal code on a copy, as the grafted variants are copies
-        section("compile_copy", lambda: compiled("compile_copy", copy.deepcopy(model)))
+        for k in range(1, args.copies + 1):
+            name = "compile_copy" + (str(k) if k > 1 else "")
+            section(name, lambda name=name: compiled(name, copy.deepcopy(model)))
 
     reports = {}
     grafted = copy.deepcopy(model)
     fused_model = copy.deepcopy(model)
 
-    def do_graft():
+    def do_graft(target=grafted):
         inputs = ((ids,), {"use_cache": False})
         for key, rules, kw in (("module", {LlamaRMSNorm: rmsnorm}, {}),
                                ("pattern", None, {"pattern": swiglu_pattern, "replacement": swiglu})):
-            call = (grafted, rules) if rules is not None else (grafted,)
+            call = (target, rules) if rules is not None else (target,)
             try:
                 reports[key] = kg.graft(*call, example_inputs=inputs, **kw)
             except kg.VerificationError as exc:  # keep timing; the numbers say how far off
@@ -396,6 +415,10 @@ def main() -> int:
     section("eager_grafted_python_path", python_path)
     if not args.eager_only:
         section("compile_grafted", lambda: compiled("compile_grafted", grafted))
+        for k in range(2, args.copies + 1):  # more grafted copies, each grafted as the first was
+            other = copy.deepcopy(model)
+            section(f"compile_grafted{k}", lambda other=other, k=k: (do_graft(other),
+                                                                     compiled(f"compile_grafted{k}", other)))
     if "pattern" in reports:
         result["pattern_matches_compiled"] = reports["pattern"].compiled
 
@@ -423,7 +446,8 @@ def main() -> int:
         from torch._dynamo.utils import counters
 
         graphs = counters["stats"]["unique_graphs"]
-        fns = {name: (lambda m=m: run(m)) for name, m in variants.items()}
+        fns = {name: (lambda m=m: run(m)) for name, m in variants.items()
+               if not args.compiled_only or name.startswith("compile")}
         medians, per_round, per_call = interleaved(fns, args.rounds, args.iters)
         times.update(medians)
         result["per_round_ms"] = per_round
@@ -432,6 +456,10 @@ def main() -> int:
         result["paired_by_round"] = {f"{a} / {b}": paired_ratio(per_round, a, b) for a, b in PAIRS}
         result["paired_quartiles"] = {f"{a} / {b}": quartiles(per_call, a, b) for a, b in PAIRS}
         result["turns_faster"] = {f"{a} / {b}": turns_faster(per_call, a, b) for a, b in PAIRS}
+        plain = [n for n in per_call if n == "compile" or n.startswith("compile_copy")]
+        ours = [n for n in per_call if n.startswith("compile_grafted") and "fused" not in n]
+        if len(plain) > 1 and len(ours) > 1:
+            result["groups"] = group_ratios(per_call, ours, plain)
         if counters["stats"]["unique_graphs"] != graphs:  # a recompile could have taken in the grafts
             result["notes"].append(f"{counters['stats']['unique_graphs'] - graphs} graph(s) compiled during the "
                                    "timing rounds: a compiled variant recompiled")
@@ -475,6 +503,11 @@ def main() -> int:
         return f"{times[a] / times[b]:.3f}" if a in times and b in times else "n/a"
 
     rows = [(f"{a.replace('_', ' ')} / {b.replace('_', ' ')}", ratio(a, b)) for a, b in PAIRS]
+    if "groups" in result:
+        g = result["groups"]
+        rows.append(("grafted copies / plain copies", f"{g['ours / plain']:.3f} (quartiles {g['quartiles'][0]:.3f}-"
+                     f"{g['quartiles'][1]:.3f}), faster in {g['turns_faster'][0]} of {sum(g['turns_faster'])} turns"))
+        rows += [(f"  {n} / plain copies", f"{r:.3f}") for n, r in g["each / plain"].items()]
     if "python_path_vs_native" in result:
         rows.append(("eager grafted, Python path / native replay", f"{result['python_path_vs_native']:.3f}"))
     if args.cudagraphs:

@@ -73,6 +73,20 @@ def test_calls_are_taken_in_turn_and_ratios_pair_the_calls_of_a_turn(bench):
     assert bench.turns_faster(per_call, "a", "missing") is None
 
 
+def test_group_ratios_compare_grafted_copies_with_plain_copies(bench):
+    # two plain copies 2% apart, two grafted ones at 1.01x their mean, over four turns
+    samples = {"compile": [1.0, 2.0, 1.0, 2.0], "compile_copy": [1.02, 2.04, 1.02, 2.04],
+               "compile_grafted": [1.0201, 2.0402, 1.0201, 2.0402], "compile_grafted2": [1.0201, 2.0402, 1.0201, 2.02]}
+    g = bench.group_ratios(samples, ["compile_grafted", "compile_grafted2"], ["compile", "compile_copy"])
+    assert g["turns_faster"] == [0, 4]
+    assert g["each / plain"]["compile"] == pytest.approx(1 / 1.01) and g["each / plain"]["compile_copy"] == pytest.approx(1.02 / 1.01)
+    assert g["each / plain"]["compile_grafted"] == pytest.approx(1.01)
+    assert g["ours / plain"] == pytest.approx(1.01, rel=1e-3)
+    assert g["each / plain"]["compile_grafted2"] == pytest.approx(1.01)
+    q1, q3 = g["quartiles"]
+    assert q1 <= g["ours / plain"] <= q3
+
+
 def test_kernel_difference_names_what_one_variant_runs_alone(bench):
     profile = {"compile_grafted": {"total_us": 3.0, "by_kernel_us": {"gemm": 2.0, "kg_rmsnorm": 1.0}},
                "compile": {"total_us": 2.5, "by_kernel_us": {"gemm": 2.0, "triton_red_fused_rsqrt_0": 0.5}}}
