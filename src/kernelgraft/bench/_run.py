@@ -370,7 +370,7 @@ def in_rounds(timed: Sequence[tuple[Row, Callable[[], object] | None]], timer: T
     across rows). Rows that were not timed stay as they are.
 
     With ``together`` (``measure_interleaved``: one timing of all the callables at once, their
-    replays taken in turn) each round is one such timing, the order rotating by one per round.
+    replays taken in turn, in balanced orders) each round is one such timing.
     Without it the first timing (``timed`` in the order round one took) is round one and each
     later round times the rows one after the other, the order rotating by one per round, so that
     drift over the rounds lands on every row alike."""

@@ -97,8 +97,9 @@ def measure_interleaved(
     max_reps: int = 500,
 ) -> "list[Timing | Exception]":
     """Per-call GPU time of each of ``fns`` (microseconds), by CUDA-graph replays taken in turn:
-    one replay of each graph (about a millisecond of work), then the next round of replays, the
-    order rotating by one per round, for about ``rep_ms`` of each; a :class:`Timing` per callable
+    one replay of each graph (about a millisecond of work), then the next round of replays, in
+    orders where each graph follows each other one equally often
+    (``kernelgraft._timing._turns.balanced_orders``), for about ``rep_ms`` of each; a :class:`Timing` per callable
     (the median of its replays), or the exception that timing it raised.
 
     Timed one after the other, each over tens of milliseconds, two runs of the very same cuBLAS
