@@ -135,7 +135,7 @@ class Events:
 def interleaved(fns: dict, rounds: int, iters: int, clock=None) -> tuple[dict, dict, dict]:
     """Milliseconds per call of each of ``fns``, the calls taken in turn: each round makes one
     untimed call of each, then ``iters`` turns of one timed call of each (in ``balanced_orders``,
-    one after the other), with no synchronisation until the round ends, so the GPU runs the calls
+    where each variant follows each other one equally often, turn after turn), with no synchronisation until the round ends, so the GPU runs the calls
     back to back and two variants' calls in a turn are a few milliseconds apart: the clock's drift
     over a run (the same compiled model read 4.26 and 4.66 ms in rounds a minute apart) lands on
     both sides of a pair. The garbage collector runs between rounds, not inside one (as
@@ -161,7 +161,9 @@ def interleaved(fns: dict, rounds: int, iters: int, clock=None) -> tuple[dict, d
             gc.disable()
             stamps = []
             for i in range(iters):
-                for k in orders[(r * iters + i) % len(orders)]:
+                # round r relabels the orders by r (still balanced): over len(names) rounds each
+                # variant takes each place in a turn equally often
+                for k in ((x + r) % len(names) for x in orders[(r * iters + i) % len(orders)]):
                     start = clock.stamp()
                     fns[names[k]]()
                     stamps.append((names[k], start, clock.stamp()))
@@ -369,22 +371,22 @@ def main() -> int:
     grafted = copy.deepcopy(model)
     fused_model = copy.deepcopy(model)
 
-    def do_graft(target=grafted):
+    def do_graft(target, into: dict, name: str) -> None:
         inputs = ((ids,), {"use_cache": False})
         for key, rules, kw in (("module", {LlamaRMSNorm: rmsnorm}, {}),
                                ("pattern", None, {"pattern": swiglu_pattern, "replacement": swiglu})):
             call = (target, rules) if rules is not None else (target,)
             try:
-                reports[key] = kg.graft(*call, example_inputs=inputs, **kw)
+                into[key] = kg.graft(*call, example_inputs=inputs, **kw)
             except kg.VerificationError as exc:  # keep timing; the numbers say how far off
-                result["notes"].append(f"{key} graft failed verification, grafted unverified: {exc}")
+                result["notes"].append(f"{name}: {key} graft failed verification, grafted unverified: {exc}")
                 print(f"    {result['notes'][-1]}", flush=True)
-                reports[key] = kg.graft(*call, verify=False, **kw)
-        result["graft"] = {k: {"count": r.count, "verified": r.verified, "kept": r.kept}
-                           for k, r in reports.items()}
-        print(f"    module graft: {reports['module']}; pattern graft: {reports['pattern']}", flush=True)
+                into[key] = kg.graft(*call, verify=False, **kw)
+        result.setdefault("graft", {})[name] = {k: {"count": r.count, "verified": r.verified, "kept": r.kept}
+                                                for k, r in into.items()}
+        print(f"    {name}: module graft: {into['module']}; pattern graft: {into['pattern']}", flush=True)
 
-    section("graft", do_graft)
+    section("graft", lambda: do_graft(grafted, reports, "grafted"))
     section("eager_grafted", lambda: add("eager_grafted", grafted))
 
     def python_path():
@@ -417,7 +419,7 @@ def main() -> int:
         section("compile_grafted", lambda: compiled("compile_grafted", grafted))
         for k in range(2, args.copies + 1):  # more grafted copies, each grafted as the first was
             other = copy.deepcopy(model)
-            section(f"compile_grafted{k}", lambda other=other, k=k: (do_graft(other),
+            section(f"compile_grafted{k}", lambda other=other, k=k: (do_graft(other, {}, f"grafted{k}"),
                                                                      compiled(f"compile_grafted{k}", other)))
     if "pattern" in reports:
         result["pattern_matches_compiled"] = reports["pattern"].compiled
@@ -503,11 +505,13 @@ def main() -> int:
         return f"{times[a] / times[b]:.3f}" if a in times and b in times else "n/a"
 
     rows = [(f"{a.replace('_', ' ')} / {b.replace('_', ' ')}", ratio(a, b)) for a, b in PAIRS]
-    if "groups" in result:
+    if result.get("groups", {}).get("ours / plain") is not None:
         g = result["groups"]
-        rows.append(("grafted copies / plain copies", f"{g['ours / plain']:.3f} (quartiles {g['quartiles'][0]:.3f}-"
-                     f"{g['quartiles'][1]:.3f}), faster in {g['turns_faster'][0]} of {sum(g['turns_faster'])} turns"))
-        rows += [(f"  {n} / plain copies", f"{r:.3f}") for n, r in g["each / plain"].items()]
+        q, won = g["quartiles"], g["turns_faster"]
+        rows.append(("grafted copies / plain copies", f"{g['ours / plain']:.3f}"
+                     + (f" (quartiles {q[0]:.3f}-{q[1]:.3f})" if q else "")
+                     + (f", faster in {won[0]} of {sum(won)} turns" if won else "")))
+        rows += [(f"  {n} / plain copies", f"{r:.3f}") for n, r in g["each / plain"].items() if r is not None]
     if "python_path_vs_native" in result:
         rows.append(("eager grafted, Python path / native replay", f"{result['python_path_vs_native']:.3f}"))
     if args.cudagraphs:

@@ -527,16 +527,33 @@ def test_measure_interleaved_times_each_callable_by_its_own_work():
     assert isinstance(err, ValueError)
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7])
-def test_balanced_orders_put_each_variant_straight_after_each_other_equally_often(n):
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 17])
+def test_balanced_orders_put_each_one_straight_after_each_other_equally_often_turn_after_turn(n):
+    # The turns are played one after the other with nothing in between, so the balance must hold
+    # in the stream: across the turns' boundaries and from the last turn back to the first.
     import collections
 
     from kernelgraft._timing._turns import balanced_orders
 
     orders = balanced_orders(n)
-    assert len(orders) == (1 if n == 1 else n if n % 2 == 0 else 2 * n)
     assert all(sorted(o) == list(range(n)) for o in orders)
-    follows = collections.Counter((o[i], o[i + 1]) for o in orders for i in range(n - 1))
-    if n > 1:
-        assert set(follows) == {(a, b) for a in range(n) for b in range(n) if a != b}
-        assert len(set(follows.values())) == 1  # every ordered pair equally often
+    stream = [x for o in orders for x in o]
+    follows = collections.Counter(zip(stream, stream[1:] + stream[:1]))
+    if n == 1:
+        return
+    if n <= 16:  # the searched design: n - 1 turns, every ordered pair once, never itself
+        assert len(orders) == n - 1
+        assert follows == collections.Counter({(a, b): 1 for a in range(n) for b in range(n) if a != b})
+    else:  # the Williams design: balanced within each turn
+        within = collections.Counter((o[i], o[i + 1]) for o in orders for i in range(n - 1))
+        assert set(within) == {(a, b) for a in range(n) for b in range(n) if a != b}
+        assert len(set(within.values())) == 1
+
+
+def test_turns_are_whole_cycles_of_the_orders():
+    from kernelgraft._timing._turns import whole_cycles
+
+    assert whole_cycles(20, 3, 500) == 21  # up to a whole cycle
+    assert whole_cycles(20, 3, 20) == 18  # down, where up would pass the most
+    assert whole_cycles(1, 5, 3) == 5  # one cycle at the least
+    assert whole_cycles(12, 4, 50) == 12

@@ -229,20 +229,67 @@ def test_finalists_timed_together_are_scored_by_that_timing():
         op(torch.randn(300))
     d = kg.tune.decision(op, torch.randn(300))
     assert asked == [([64, 128, 256], [1.00, 1.04, 1.05])]
-    assert d.winner["config"] == {"BLOCK": 128} and d.winner["ms"] == 1.00
-    assert [e["ms"] for e in d.ranking] == [1.00, 1.04, 1.06, 3.0]
+    # their order from the timing in turn, on the first pass's scale (the same sum: 3.09 / 3.10)
+    scale = 3.09 / 3.10
+    assert d.winner["config"] == {"BLOCK": 128}
+    assert [e["ms"] for e in d.ranking] == pytest.approx([1.00 * scale, 1.04 * scale, 1.06 * scale, 3.0])
     assert calls == {64: 1, 128: 1, 256: 1, 512: 1}
 
 
-@pytest.mark.parametrize("answer", [[None, 1.0], [float("nan"), 1.0], RuntimeError("capture failed")])
+def test_finalists_timed_at_a_slower_clock_do_not_hand_the_win_to_a_candidate_left_out():
+    # The timing in turn ran at a clock 10% slower than the first pass: 64 and 128 read 1.10 and
+    # 1.14 there. 256 (first pass 1.06, outside the 5%) was not among them; unscaled it would win.
+    op = make_scale("tg::together_scale")
+    calls: dict = {}
+    timer = _counting_timer({64: 1.00, 128: 1.04, 256: 1.06, 512: 3.0}, calls)
+    timer.together = lambda trials, settings, estimates: [
+        {64: 1.10, 128: 1.14}[t.candidate.config.as_dict()["BLOCK"]] for t in trials]
+    with kg.tune("on", timer=timer):
+        op(torch.randn(300))
+    d = kg.tune.decision(op, torch.randn(300))
+    assert [e["config"]["BLOCK"] for e in d.ranking] == [64, 128, 256, 512]
+
+
+def test_a_host_scored_candidate_is_not_timed_in_turn():
+    # torch:compile's score is max(GPU, host): not a replay's to replace. Only the GPU-scored
+    # finalists are timed together; the host-scored one keeps its score.
+    from kernelgraft.tune import _trials
+    from kernelgraft.tune._timing import Trial
+
+    trials = {name: Trial(name, lambda i: None) for name in ("a", "compile", "c")}
+    times = {id(trials["a"]): (1.00, 1.00, None), id(trials["compile"]): (1.01, 0.50, 1.01),
+             id(trials["c"]): (1.03, 1.03, None)}
+    asked = []
+
+    def timer(trial, settings):
+        raise AssertionError("nothing is timed alone when the finalists are timed together")
+
+    def together(group, settings, estimates):
+        asked.append([t.candidate for t in group])
+        return [1.02, 0.98]
+
+    timer.together = together
+    _trials._refine(list(trials.values()), times, timer, settings=None)
+    assert asked == [["a", "c"]]
+    assert times[id(trials["compile"])] == (1.01, 0.50, 1.01)
+    scale = 2.03 / 2.00
+    assert times[id(trials["a"])] == pytest.approx((1.02 * scale, 1.02 * scale, None))
+    assert times[id(trials["c"])][0] == pytest.approx(0.98 * scale)
+
+
+@pytest.mark.parametrize("answer", [[None, 1.0], [float("nan"), 1.0], [1.0], RuntimeError("capture failed")],
+                         ids=["none", "nan", "short", "raises"])
 def test_finalists_fall_back_to_timing_alone_when_not_all_are_timed_together(answer):
-    # One finalist the timer could not time in turn (None, a bad number, an error): the first-pass
+    # One finalist the timer could not time in turn (None, a bad number, too few answers, an error): the first-pass
     # scores stand, and the near-tie is re-timed one candidate after another as before.
     op = make_scale("tg::together_fallback")
     calls: dict = {}
     timer = _counting_timer({64: 1.00, 128: 1.02, 256: 3.0, 512: 4.0}, calls)
 
+    asked = []
+
     def together(trials, settings, estimates):
+        asked.append(len(trials))
         if isinstance(answer, Exception):
             raise answer
         return answer
@@ -251,6 +298,7 @@ def test_finalists_fall_back_to_timing_alone_when_not_all_are_timed_together(ans
     with kg.tune("on", timer=timer):
         op(torch.randn(300))
     d = kg.tune.decision(op, torch.randn(300))
+    assert asked == [2]  # asked, refused, then timed alone
     assert d.winner["config"] == {"BLOCK": 64} and d.winner["ms"] == 1.00
     assert calls == {64: 2, 128: 2, 256: 1, 512: 1}
 

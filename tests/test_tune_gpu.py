@@ -58,9 +58,9 @@ def test_timer_graph_and_eager_agree_roughly():
 
 
 def test_together_times_finalists_at_one_clock():
-    # Two copies of one copy and a copy of twice the bytes, timed in turn: the equal two read
-    # within a few percent of each other, the larger one about twice as long; a trial that
-    # restores its inputs is not timed in turn (None), and with fewer than two left none is.
+    # Two trials doing the same copy and one copying twice the bytes, timed in turn: the equal
+    # two read within a few percent of each other, the larger one about twice as long. A trial
+    # that restores its inputs cannot be timed in turn, and then none of its group is.
     x = torch.randn(1 << 24, device="cuda")
     big = torch.randn(1 << 25, device="cuda")
     outs = [torch.empty_like(x), torch.empty_like(x), torch.empty_like(big)]

@@ -200,23 +200,22 @@ def together(trials: "list[Trial]", settings: Any, estimates_ms: "list[float]") 
     """Median milliseconds of one launch of each of ``trials`` (one key's candidates, on one
     device), their CUDA graphs replayed in turn (``kernelgraft._timing._turns``): the finalists'
     timing, every one at the same clock. ``estimates_ms``: each one's first-pass time, to size its
-    graph. None for a trial that cannot be timed so (it restores its inputs, times a cold L2, or
-    its capture fails), and for all of them when fewer than two can: the caller times those alone."""
+    graph. All None, with nothing timed, when fewer than two are given or any one cannot be timed
+    so (it restores its inputs, times a cold L2, or its capture fails): the caller then re-times
+    them its other way."""
     out: "list[float | None]" = [None] * len(trials)
-    if not trials or not bool(getattr(settings, "graph", True)):
+    if len(trials) < 2 or not bool(getattr(settings, "graph", True)):
+        return out
+    if any(trial.restore is not None or trial.cold for trial in trials):
         return out
     with on_device(trials[0].device):
         graphs = []  # (index into trials, graph, calls per replay)
         for i, (trial, est) in enumerate(zip(trials, estimates_ms)):
-            if trial.restore is not None or trial.cold:
-                continue
             made = replay_graph(lambda j, t=trial: t.run(j % t.n_sets), est, _REPLAY_TARGET_MS)
             if isinstance(made, str):
-                log.debug("graph capture of %s failed (%s); not timed in turn", trial.candidate, made)
-                continue
+                log.debug("graph capture of %s failed (%s); finalists not timed in turn", trial.candidate, made)
+                return out
             graphs.append((i, *made))
-        if len(graphs) < 2:
-            return out
         turns = max(3, int(getattr(settings, "repeats", 50)))
         samples = replay_in_turn([(g, calls) for _, g, calls in graphs], None, warmup_ms=2.0,
                                  rep_ms=_TOGETHER_MS, min_reps=5, max_reps=turns)

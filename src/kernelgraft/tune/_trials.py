@@ -2,10 +2,12 @@
 
 Phases: (1) gate every candidate (compilation happens here: seconds of host work with the GPU
 idle); (2) keep the GPU busy for ``WARM_MS``, then time every candidate back to back; (3) re-time
-the finalists (within ``FINAL_MARGIN`` of the fastest, at most ``MAX_FINALISTS``) together, their
-CUDA graphs replayed in turn, and score them by that timing, every finalist at one clock; where the
-timer cannot (no ``timer.together``, inputs restored per launch, cold L2, a failed capture), in
-``FINAL_ROUNDS`` more rounds one after the other, each keeping its fastest median.
+the finalists: those scored by GPU time within ``TOGETHER_MARGIN`` of the fastest (at most
+``MAX_TOGETHER``) together, their CUDA graphs replayed in turn, every one at the same clock; that
+timing orders them (on the first pass's scale). Where the timer cannot (no ``timer.together``,
+inputs restored per launch, cold L2, a failed capture), the finalists within ``FINAL_MARGIN`` (at
+most ``MAX_FINALISTS``, torch:compile's host-scored time included) are timed ``FINAL_ROUNDS`` more
+times one after the other, each keeping its fastest median.
 
 Why the warm-up, on every key: without it the candidate timed first won large GEMMs it was 10%
 slower at (most likely it ran on the power headroom an idle GPU builds up, the others at the
@@ -41,8 +43,9 @@ __all__ = ["Result", "run_trials"]
 
 log = logging.getLogger(__name__)
 WARM_MS = 30.0  # GPU busy time before the first timing, every key (see the module docstring)
-# Finalists: first-pass times within 3% of the fastest (three times the tuner's tie margin),
-# where noise, not the kernels, would decide; the two fastest are re-timed once more each. Kept
+# Finalists re-timed one after the other (where they cannot be timed together): first-pass times
+# within 3% of the fastest (three times the tuner's tie margin), where noise, not the kernels,
+# would decide; the two fastest are re-timed once more each. Kept
 # small: every extra timing costs tuning wall time, which pruning is meant to cut (issue 3: >= 5x).
 FINAL_MARGIN = 0.03
 MAX_FINALISTS = 2
@@ -192,10 +195,15 @@ def _together(finalists: list[Trial], times: dict[int, tuple], timer: Any, setti
     except Exception as exc:  # the sequential re-timing still decides
         log.debug("finalists not timed together: %s", exc)
         return False
-    if any(ms is None or not math.isfinite(ms) or ms <= 0 for ms in got):
+    if len(got) != len(finalists) or any(ms is None or not math.isfinite(ms) or ms <= 0 for ms in got):
         return False
+    # The timing in turn orders the finalists; the others keep their first-pass scores, taken at
+    # another moment's clock. So the finalists' new scores are put on the first pass's scale (the
+    # same sum): a clock that ran slower during the timing in turn does not hand the win to a
+    # candidate that was never timed beside them.
+    scale = sum(times[id(t)][1] for t in finalists) / sum(got)
     for t, ms in zip(finalists, got):
-        times[id(t)] = (float(ms), float(ms), None)
+        times[id(t)] = (float(ms) * scale, float(ms) * scale, None)
     return True
 
 
