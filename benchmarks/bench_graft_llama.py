@@ -135,8 +135,9 @@ class Events:
 def interleaved(fns: dict, rounds: int, iters: int, clock=None) -> tuple[dict, dict, dict]:
     """Milliseconds per call of each of ``fns``, the calls taken in turn: each round makes one
     untimed call of each, then ``iters`` turns of one timed call of each (in ``balanced_orders``,
-    where each variant follows each other one equally often, turn after turn), with no synchronisation until the round ends, so the GPU runs the calls
-    back to back and two variants' calls in a turn are a few milliseconds apart: the clock's drift
+    where each variant follows each other one equally often, turn after turn), with no
+    synchronisation until the round ends, so the GPU runs the calls back to back and two
+    variants' calls in a turn are a few milliseconds apart: the clock's drift
     over a run (the same compiled model read 4.26 and 4.66 ms in rounds a minute apart) lands on
     both sides of a pair. The garbage collector runs between rounds, not inside one (as
     ``timeit`` does): an eager forward's garbage would otherwise be collected in whichever call

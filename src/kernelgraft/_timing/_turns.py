@@ -4,9 +4,9 @@ Timed one after the other, each over tens of milliseconds, two runs of the very 
 read 259 and 327 us within one round on the H200 (benchmarks/results/2026-12-02-h200-s13): its
 clock under a GEMM's power draw moves over milliseconds to seconds. Replays taken in turn (one
 replay of each graph, about a millisecond of work each, then the next turn, in orders where each
-graph follows each other one equally often, turn after turn) run back to back on the GPU and see the same clock to
-within a millisecond, so the ratio of two medians is the ratio of the work. The bench (``measure_interleaved``) and the tuner
-(its finalists) both time this way.
+graph follows each other one equally often, turn after turn) run back to back on the GPU and see
+the same clock to within a millisecond, so the ratio of two medians is the ratio of the work. The
+bench (``measure_interleaved``) and the tuner (its finalists) both time this way.
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ def balanced_orders(n: int) -> list[list[int]]:
     """Orders of ``n`` things, one per turn, such that in the stream of turns played one after
     the other (and from the last back to the first) each one comes straight after each other one
     equally often, across the turns' boundaries too: ``n - 1`` orders in which every ordered pair
-    is side by side exactly once (found by a short search), or where that search gives up (it
-    does not below 17), a Williams design, balanced within each turn. A timed call pays for what
+    is side by side exactly once (found by a short search), or, from 17 things on, a Williams
+    design, balanced within each turn only. A timed call pays for what
     the call before it left behind (garbage to collect, a GPU queue to drain, the L2's contents):
     in a one-token Llama decode on the H200 two copies of one compiled model read 4.3% apart over
     4000 turns when the order only rotated, so that one always followed an eager forward and the

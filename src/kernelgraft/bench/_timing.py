@@ -99,8 +99,9 @@ def measure_interleaved(
     """Per-call GPU time of each of ``fns`` (microseconds), by CUDA-graph replays taken in turn:
     one replay of each graph (about a millisecond of work), then the next round of replays, in
     orders where each graph follows each other one equally often
-    (``kernelgraft._timing._turns.balanced_orders``), for about ``rep_ms`` of each; a :class:`Timing` per callable
-    (the median of its replays), or the exception that timing it raised.
+    (``kernelgraft._timing._turns.balanced_orders``), for about ``rep_ms`` of each; a
+    :class:`Timing` per callable (the median of its replays), or the exception that timing it
+    raised.
 
     Timed one after the other, each over tens of milliseconds, two runs of the very same cuBLAS
     GEMM read 259 and 327 us within one round on the H200: its clock under a GEMM's power draw
