@@ -479,8 +479,11 @@ def test_gpu_check_cli_survives_an_illegal_address(tmp_path):
                                            "mask=offs < n)  # the bug: a wild address"))
     env = {k: v for k, v in _env().items() if k != "TRITON_INTERPRET"}
     out = tmp_path / "results.json"
+    # a step bounded at 2 minutes (the default is 10): a wild store that hung the worker would
+    # otherwise hold the GPU run's whole budget before the test could say so
     run = subprocess.run([sys.executable, "-m", "kernelgraft", "check", str(module), "--no-opcheck",
-                          "--json", str(out)], capture_output=True, text=True, env=env, timeout=900)
+                          "--json", str(out), "--step-timeout", "120"], capture_output=True, text=True, env=env,
+                         timeout=900)
     assert run.returncode == 1, run.stdout + run.stderr
     results = json.loads(out.read_text())
     bad = [r for r in results if r["candidate"] == "triton:launch_unmasked[BLOCK=1048576]"]
