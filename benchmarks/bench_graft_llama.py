@@ -9,8 +9,8 @@ Each variant is its own copy of the model (grafted, then compiled where it is co
 that keeps the plain model's compile free of the pattern grafts, which act on every graph Inductor
 compiles while they are active). Once all are built they are timed with their calls taken in turn
 (``interleaved``: one call of each variant, in orders where each variant follows each other one
-equally often, no synchronisation between calls),
-and each ratio is the median over turns of the ratio of two calls a few milliseconds apart: timed
+equally often, no synchronisation between calls), and each ratio is the median over turns of the
+ratio of two calls a few milliseconds apart: timed
 in blocks of 30 calls, one after the other, the same compiled model moved by 2-10% between blocks
 (clock drift), more than the difference a graft makes. The quartiles of those paired ratios go
 into the JSON beside them. The Python-path variant is timed where it is built, beside the grafted
@@ -137,9 +137,8 @@ def interleaved(fns: dict, rounds: int, iters: int, clock=None) -> tuple[dict, d
     untimed call of each, then ``iters`` turns of one timed call of each (in ``balanced_orders``,
     where each variant follows each other one equally often, turn after turn), with no
     synchronisation until the round ends, so the GPU runs the calls back to back and two
-    variants' calls in a turn are a few milliseconds apart: the clock's drift
-    over a run (the same compiled model read 4.26 and 4.66 ms in rounds a minute apart) lands on
-    both sides of a pair. The garbage collector runs between rounds, not inside one (as
+    variants' calls in a turn are a few milliseconds apart: the clock's drift over a run (the same
+    compiled model read 4.26 and 4.66 ms in rounds a minute apart) lands on both sides of a pair. The garbage collector runs between rounds, not inside one (as
     ``timeit`` does): an eager forward's garbage would otherwise be collected in whichever call
     comes next. A call's time is its start-to-end on the GPU's stream: its kernels, and any gap
     where the GPU waited for the host to launch them (a host-bound decode step).
@@ -496,22 +495,21 @@ def main() -> int:
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2, default=str)
 
+    def described(paired, q, won) -> str:
+        return (f"{paired:.3f}" + (f" (quartiles {q[0]:.3f}-{q[1]:.3f})" if q else "")
+                + (f", faster in {won[0]} of {sum(won)} turns" if won else ""))
+
     def ratio(a, b):
         paired = result.get("paired", {}).get(f"{a} / {b}")
-        q = result.get("paired_quartiles", {}).get(f"{a} / {b}")
-        won = result.get("turns_faster", {}).get(f"{a} / {b}")
         if paired is not None:
-            return (f"{paired:.3f}" + (f" (quartiles {q[0]:.3f}-{q[1]:.3f})" if q else "")
-                    + (f", faster in {won[0]} of {sum(won)} turns" if won else ""))
+            return described(paired, result["paired_quartiles"].get(f"{a} / {b}"),
+                             result["turns_faster"].get(f"{a} / {b}"))
         return f"{times[a] / times[b]:.3f}" if a in times and b in times else "n/a"
 
     rows = [(f"{a.replace('_', ' ')} / {b.replace('_', ' ')}", ratio(a, b)) for a, b in PAIRS]
     if result.get("groups", {}).get("ours / plain") is not None:
         g = result["groups"]
-        q, won = g["quartiles"], g["turns_faster"]
-        rows.append(("grafted copies / plain copies", f"{g['ours / plain']:.3f}"
-                     + (f" (quartiles {q[0]:.3f}-{q[1]:.3f})" if q else "")
-                     + (f", faster in {won[0]} of {sum(won)} turns" if won else "")))
+        rows.append(("grafted copies / plain copies", described(g["ours / plain"], g["quartiles"], g["turns_faster"])))
         rows += [(f"  {n} / plain copies", f"{r:.3f}") for n, r in g["each / plain"].items() if r is not None]
     if "python_path_vs_native" in result:
         rows.append(("eager grafted, Python path / native replay", f"{result['python_path_vs_native']:.3f}"))

@@ -62,11 +62,11 @@ def balanced_orders(n: int) -> list[list[int]]:
     the other (and from the last back to the first) each one comes straight after each other one
     equally often, across the turns' boundaries too: ``n - 1`` orders in which every ordered pair
     is side by side exactly once (found by a short search), or, from 17 things on, a Williams
-    design, balanced within each turn only. A timed call pays for what
-    the call before it left behind (garbage to collect, a GPU queue to drain, the L2's contents):
-    in a one-token Llama decode on the H200 two copies of one compiled model read 4.3% apart over
-    4000 turns when the order only rotated, so that one always followed an eager forward and the
-    other a compiled one (benchmarks/results/2026-12-02-h200-s14)."""
+    design, balanced within each turn only. A timed call pays for what the call before it left
+    behind (garbage to collect, a GPU queue to drain, the L2's contents): in a one-token Llama
+    decode on the H200 two copies of one compiled model read 4.3% apart over 4000 turns when the
+    order only rotated, so that one always followed an eager forward and the other a compiled one
+    (benchmarks/results/2026-12-02-h200-s14)."""
     if n <= 2:
         return [list(range(n))]
     found = _stream_orders(n) if n <= 16 else None

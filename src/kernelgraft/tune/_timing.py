@@ -209,20 +209,17 @@ def together(trials: "list[Trial]", settings: Any, estimates_ms: "list[float]") 
     if any(trial.restore is not None or trial.cold for trial in trials):
         return out
     with on_device(trials[0].device):
-        graphs = []  # (index into trials, graph, calls per replay)
-        for i, (trial, est) in enumerate(zip(trials, estimates_ms)):
+        graphs = []  # (graph, calls per replay), one per trial, in order
+        for trial, est in zip(trials, estimates_ms):
             made = replay_graph(lambda j, t=trial: t.run(j % t.n_sets), est, _REPLAY_TARGET_MS)
             if isinstance(made, str):
                 log.debug("graph capture of %s failed (%s); finalists not timed in turn", trial.candidate, made)
                 return out
-            graphs.append((i, *made))
+            graphs.append(made)
         turns = max(3, int(getattr(settings, "repeats", 50)))
-        samples = replay_in_turn([(g, calls) for _, g, calls in graphs], None, warmup_ms=2.0,
-                                 rep_ms=_TOGETHER_MS, min_reps=5, max_reps=turns)
-        for (i, _, _), got in zip(graphs, samples):
-            out[i] = statistics.median(got)
-        del graphs, samples
-    return out
+        samples = replay_in_turn(graphs, None, warmup_ms=2.0, rep_ms=_TOGETHER_MS, min_reps=5, max_reps=turns)
+        del graphs
+    return [statistics.median(got) for got in samples]
 
 
 _TOGETHER_MS = 20.0  # GPU time of each finalist's replays in ``together`` (about 20 turns)
