@@ -89,6 +89,19 @@ def test_group_ratios_compare_grafted_copies_with_plain_copies(bench):
     assert g["each / plain"]["compile_grafted2"] == pytest.approx(1.01)
     q1, q3 = g["quartiles"]
     assert q1 <= g["ours / plain"] <= q3
+    lo, hi = g["interval_95"]
+    assert lo <= 1.01 * (1 + 1e-3) and hi >= 1.01 * (1 - 1e-3)
+
+
+def test_copies_interval_is_as_wide_as_the_copies_spread(bench):
+    # equal programs whose copies read 2% apart: the interval spans 1.0 and about that spread
+    lo, hi = bench.copies_interval([0.99, 1.01, 1.0, 0.995], [1.0, 1.01, 0.99, 1.005])
+    assert lo < 1.0 < hi and hi - lo < 0.03
+    # a real 5% difference stands out from a 1% spread
+    lo, hi = bench.copies_interval([1.05, 1.06, 1.04], [1.0, 1.01, 0.99])
+    assert 1.02 < lo < hi < 1.08
+    assert bench.copies_interval([1.0], [1.0, 1.0]) is None
+    assert bench.copies_interval([1.0, 1.0], [1.0, 1.0], seed=3) == [1.0, 1.0]
 
 
 def test_kernel_difference_names_what_one_variant_runs_alone(bench):
