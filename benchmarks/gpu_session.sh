@@ -2,7 +2,7 @@
 # One batched run on the GPU machine: installs carried wheels, runs the selected sections with
 # time limits, and packs every result into $OUT/results.tar.gz (plus the log).
 #   bash benchmarks/gpu_session.sh SECTION...     sections: tests core cute hostcost rmsnorm
-#                                                 examples tune tunequick ranks graft graftc graftdc graftdk graftprofile graftdecode graftdecodecompile aot explore explore5 explore6 explore7 diagsoftmax native devices verify verify2 firstsec diagsmall diagload diagdecode aotipre compete llmquick llm suitetests gputests_s7 cpp cppbuild llamaaoti diagsuite test_FILE
+#                                                 examples tune tunequick ranks graft graftc graftdc graftdk graftprofile graftdecode graftdecodecompile aot explore explore5 explore6 explore7 diagsoftmax native devices verify verify2 firstsec diagsmall diagload diagcopies diagdecode aotipre compete llmquick llm suitetests gputests_s7 cpp cppbuild llamaaoti diagsuite test_FILE
 # A "0:tests,aot|1:tune,rmsnorm" argument runs lanes side by side, each on its own GPU
 # (CUDA_VISIBLE_DEVICES) with its own kernelgraft cache; the next argument starts when all end.
 set -uo pipefail
@@ -99,6 +99,7 @@ run_section() {
     cpp)  # cppbuild, then the host cost from C++
       run_section cppbuild
       step cpp_host_cost 240 python3 benchmarks/bench_cpp_host_cost.py --build-dir /tmp/cppbuild --out "$R" ;;
+    diagcopies) step diag_decode_copies 300 python3 research/diag_decode_copies.py ;;  # why copies of one compiled decode read apart
     diagdecode) step diag_decode_compile 150 python3 research/diag_decode_compile.py ;;  # session 10's decode under compile
     aotipre) step aoti_preflight 300 python3 research/aoti_preflight.py --fstring --llama ;;
     llamaaoti)  # issue 17: the grafted Llama as an AOTInductor package run by examples/cpp/run_aoti (after cppbuild; aotipre first where Inductor's AOT path is in doubt)
