@@ -493,4 +493,5 @@ def test_gpu_check_cli_survives_an_illegal_address(tmp_path):
     bad = [r for r in results if r["candidate"] == "triton:launch_unmasked[BLOCK=1024]"]
     assert [r["status"] for r in bad] == ["fail"] and "CUDA" in bad[0]["note"], bad
     good = [r for r in results if r["op"] == "kgcrash::good" and r["candidate"].startswith("triton")]
-    assert good and all(r["status"] == "pass" for r in good), good
+    assert good and all(r["status"] == "pass" for r in good), [(r["sample"], r["variant"], r["status"], r["note"])
+                                                               for r in good]
