@@ -26,6 +26,9 @@ A control runs beside the variants: "compile_copy", a copy of the plain model (t
 are copies too) compiled the same way. It runs the plain model's program, so its ratio to
 "compile" is the spread between two equal programs in that run, and each pair's
 ``turns_faster`` count (turns where each side was faster) says whether a ratio is more than it.
+Copies of one compiled program read a few percent apart, each the same in every round (where its
+objects landed, not the turns), so ``--copies N`` builds N plain and N grafted copies, a plain
+one and a grafted one in turn, and compares them as groups, with a 95% interval over copies.
 
     python benchmarks/bench_graft_llama.py [--hidden 2048 --layers 4 --batch 4 --seq 1024] [--cudagraphs]
 """
@@ -283,6 +286,17 @@ def kernel_difference(profile: dict, a: str, b: str) -> dict | None:
             "total_us": {a: profile[a]["total_us"], b: profile[b]["total_us"]}}
 
 
+def suspend_patterns(model) -> None:
+    """Take ``model``'s pattern grafts out of Inductor's passes once its compiled variant exists:
+    they act on every graph Inductor compiles while active, and a plain copy compiled later must
+    stay plain (``kg.ungraft`` would also undo the module graft, and the compiled variant's guards
+    with it)."""
+    from kernelgraft.graft import _graft, _pattern
+
+    for pattern in _graft._MODEL_PATTERNS.get(model, []):
+        _pattern.uninstall(pattern)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_llama_arguments(parser)
@@ -378,9 +392,7 @@ def main() -> int:
         section("compile_cudagraphs", lambda: compiled("compile_cudagraphs", model, "reduce-overhead"))
 
     if not args.eager_only:  # the control: equal code on a copy, as the grafted variants are copies
-        for k in range(1, args.copies + 1):
-            name = "compile_copy" + (str(k) if k > 1 else "")
-            section(name, lambda name=name: compiled(name, copy.deepcopy(model)))
+        section("compile_copy", lambda: compiled("compile_copy", copy.deepcopy(model)))
 
     reports = {}
     grafted = copy.deepcopy(model)
@@ -432,10 +444,20 @@ def main() -> int:
     section("eager_grafted_python_path", python_path)
     if not args.eager_only:
         section("compile_grafted", lambda: compiled("compile_grafted", grafted))
-        for k in range(2, args.copies + 1):  # more grafted copies, each grafted as the first was
+    if args.cudagraphs and not args.eager_only:
+        section("compile_cudagraphs_grafted",
+                lambda: compiled("compile_cudagraphs_grafted", grafted, "reduce-overhead"))
+    if not args.eager_only:
+        suspend_patterns(grafted)
+        # more copies, a plain one and a grafted one (grafted as the first was) in turn, so that
+        # neither side is the one built later; each grafted copy's pattern graft acts on its own
+        # compile alone
+        for k in range(2, args.copies + 1):
+            section(f"compile_copy{k}", lambda k=k: compiled(f"compile_copy{k}", copy.deepcopy(model)))
             other = copy.deepcopy(model)
             section(f"compile_grafted{k}", lambda other=other, k=k: (do_graft(other, {}, f"grafted{k}"),
-                                                                     compiled(f"compile_grafted{k}", other)))
+                                                                     compiled(f"compile_grafted{k}", other),
+                                                                     suspend_patterns(other)))
     if "pattern" in reports:
         result["pattern_matches_compiled"] = reports["pattern"].compiled
 
@@ -455,9 +477,6 @@ def main() -> int:
 
     if not args.eager_only:
         section("compile_grafted_fused", fused)
-    if args.cudagraphs and not args.eager_only:
-        section("compile_cudagraphs_grafted",
-                lambda: compiled("compile_cudagraphs_grafted", grafted, "reduce-overhead"))
 
     def timing():
         from torch._dynamo.utils import counters

@@ -147,3 +147,32 @@ def test_guard_count_reads_a_compiled_variants_guards(bench):
     assert bench.guard_count(compiled) == 0  # not compiled yet
     compiled(torch.randn(2))
     assert bench.guard_count(compiled) > 0
+
+
+def test_suspended_pattern_grafts_leave_later_compiles_plain_and_ungraft_still_counts_them(bench):
+    # the benchmark compiles plain and grafted copies in turn: a grafted copy's pattern graft must
+    # not act on the plain copy compiled after it
+    import kernelgraft as kg
+    from kernelgraft.examples.swiglu import swiglu, swiglu_pattern
+    from kernelgraft.graft import _pattern
+
+    class MLP(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate, self.up = torch.nn.Linear(8, 16), torch.nn.Linear(8, 16)
+
+        def forward(self, x):
+            return torch.nn.functional.silu(self.gate(x)) * self.up(x)
+
+    model = MLP()
+    before = _pattern.active()
+    kg.graft(model, pattern=swiglu_pattern, replacement=swiglu)
+    mine = [p for p in _pattern.active() if p not in before]
+    try:
+        assert len(mine) == 1, "the pattern graft is active"
+        bench.suspend_patterns(model)
+        assert not any(p in _pattern.active() for p in mine)
+        bench.suspend_patterns(MLP())  # a model with no pattern grafts: nothing to do
+    finally:
+        assert kg.ungraft(model) == 1
+    assert not any(p in _pattern.active() for p in mine)
