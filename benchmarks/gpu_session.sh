@@ -2,7 +2,7 @@
 # One batched run on the GPU machine: installs carried wheels, runs the selected sections with
 # time limits, and packs every result into $OUT/results.tar.gz (plus the log).
 #   bash benchmarks/gpu_session.sh SECTION...     sections: tests core cute hostcost rmsnorm
-#                                                 examples tune tunequick ranks graft graftc graftdc graftdk graftprofile graftdecode graftdecodecompile aot explore explore5 explore6 explore7 diagsoftmax native devices verify verify2 firstsec diagsmall diagload diagcopies diagdecode aotipre compete llmquick llm suitetests gputests_s7 cpp cppbuild llamaaoti diagsuite test_FILE
+#                                                 examples tune tunequick ranks graft graftc graftck graftdc graftdk graftprofile graftdecode graftdecodecompile aot explore explore5 explore6 explore7 diagsoftmax native devices verify verify2 firstsec diagsmall diagload diagcopies diagdecode aotipre compete llmquick llm suitetests gputests_s7 cpp cppbuild llamaaoti diagsuite test_FILE
 # A "0:tests,aot|1:tune,rmsnorm" argument runs lanes side by side, each on its own GPU
 # (CUDA_VISIBLE_DEVICES) with its own kernelgraft cache; the next argument starts when all end.
 set -uo pipefail
@@ -77,6 +77,7 @@ run_section() {
     graftdecodecompile) step graft_decode_compile 200 python3 benchmarks/bench_graft_llama.py --batch 1 --seq 1 --iters 200 --profile ${GRAFT_ARGS:-} --out "$R/graft_decode.json" ;;
     graftc) step graft_llama 170 python3 benchmarks/bench_graft_llama.py ${GRAFT_ARGS:-} --out "$R/graft_llama.json" ;;  # prefill, no profile
     graftdk) step graft_decode_copies 330 python3 benchmarks/bench_graft_llama.py --batch 1 --seq 1 --iters 200 --compiled-only --copies 7 ${GRAFT_ARGS:-} --out "$R/graft_decode.json" ;;  # decode, 8 plain programs against 7 grafted ones
+    graftck) step graft_prefill_copies 330 python3 benchmarks/bench_graft_llama.py --compiled-only --copies 7 ${GRAFT_ARGS:-} --out "$R/graft_llama.json" ;;  # prefill, 8 plain programs against 7 grafted ones
     graftdc) step graft_decode 170 python3 benchmarks/bench_graft_llama.py --batch 1 --seq 1 --iters 200 ${GRAFT_ARGS:-} --out "$R/graft_decode.json" ;;  # decode, no profile
     graftdecode) step graft_decode 200 python3 benchmarks/bench_graft_llama.py --batch 1 --seq 1 --eager-only --iters 300 --out "$R/graft_decode.json" ;;
     aot) step test_gpu_aot 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_aot.py --tb=short

@@ -493,5 +493,9 @@ def test_gpu_check_cli_survives_an_illegal_address(tmp_path):
     bad = [r for r in results if r["candidate"] == "triton:launch_unmasked[BLOCK=1024]"]
     assert [r["status"] for r in bad] == ["fail"] and "CUDA" in bad[0]["note"], bad
     good = [r for r in results if r["op"] == "kgcrash::good" and r["candidate"].startswith("triton")]
-    assert good and all(r["status"] == "pass" for r in good), [(r["sample"], r["variant"], r["status"], r["note"])
-                                                               for r in good]
+    # every contiguous sample passes in the fresh process after the crash; the kernel takes
+    # contiguous inputs only, so a strided sample is skipped, as on the CPU
+    seen = [(r["sample"], r["variant"], r["status"], r["note"]) for r in good]
+    assert good and all(r["status"] == "pass" for r in good if r["variant"] == "contiguous"), seen
+    assert all(r["status"] == "pass" or (r["status"] == "skip" and "contiguous" in r["note"]) for r in good), seen
+    assert len([r for r in good if r["variant"] == "contiguous"]) == 2, seen
