@@ -447,6 +447,14 @@ def main() -> int:
     if args.cudagraphs and not args.eager_only:
         section("compile_cudagraphs_grafted",
                 lambda: compiled("compile_cudagraphs_grafted", grafted, "reduce-overhead"))
+    def grafted_copy(k: int) -> None:
+        other = copy.deepcopy(model)
+        try:
+            do_graft(other, {}, f"grafted{k}")
+            compiled(f"compile_grafted{k}", other)
+        finally:  # a failed graft or compile leaves the plain copies after it plain too
+            suspend_patterns(other)
+
     if not args.eager_only:
         suspend_patterns(grafted)
         # more copies, a plain one and a grafted one (grafted as the first was) in turn, so that
@@ -454,10 +462,7 @@ def main() -> int:
         # compile alone
         for k in range(2, args.copies + 1):
             section(f"compile_copy{k}", lambda k=k: compiled(f"compile_copy{k}", copy.deepcopy(model)))
-            other = copy.deepcopy(model)
-            section(f"compile_grafted{k}", lambda other=other, k=k: (do_graft(other, {}, f"grafted{k}"),
-                                                                     compiled(f"compile_grafted{k}", other),
-                                                                     suspend_patterns(other)))
+            section(f"compile_grafted{k}", lambda k=k: grafted_copy(k))
     if "pattern" in reports:
         result["pattern_matches_compiled"] = reports["pattern"].compiled
 
