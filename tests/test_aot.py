@@ -165,7 +165,7 @@ def test_overlong_expression_message_says_too_long():
         compile_exprs(["x"], ["1" * 300_000])
 
 
-@pytest.mark.parametrize("edit", ["keyword-param", "no-params", "guards-not-a-list"])
+@pytest.mark.parametrize("edit", ["keyword-param", "no-params", "guards-not-a-list", "index-inf", "n-returns-inf"])
 def test_malformed_manifest_with_a_valid_checksum_raises_bundle_error(bundle, tmp_path, edit):
     b = _copy(bundle, tmp_path)
     manifest = _manifest.read(b)
@@ -174,6 +174,10 @@ def test_malformed_manifest_with_a_valid_checksum_raises_bundle_error(bundle, tm
         entry["params"][0]["name"] = "lambda"
     elif edit == "no-params":
         del entry["params"]
+    elif edit == "index-inf":  # JSON's 1e400 reads as inf: int(inf) raised OverflowError
+        entry["candidates"][0]["index"] = float("inf")
+    elif edit == "n-returns-inf":
+        entry["n_returns"] = float("inf")
     else:
         entry["candidates"][0]["kernels"][0]["guards"] = 7
     _manifest.write(b, manifest)

@@ -119,6 +119,23 @@ def test_compile_for_sm90_without_gpu_and_disk_cache(cache_dir):
     _nvrtc.CACHE.clear_memory()
     assert runner.compile("sm_90").image == first.image  # the rewritten entry loads
 
+    # entries with the right magic that another version (or an editor) wrote: misses, never crashes
+    import hashlib
+    import json
+    import struct
+
+    def plant(header: bytes, payload: bytes = b"x") -> None:
+        entries[0].write_bytes(b"KGCC0001" + struct.pack("<I", len(header)) + header + payload)
+
+    key = entries[0].stem
+    for header in (b"[1, 2]", b"[" * 100_000 + b"]" * 100_000,
+                   json.dumps({"key": key, "sha256": hashlib.sha256(b"x").hexdigest(), "meta": {}}).encode(),
+                   json.dumps({"key": key, "sha256": hashlib.sha256(b"x").hexdigest(), "meta": [1]}).encode()):
+        plant(header)
+        _nvrtc.CACHE.clear_memory()
+        got = runner.compile("sm_90")
+        assert got.image == first.image and got.symbol == first.symbol
+
 
 @needs_nvrtc
 @pytest.mark.parametrize("kind", ["cubin", "ptx"])

@@ -267,3 +267,44 @@ def test_admission_runs_a_kernel_even_where_pytorch_would_win(_competing):
     assert "kgtest.graft_wrong_admit.default" not in _targets(ep)
     assert _competing == []
     assert not (kg.tune.TUNER.disk.path and kg.tune.TUNER.disk.path.exists())
+
+
+def _relu_sum(x, y):
+    return torch.relu(x + y)
+
+
+class _ReluSum(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.relu(x + y) * 2
+
+
+def test_a_pattern_graft_ends_with_its_model_as_in_a_re_run_notebook_cell():
+    # each run of the cell builds a new model and grafts it; the old model's pattern must stop
+    # acting on every later compile once the model is gone (nothing could ungraft it any more)
+    import gc
+
+    before = _pattern.active()
+    for _ in range(3):
+        model = _ReluSum()
+        kg.graft(model, pattern=_relu_sum, replacement=add_relu, verify=False)
+    gc.collect()
+    assert len([p for p in _pattern.active() if p not in before]) == 1
+    assert kg.ungraft(model) == 1
+    assert _pattern.active() == before
+
+
+def test_a_pattern_graft_on_a_bound_method_belongs_to_its_object():
+    model = _ReluSum()
+    before = _pattern.active()
+    kg.graft(model.forward, pattern=_relu_sum, replacement=add_relu, verify=False)
+    import gc
+
+    gc.collect()  # the bound method object is gone; the graft stays with the model
+    assert len(_pattern.active()) == len(before) + 1
+    assert kg.ungraft(model.forward) == 1 and _pattern.active() == before
+
+
+@pytest.mark.parametrize("bad", [None, "model", [torch.nn.Linear(2, 2)], {"a": 1}], ids=["none", "str", "list", "dict"])
+def test_ungraft_of_something_kg_graft_never_takes_says_what_it_expected(bad):
+    with pytest.raises(kg.SpecError, match="kg.ungraft: expected the nn.Module or function given to kg.graft"):
+        kg.ungraft(bad)

@@ -163,3 +163,60 @@ def test_tune_key_holds_the_tolerances():
     assert b.as_json()["tolerances"] == {"float32": 1e-6}
     # same op name and code, only the tolerances differ: still two keys
     assert a.digest != type(a)(a.op, a.fingerprint, a.args, a.env, b.tolerances).digest
+
+
+def _scaled_by(factor: float):
+    def ref(x: torch.Tensor) -> torch.Tensor:
+        return x * factor
+
+    return ref
+
+
+def test_a_value_captured_in_a_closure_is_part_of_the_op():
+    # a factory's captured value changes what the reference computes: the same source is another op
+    kg.op("tid::closure", **BASE)(_scaled_by(2.0))
+    with pytest.raises(RegistrationError, match="reference: the source differs"):
+        kg.op("tid::closure", **BASE)(_scaled_by(3.0))
+    again = kg.op("tid::closure", **BASE, replace=True)(_scaled_by(3.0))
+    assert "factor=3.0" in again.identity["reference"]
+
+
+def test_an_edited_constant_is_another_op_where_the_source_cannot_be_read():
+    # the plain Python REPL and exec of a string: no source text, so the code and its constants
+    ns: dict = {}
+    template = "import torch\ndef f(x: torch.Tensor) -> torch.Tensor:\n    return x * {}\n"
+    exec(template.format(2), ns)
+    kg.op("tid::nosource", **BASE)(ns["f"])
+    exec(template.format(3), ns)
+    with pytest.raises(RegistrationError, match="reference"):
+        kg.op("tid::nosource", **BASE)(ns["f"])
+
+
+def test_an_edited_triton_helper_changes_the_kernels_identity(tmp_path, monkeypatch):
+    # the launch names the kernel, the kernel calls a @triton.jit helper: editing the helper alone
+    # must be another op (tuning decisions and bundled kernels are keyed on the identity)
+    source = textwrap.dedent('''
+        import torch, triton, triton.language as tl
+
+        @triton.jit
+        def _helper(v):
+            return v * {factor}
+
+        @triton.jit
+        def _kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            mask = offs < n
+            tl.store(out_ptr + offs, _helper(tl.load(x_ptr + offs, mask=mask)), mask=mask)
+
+        def launch(x, out, *, BLOCK):
+            _kernel[(triton.cdiv(x.numel(), BLOCK),)](x, out, x.numel(), BLOCK=BLOCK)
+    ''')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    specs = []
+    for factor, folder in ((2.0, "v1"), (4.0, "v2")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / f"kmod_{folder}.py").write_text(source.format(factor=factor))
+        monkeypatch.syspath_prepend(str(tmp_path / folder))
+        module = __import__(f"kmod_{folder}")
+        specs.append(kg.triton(module.launch, configs=[{"BLOCK": 64}]))
+    assert specs[0].fingerprint != specs[1].fingerprint

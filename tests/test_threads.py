@@ -3,6 +3,7 @@ replays that are not installed after plans moved on, and dtypes the reference re
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import time
@@ -445,3 +446,48 @@ def test_shape_errors_are_input_errors():
 
     with pytest.raises(kg.InputError, match=r"tthreads::add: the reference cannot compute output shapes"):
         add(torch.randn(3, 4), torch.randn(5))
+
+
+def _twice(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+def test_a_candidate_short_of_memory_while_tuning_is_tuned_again_not_saved(monkeypatch):
+    """The fastest config runs out of memory in its trial (the workload's tensors filled the GPU
+    for a moment): the others' ranking serves, nothing reaches the disk (where "excluded" would
+    stand for every later process), and after the backoff the key is tuned again with it."""
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    short = [True]
+
+    def launch(x, out, *, K):
+        if K == 1 and short[0]:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        torch.mul(x, 2, out=out)
+
+    op = kg.op(_twice, name="tthreads::short", impls=[kg_torch(launch, configs=CONFIGS[:2])])
+    x = torch.randn(307)
+    with kg.tune("on", timer=_timer_preferring(1)):
+        with pytest.warns(kg.TuneWarning, match=r"1 candidate\(s\) ran out of memory .* serving "
+                                                r"kgtest_torch:launch\[K=0\]; tuning again in 2 s"):
+            assert torch.equal(op(x), x * 2)
+        assert _chosen(op, x) == 0
+        assert kg.tune.decision(op, x).provisional and kg.tune.stats().get("tuned") is None
+        assert not kg.tune.cache_path().exists()
+        short[0] = False
+        now[0] += 2.1
+        assert torch.equal(op(x), x * 2)  # the backoff passed: tuned again, every candidate this time
+        assert _chosen(op, x) == 1
+    saved = json.loads(kg.tune.cache_path().read_text())["entries"]
+    assert len(saved) == 1 and [e["config"]["K"] for e in next(iter(saved.values()))["ranking"]] == [1, 0]
+
+
+def test_a_launch_short_of_memory_is_an_out_of_memory_error_naming_the_op():
+    # code that handles running out of memory (a smaller batch) must still catch it
+    def launch(x, out, *, K):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    op = kg.op(_twice, name="tthreads::oom_call", impls=[kg_torch(launch, configs=CONFIGS[:1])])
+    with kg.tune("off"), pytest.raises(torch.OutOfMemoryError, match="tthreads::oom_call") as info:
+        op(torch.randn(8))
+    assert isinstance(info.value, kg.LaunchError)

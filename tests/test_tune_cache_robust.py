@@ -213,3 +213,45 @@ def test_off_writes_nothing_and_warns_nothing(tmp_path, monkeypatch):
     assert kg.tune.cache_path() is None and _tune_warnings(record) == []
     assert list(tmp_path.iterdir()) == []  # no ./off/tune.json
     assert kg.tune.stats()["tuned"] == 1  # the decision lives in memory
+
+
+@pytest.mark.parametrize("ranked", [
+    {"impl": 1e400, "config": {"BLOCK": 512}, "ms": 1.0}, {"impl": "0", "config": {"BLOCK": 512}, "ms": 1.0},
+    {"config": {"BLOCK": 512}, "ms": 1.0}, {"impl": -1, "config": {"BLOCK": 512}, "ms": 1.0},
+    {"impl": 1.0, "config": {"BLOCK": 512}, "ms": 1.0}, {"impl": True, "config": {"BLOCK": 512}, "ms": 1.0},
+    {"impl": 0, "backend": "torch", "impl_name": "nope", "ms": 1.0},
+], ids=["impl-inf", "impl-string", "no-impl", "impl-negative", "impl-float", "impl-bool", "unknown-torch"])
+def test_an_entry_no_candidate_can_serve_is_a_miss_for_calls_and_decision(cache_file, ranked):
+    # JSON's 1e400 reads as inf: int(inf) raised OverflowError out of the op call and decision()
+    op = make_scale("tcr::unservable")
+    x = torch.randn(1000)
+    key = kg.tune.build_key(op, (x,), ["triton"])
+    DiskCache().put({key.digest: {"key": key.as_json(), "ranking": [ranked], "excluded": [],
+                                  "created": time.time()}})
+    assert kg.tune.decision(op, x) is None
+    with kg.tune("cached"):
+        torch.testing.assert_close(op(x), x * 2)
+        assert op.dispatcher.plan_for((x,)).candidate.config.as_dict() == CONFIGS[0]
+    with kg.tune("on", timer=fake_timer):  # tuned again, and the entry replaced
+        torch.testing.assert_close(op(x), x * 2)
+    assert kg.tune.decision(op, x).winner["config"] == {"BLOCK": 256}
+
+
+def test_another_versions_file_is_left_whole_and_decisions_stay_in_memory(cache_file):
+    # two kernelgraft versions sharing a cache directory must not erase each other's decisions
+    other = {"format": "kernelgraft-tune-cache", "schema": _KEY_SCHEMA_VERSION + 1,
+             "entries": {f"k{i}": {"key": {}, "ranking": [], "excluded": []} for i in range(50)}}
+    cache_file.write_text(json.dumps(other))
+    before = cache_file.read_bytes()
+    op = make_scale("tcr::other_schema")
+    x = torch.randn(1000)
+    with warnings.catch_warnings(record=True) as record, kg.tune("on", timer=fake_timer):
+        warnings.simplefilter("always")
+        torch.testing.assert_close(op(x), x * 2)
+        y = torch.randn(3000)
+        torch.testing.assert_close(op(y), y * 2)
+        assert op.dispatcher.plan_for((x,)).candidate.config.as_dict() == {"BLOCK": 256}
+    messages = _tune_warnings(record)
+    assert len(messages) == 1 and "key schema" in messages[0] and "KERNELGRAFT_CACHE_DIR" in messages[0], messages
+    assert cache_file.read_bytes() == before and _cache.set_aside_files(cache_file) == []
+    assert kg.tune.decision(op, x).winner["config"] == {"BLOCK": 256}  # from memory

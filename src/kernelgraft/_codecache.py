@@ -111,11 +111,16 @@ def _read(path: Path, key: str) -> tuple[dict[str, Any], bytes] | None:
         start = len(_MAGIC) + 4
         header = json.loads(data[start:start + size])
         payload = data[start + size:]
+        if not isinstance(header, dict):
+            raise ValueError(f"the header is {type(header).__name__}, not an object")
         if header.get("key") != key:
             raise ValueError("entry belongs to another key")
         if hashlib.sha256(payload).hexdigest() != header.get("sha256"):
             raise ValueError("payload checksum mismatch")
-        return dict(header.get("meta") or {}), payload
-    except (ValueError, struct.error, UnicodeDecodeError) as exc:
+        meta = header.get("meta") or {}
+        if not isinstance(meta, dict):
+            raise ValueError(f"'meta' is {type(meta).__name__}, not an object")
+        return dict(meta), payload
+    except (ValueError, struct.error, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nested too deep
         log.debug("ignoring corrupt cache entry %s: %s", path, exc)
         return None

@@ -18,6 +18,7 @@ __all__ = [
     "UnsupportedError",
     "CompileError",
     "LaunchError",
+    "LaunchOutOfMemoryError",
     "BundleError",
     "KernelgraftWarning",
     "FallbackWarning",
@@ -54,6 +55,12 @@ class CompileError(KernelgraftError):
 
 class LaunchError(KernelgraftError):
     """A kernel launch failed."""
+
+
+class LaunchOutOfMemoryError(LaunchError, torch.OutOfMemoryError):
+    """A kernel launch ran out of GPU memory: a ``LaunchError`` naming the op and candidate that is
+    also a ``torch.OutOfMemoryError``, so code that handles running out of memory (smaller
+    batches, freeing caches) still catches it."""
 
 
 class BundleError(KernelgraftError):

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ._candidates import Candidate
-from .._errors import KernelgraftError, LaunchError
+from .._errors import KernelgraftError, LaunchError, LaunchOutOfMemoryError
 
 if TYPE_CHECKING:
     from ._operator import KernelOp
@@ -24,7 +24,8 @@ _empty = torch.empty
 
 
 def _fail(op: "KernelOp", candidate: Candidate, exc: Exception) -> LaunchError:
-    return LaunchError(f"{op.name}: {candidate.label} failed: {type(exc).__name__}: {exc}")
+    error = LaunchOutOfMemoryError if isinstance(exc, torch.OutOfMemoryError) else LaunchError
+    return error(f"{op.name}: {candidate.label} failed: {type(exc).__name__}: {exc}")
 
 
 def _named(op: "KernelOp", exc: KernelgraftError) -> KernelgraftError:

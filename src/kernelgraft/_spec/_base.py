@@ -91,26 +91,63 @@ def normalize_capability(value: Any, *, where: str) -> tuple[int, int] | None:
 
 
 def callable_source(fn: Callable) -> str:
-    """Source text of ``fn`` plus that of the kernels it names, for fingerprints."""
+    """Source text of ``fn`` plus what it names that changes what it computes, for fingerprints:
+    the kernels it names and the JIT helpers they call, at any depth, and the plain values (numbers,
+    strings, tuples of them) it reads from its closure or module. A factory's ``eps`` captured in a
+    closure, an edited constant or an edited ``@triton.jit`` helper is another op."""
     parts = [_source_of(fn)]
-    code = getattr(fn, "__code__", None)
-    namespace = getattr(fn, "__globals__", {})
-    closure = dict(zip(code.co_freevars, (c.cell_contents for c in fn.__closure__ or ())))  # type: ignore[union-attr]
-    for name in sorted(set(code.co_names if code else ()) | set(closure)):
-        obj = closure.get(name, namespace.get(name))
-        inner = getattr(obj, "fn", None)  # triton JITFunction, cute kernels, ...
-        if inner is not None and callable(inner) and obj is not fn:
-            parts.append(f"{name}:{_source_of(inner)}")
+    _named_by(fn, parts, {id(fn)})
     return "\n".join(parts)
+
+
+_MISSING = object()
+_PLAIN = (bool, int, float, complex, str, bytes, type(None))
+
+
+def _plain(value: Any) -> bool:
+    if isinstance(value, (tuple, frozenset)):
+        return len(value) <= 64 and all(_plain(v) for v in value)
+    return isinstance(value, _PLAIN) and not (isinstance(value, (str, bytes)) and len(value) > 4096)
+
+
+def _named_by(fn: Callable, parts: list[str], seen: set[int]) -> None:
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return
+    namespace = getattr(fn, "__globals__", None) or {}
+    closure: dict[str, Any] = {}
+    for name, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or ()):
+        try:
+            closure[name] = cell.cell_contents
+        except ValueError:  # an empty cell (a name bound later in the enclosing function)
+            pass
+    for name in sorted(set(code.co_names) | set(closure)):
+        obj = closure.get(name, namespace.get(name, _MISSING))
+        if obj is _MISSING or obj is fn:
+            continue
+        if _plain(obj):
+            parts.append(f"{name}={obj!r}")
+            continue
+        inner = getattr(obj, "fn", None)  # triton JITFunction, cute kernels, ...
+        if inner is not None and callable(inner) and id(inner) not in seen:
+            seen.add(id(inner))
+            parts.append(f"{name}:{_source_of(inner)}")
+            _named_by(inner, parts, seen)  # the helpers a kernel calls are its code too
 
 
 def _source_of(fn: Callable) -> str:
     try:
         return inspect.getsource(fn)
-    except (OSError, TypeError):
+    except (OSError, TypeError):  # no source (a REPL, exec of a string): the code, constants and all
         code = getattr(fn, "__code__", None)
         name = getattr(fn, "__qualname__", repr(fn))
-        return f"{name}:{code.co_code.hex() if code else ''}"
+        return f"{name}:{_code_text(code) if code is not None else ''}"
+
+
+def _code_text(code: Any) -> str:
+    consts = [_code_text(c) if hasattr(c, "co_code") else repr(c) if _plain(c) else type(c).__name__
+              for c in code.co_consts]
+    return f"{code.co_code.hex()}:{code.co_names}:{consts}"
 
 
 def _validate_launch_keywords(launch: Callable, configs: Sequence[Config], *, where: str) -> None:

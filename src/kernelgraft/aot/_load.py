@@ -194,7 +194,7 @@ def load_bundle(
         raise
     except KernelgraftError as exc:  # e.g. a name torch already defines: still the bundle's fault
         raise BundleError(f"bundle {root}: {exc}") from None
-    except (KeyError, IndexError, TypeError, ValueError, AttributeError, RecursionError) as exc:
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, RecursionError, OverflowError) as exc:
         raise BundleError(f"bundle {root}: manifest.json is malformed ({type(exc).__name__}: {exc}); "
                           "rebuild the bundle") from None
     _select.bump_epoch()

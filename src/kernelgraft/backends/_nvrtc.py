@@ -117,9 +117,9 @@ def compile_cuda(
     options = normalize_options(options)
     key = cache_key(source, name, options, arch, kind)
     hit = CACHE.get(key)
-    if hit is not None:
+    if hit is not None and isinstance(hit[0].get("symbol"), str):  # else an entry another version wrote: compile
         meta, image = hit
-        return Compiled(image, kind, meta["symbol"], arch, meta.get("log", ""))
+        return Compiled(image, kind, meta["symbol"], arch, str(meta.get("log", "")))
     compiled = _compile(source, name, options, arch, kind, filename, where)
     CACHE.put(key, {"symbol": compiled.symbol, "log": compiled.log, "arch": arch}, compiled.image)
     return compiled

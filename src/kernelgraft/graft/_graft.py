@@ -146,13 +146,26 @@ def graft(
 
 def ungraft(model: Any) -> int:
     """Undo every graft on ``model`` (module forwards and pattern grafts); returns how many."""
+    if not (isinstance(model, (torch.nn.Module, torch.export.ExportedProgram)) or callable(model)):
+        raise SpecError(f"kg.ungraft: expected the nn.Module or function given to kg.graft, got {describe(model)}")
     n = 0
     if isinstance(model, torch.nn.Module):
         n += _modules.ungraft_modules(model)
-    for pattern in _MODEL_PATTERNS.pop(model, []):
+    try:
+        patterns = _MODEL_PATTERNS.pop(_owner(model), [])
+    except TypeError:  # not weakly referable: kg.graft kept no pattern for it
+        patterns = []
+    for pattern in patterns:
         _pattern.uninstall(pattern)
         n += 1
     return n
+
+
+def _owner(model: Any) -> Any:
+    """What a pattern graft on ``model`` belongs to: a bound method's object (``m.forward`` is a
+    new object at each access, gone as soon as ``kg.graft`` returns), else ``model`` itself."""
+    owner = getattr(model, "__self__", None)
+    return owner if owner is not None and hasattr(model, "__func__") else model
 
 
 # ---------------------------------------------------------------------------- by module type
@@ -353,7 +366,11 @@ def _graft_pattern(model, fn, replacement, report, verify, example_inputs, patte
             return
         _warn_kept(report, 4)
     _pattern.install(pat)
-    _MODEL_PATTERNS.setdefault(model, []).append(pat)
+    owner = _owner(model)
+    _MODEL_PATTERNS.setdefault(owner, []).append(pat)
+    # A pattern graft acts on every graph Inductor compiles: once its model is gone (a notebook
+    # cell re-run builds a new one), it must stop acting, and nothing could ungraft it any more.
+    weakref.finalize(owner, _pattern.uninstall, pat)
 
 
 def _warn_kept(report: GraftReport, stacklevel: int) -> None:

@@ -51,7 +51,12 @@ def decision(op: Any, *args: Any, **kwargs: Any) -> Decision | None:
     if found is not None:
         return found
     entry = TUNER.disk.get(key.digest, dict(key.env))
-    return Decision.from_json(entry, "disk") if entry else None
+    if not entry:
+        return None
+    try:
+        return Decision.from_json(entry, "disk")
+    except ValueError:  # an entry an op call would not use either: none
+        return None
 
 
 def clear(*, disk: bool = False) -> None:

@@ -37,8 +37,8 @@ from .. import _cache
 from .._errors import TuneWarning
 from ._key import _KEY_SCHEMA_VERSION
 
-__all__ = ["cache_dir", "cache_path", "DiskCache", "MAX_BYTES", "BadFile", "entry_problem", "read_json",
-           "set_aside_files"]
+__all__ = ["cache_dir", "cache_path", "DiskCache", "MAX_BYTES", "BadFile", "OtherSchema", "entry_problem",
+           "read_json", "set_aside_files"]
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +105,11 @@ class BadFile(Exception):
     """The tuning cache file cannot be used as a whole (the message says why)."""
 
 
+class OtherSchema(Exception):
+    """The tuning cache file is another kernelgraft version's (another key schema): not read, and
+    never overwritten, so two versions sharing a cache directory do not erase each other's work."""
+
+
 def read_json(path: Path) -> Any:
     """The JSON value in ``path``, read within the bounds: raises ``BadFile`` when it is not a
     regular file, is over ``MAX_BYTES``, is not UTF-8 or not JSON or is nested too deep;
@@ -130,9 +135,9 @@ def read_json(path: Path) -> Any:
 
 
 def load(path: Path) -> tuple[dict[str, Any], int]:
-    """Read ``path``: (valid entries, number of mistyped entries dropped); ``{}`` for no file or a
-    file of another key schema. Raises ``BadFile`` for a file that cannot be used, ``OSError``
-    when it cannot be read."""
+    """Read ``path``: (valid entries, number of mistyped entries dropped); ``{}`` for no file.
+    Raises ``OtherSchema`` for a file of another key schema, ``BadFile`` for a file that cannot be
+    used, ``OSError`` when it cannot be read."""
     try:
         data = read_json(path)
     except FileNotFoundError:
@@ -146,9 +151,8 @@ def load(path: Path) -> tuple[dict[str, Any], int]:
     if not isinstance(schema, int) or isinstance(schema, bool):
         raise BadFile(f"'schema' is {schema!r}, not an integer")
     if schema != _KEY_SCHEMA_VERSION:
-        log.info("tuning cache %s has key schema %s, this kernelgraft uses %s; ignoring it",
-                 path, schema, _KEY_SCHEMA_VERSION)
-        return {}, 0
+        raise OtherSchema(f"the tuning cache {path} has key schema {schema}, from another version of "
+                          f"kernelgraft (this one uses {_KEY_SCHEMA_VERSION})")
     good = {k: v for k, v in entries.items() if entry_problem(v) is None}
     return good, len(entries) - len(good)
 
@@ -209,6 +213,11 @@ class DiskCache:
         stamp = _stamp(path)
         try:
             entries, dropped = load(path)
+        except OtherSchema as exc:
+            if locked:  # about to write: leave the other version's file alone (_update says so)
+                raise
+            log.info("%s; its decisions are ignored", exc)
+            return {}
         except OSError as exc:
             self._warn(("read", stamp), f"kernelgraft: cannot read the tuning cache {path}: {exc}")
             return {}
@@ -300,6 +309,11 @@ class DiskCache:
             with self._lock:
                 self._mtime = None
             return True
+        except OtherSchema as exc:
+            self._warn(("schema", str(path)), (
+                f"kernelgraft: {exc}; it is left as it is and decisions are kept in memory only. Give "
+                "each kernelgraft version its own KERNELGRAFT_CACHE_DIR to keep the decisions of both."))
+            return False
         except (OSError, Timeout, TypeError, ValueError) as exc:
             self._warn(
                 ("write", str(path)),

@@ -15,7 +15,7 @@ import torch
 
 from .. import _verify
 
-__all__ = ["expected", "judge", "classify_error"]
+__all__ = ["expected", "judge", "classify_error", "transient"]
 
 
 def expected(op: Any, args: Sequence[Any]) -> _verify.Reference:
@@ -34,8 +34,19 @@ def judge(op: Any, ref: _verify.Reference, outs: Sequence[torch.Tensor], args: S
     return None if verdict.ok else f"wrong result: {verdict}"
 
 
+def transient(exc: BaseException) -> bool:
+    """A failure that may pass: running out of GPU or host memory (the trials clone inputs and
+    allocate outputs for every candidate, on top of the workload's own tensors)."""
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
 def classify_error(exc: BaseException) -> str:
-    """'compile' or 'launch', from the exception's type (Triton, NVRTC and kernelgraft names)."""
+    """'memory' (``transient``: the candidate is not to blame), else 'compile' or 'launch', from
+    the exception's type (Triton, NVRTC and kernelgraft names)."""
+    if transient(exc):
+        return "memory"
     names = " ".join(t.__name__ for t in type(exc).__mro__)
     if "Compil" in names or "PTXAS" in names.upper() or "NVRTC" in names.upper():
         return "compile"

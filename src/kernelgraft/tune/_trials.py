@@ -36,7 +36,7 @@ import torch
 from .. import _verify
 from .._op import _compete
 from .._timing import on_device
-from ._gate import classify_error, expected, judge
+from ._gate import classify_error, expected, judge, transient
 from ._timing import CaptureRefused, Trial, cuda_timer
 
 __all__ = ["Result", "run_trials"]
@@ -65,7 +65,7 @@ class Result:
 
     candidate: Any
     ms: float | None = None
-    kind: str | None = None  # compile | launch | wrong | budget | crash | timing | capture
+    kind: str | None = None  # compile | launch | memory | wrong | budget | crash | timing | capture
     reason: str | None = None
     gpu_ms: float | None = None
     host_ms: float | None = None
@@ -271,9 +271,11 @@ def _gate_torch(op, cand, call, own, restore, reference, device) -> Result | Tri
         got = fresh(call(*own), empty=False, args=args)
         _verify.sync(device)
     except Exception as exc:
-        if cand.impl.name == "compile":
+        if cand.impl.name == "compile" and not transient(exc):
             op.dispatcher.compile_state.refused(exc)
-        kind = "compile" if cand.impl.name == "compile" else classify_error(exc)
+        kind = classify_error(exc)
+        if cand.impl.name == "compile" and kind != "memory":
+            kind = "compile"
         return Result(cand, kind=kind, reason=f"{kind} error: {type(exc).__name__}: {str(exc)[:500]}")
     why = judge(op, reference, _compete.outputs_of(op, got), own)
     del got
@@ -295,7 +297,8 @@ def _time(trial: Trial, timer: Any, settings: Any) -> tuple[float, float, float 
     except CaptureRefused as exc:
         return Result(cand, kind="capture", reason=f"cannot be captured in a CUDA graph: {exc}")
     except Exception as exc:
-        return Result(cand, kind="timing", reason=f"timing failed: {type(exc).__name__}: {str(exc)[:300]}")
+        kind = "memory" if transient(exc) else "timing"
+        return Result(cand, kind=kind, reason=f"timing failed: {type(exc).__name__}: {str(exc)[:300]}")
     finally:
         if trial.restore is not None:
             for k in range(trial.n_sets):

@@ -29,6 +29,7 @@ from ._cache import DiskCache
 from ._key import TuneKey, build_key
 from ._modes import Settings, no_tune_reason, settings, warn_no_tune
 from ._prune import apply_prune
+from ._gate import transient
 from ._trials import Result, run_trials
 
 __all__ = ["Decision", "Tuner", "TUNER", "entry_label"]
@@ -53,6 +54,7 @@ class Decision:
     tune_s: float = 0.0
     measured: int = 0
     offered: int = 0
+    provisional: bool = False  # made short of memory: serves this process, never saved
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -62,6 +64,15 @@ class Decision:
 
     @classmethod
     def from_json(cls, data: dict[str, Any], source: str) -> "Decision":
+        """The decision ``data`` holds; ValueError (the caller's clean miss) for one this version
+        cannot serve: a field of the wrong type or out of range, whoever wrote it."""
+        try:
+            return cls._from_json(data, source)
+        except (TypeError, ValueError, OverflowError, KeyError, AttributeError) as exc:
+            raise ValueError(f"not a decision this version can use: {type(exc).__name__}: {exc}") from None
+
+    @classmethod
+    def _from_json(cls, data: dict[str, Any], source: str) -> "Decision":
         if data.get("default") or "error" in data:
             source = "default"
         ranking, excluded = data.get("ranking", []), data.get("excluded", [])
@@ -80,6 +91,7 @@ class Decision:
             tune_s=float(data.get("tune_s", 0.0)),
             measured=int(data.get("measured", 0)),
             offered=int(data.get("offered", 0)),
+            provisional=data.get("provisional") is True,
         )
 
     @property
@@ -90,10 +102,9 @@ class Decision:
 def _check_entry(e: dict[str, Any]) -> None:
     """A ranked entry this version can serve, else ValueError (the caller's clean miss): a PyTorch
     candidate by a name and index this version knows, a kernel by a non-negative impl index."""
-    try:
-        index = int(e["impl"])
-    except (KeyError, TypeError, ValueError):
-        raise ValueError(f"ranking entry without an impl index: {e!r}") from None
+    index = e.get("impl")
+    if not isinstance(index, int) or isinstance(index, bool):  # JSON integers only (not 1e400, not "0")
+        raise ValueError(f"ranking entry without an integer impl index: {e!r}"[:300])
     if e.get("backend") == TORCH:
         name = e.get("impl_name")
         if TORCH_INDEX.get(name) != index:  # type: ignore[arg-type]
@@ -165,14 +176,6 @@ class _Progress:
 # default first, short enough that a passing shortage costs seconds of untuned calls.
 RETRY_S = 2.0
 RETRY_MAX_S = 600.0
-
-
-def _transient(exc: BaseException) -> bool:
-    """A tuning failure that may pass: running out of GPU or host memory (the trials clone inputs
-    and allocate outputs for every candidate, on top of the workload's own tensors)."""
-    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
-        return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
 
 
 class Tuner:
@@ -289,7 +292,7 @@ class Tuner:
             if entry is not None:
                 try:
                     decision = Decision.from_json(entry, "disk")
-                except (TypeError, ValueError) as exc:  # an entry that does not load is a miss
+                except ValueError as exc:  # an entry that does not load is a miss
                     log.debug("tuning cache entry %s does not load (%s); ignored", key.digest[:12], exc)
                 else:
                     self.stats["disk_hit"] += 1
@@ -304,7 +307,7 @@ class Tuner:
                                       peek=("on",) if namespace == "cached" else ())
             decision = Decision.from_json(value, "rank" if role == "follower" else "tuned")
             self.stats[f"rank_{role}"] += 1
-            if role == "follower" and decision.source != "default":
+            if role == "follower" and decision.source != "default" and not decision.provisional:
                 self.disk.put({key.digest: decision.to_json()})
         else:
             decision = local()
@@ -372,15 +375,12 @@ class Tuner:
             # Kept in memory (not on disk): the threads that waited for this key, and later
             # calls, use the default candidate instead of each failing the same tuning again.
             self.memory[key.digest] = failed
-            if _transient(exc):
+            if transient(exc):
                 # Out of memory may pass (the workload's peak moves on): tune the key again after
                 # a backoff that doubles with each failure in a row, and keep no plan for good
                 # meanwhile. Any other failure would recur with the same inputs and candidates: it
                 # stays for the process (kg.tune.clear() forgets it).
-                failures = self._retry[key.digest][1] + 1 if key.digest in self._retry else 1
-                delay = min(RETRY_S * 2 ** (failures - 1), RETRY_MAX_S)
-                self._retry[key.digest] = (time.monotonic() + delay, failures, failed)
-                then = f"; tuning again in {delay:.0f} s"
+                then = f"; tuning again in {self._retry_later(key, failed):.0f} s"
             else:
                 self._retry.pop(key.digest, None)
                 then = " for this process (kernelgraft.tune.clear() retries)"
@@ -388,13 +388,45 @@ class Tuner:
                           f"candidate{then}", TuneWarning, stacklevel=5)
             log.debug("tuning failure", exc_info=True)
             return failed
-        self._retry.pop(key.digest, None)
         decision = self._decision(key, results, started, len(candidates))
+        short = [r for r in results if r.kind == "memory"]
+        if short:
+            return self._short_of_memory(op, key, decision, short, s)
+        self._retry.pop(key.digest, None)
         self.stats["tuned"] += 1
         self.disk.put({key.digest: decision.to_json()})
         for r in results:
             if r.ms is None:
                 log.info("%s: excluded %s: %s", op.name, r.candidate.label, r.reason)
+        return decision
+
+    def _retry_later(self, key: TuneKey, decision: Decision) -> float:
+        """Serve ``decision`` (in memory, not on disk) until the key is tuned again, after a
+        backoff that doubles with each failure in a row; returns the delay in seconds."""
+        failures = self._retry[key.digest][1] + 1 if key.digest in self._retry else 1
+        delay = min(RETRY_S * 2 ** (failures - 1), RETRY_MAX_S)
+        self._retry[key.digest] = (time.monotonic() + delay, failures, decision)
+        return delay
+
+    def _short_of_memory(self, op: Any, key: TuneKey, decision: Decision, short: Sequence[Result],
+                         s: Settings) -> Decision:
+        """Some candidates ran out of memory: that says nothing about them, only about the moment
+        (the workload's own tensors). The others' ranking serves for now (the default where none
+        passed); nothing goes to disk, where it would stand for every later process, and the key
+        is tuned again after a backoff. Across ranks the leader's decision serves the process on
+        every rank (a retry on one rank alone would part them), and a later process tunes again."""
+        if not decision.ranking:
+            decision = Decision(key.as_json(), [], [], source="default")
+        decision.provisional = True
+        self.memory[key.digest] = decision
+        if s.distributed and _dist.active():
+            then = " for this process"
+        else:
+            then = f"; tuning again in {self._retry_later(key, decision):.0f} s"
+        serving = entry_label(decision.ranking[0]) if decision.ranking else "the default candidate"
+        warnings.warn(f"{op.name}: {len(short)} candidate(s) ran out of memory while tuning "
+                      f"({short[0].candidate.label}: {short[0].reason}); serving {serving}{then}",
+                      TuneWarning, stacklevel=6)
         return decision
 
     @staticmethod
