@@ -308,3 +308,35 @@ def test_a_pattern_graft_on_a_bound_method_belongs_to_its_object():
 def test_ungraft_of_something_kg_graft_never_takes_says_what_it_expected(bad):
     with pytest.raises(kg.SpecError, match="kg.ungraft: expected the nn.Module or function given to kg.graft"):
         kg.ungraft(bad)
+
+
+@pytest.mark.parametrize("how", ["unregister", "replace"])
+def test_a_pattern_graft_stops_when_its_op_no_longer_holds_the_name(how):
+    # the graft was verified against that op: after kg.unregister every later compile failed, and
+    # after replace=True an unrelated compiled function silently computed the new op's code
+    @kg.op(f"tgp_{how}::addrelu")
+    def addrelu(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x + y)
+
+    model = _ReluSum()
+    kg.graft(model, pattern=_relu_sum, replacement=addrelu, pattern_inputs=(torch.randn(4, 8), torch.randn(4, 8)),
+             verify=False)
+    if how == "unregister":
+        kg.unregister(addrelu.name)
+    else:
+        @kg.op(f"tgp_{how}::addrelu", replace=True)
+        def addrelu(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:  # noqa: F811
+            return torch.relu(x - y)
+
+    def f(a, b):
+        return torch.relu(a + b) * 2
+
+    a, b = torch.randn(4, 8), torch.randn(4, 8)
+    torch._dynamo.reset()
+    try:
+        with pytest.warns(kg.GraftWarning, match="no longer acts"):
+            out = torch.compile(f)(a, b)
+        torch.testing.assert_close(out, f(a, b))
+    finally:
+        kg.ungraft(model)
+        torch._dynamo.reset()

@@ -36,6 +36,7 @@ import inspect
 import logging
 import operator
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,8 +46,8 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
 
-from .._errors import SpecError, describe
-from .._op import _compete
+from .._errors import GraftWarning, SpecError, describe
+from .._op import _compete, _registry
 from .._spec import callable_source
 from . import _admit, _explain, _variants
 from ._admit import Binding
@@ -70,6 +71,7 @@ class Pattern:
     verify: bool = True  # admit a match only where the op equals the pattern numerically
     tolerance: dict = field(default_factory=dict)  # the caller's {dtype: rtol} override
     source: str = "pattern_inputs"  # where the example came from (for messages)
+    stale_said: bool = False  # warned that its op no longer holds its name (_current)
     _variants: dict[tuple, Any] = field(default_factory=dict)  # (ir, key) -> [Variant] or why not
     _checked: dict[tuple, str | None] = field(default_factory=dict)  # numeric checks done
     _confirmed: dict[tuple, str | None] = field(default_factory=dict)  # retraces at model scalars
@@ -507,9 +509,22 @@ def _identity() -> tuple:
 
 def _applicable() -> list[Pattern]:
     """The active patterns less those whose op's own reference is being compiled in this thread
-    (its torch:compile candidate): that graph is the pattern, and must stay the reference."""
+    (its torch:compile candidate): that graph is the pattern, and must stay the reference; and
+    less those whose op no longer holds its name (unregistered, or replaced by a declaration
+    with ``replace=True``): the graft was verified against that op, not its successor."""
     own = _compete.compiling_references()
-    return [p for p in _ACTIVE if p.op.name not in own]
+    return [p for p in _ACTIVE if p.op.name not in own and _current(p)]
+
+
+def _current(pattern: Pattern) -> bool:
+    if _registry.lookup(pattern.op.name) is pattern.op:
+        return True
+    if not pattern.stale_said:
+        pattern.stale_said = True
+        warnings.warn(f"kg.graft: the pattern graft onto {pattern.op.name} no longer acts: that op was "
+                      "unregistered or declared again since; graft the model again to use the op "
+                      "that holds the name now", GraftWarning, stacklevel=2)
+    return False
 
 
 _SLOT = Slot("post_grad_custom_pre_pass", "kernelgraft", _run, _identity)
