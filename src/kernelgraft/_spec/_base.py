@@ -93,8 +93,10 @@ def normalize_capability(value: Any, *, where: str) -> tuple[int, int] | None:
 def callable_source(fn: Callable) -> str:
     """Source text of ``fn`` plus what it names that changes what it computes, for fingerprints:
     the kernels it names and the JIT helpers they call, at any depth, and the plain values (numbers,
-    strings, tuples of them) it reads from its closure or module. A factory's ``eps`` captured in a
-    closure, an edited constant or an edited ``@triton.jit`` helper is another op."""
+    strings, tuples of them) captured in its closure. A factory's ``eps`` captured in a closure or
+    an edited ``@triton.jit`` helper is another op. Module globals are left out: a function reads
+    them when it runs (an edited one takes effect without a new op), and one derived from the
+    machine would give an op another identity on each."""
     parts = [_source_of(fn)]
     _named_by(fn, parts, {id(fn)})
     return "\n".join(parts)
@@ -125,7 +127,7 @@ def _named_by(fn: Callable, parts: list[str], seen: set[int]) -> None:
         obj = closure.get(name, namespace.get(name, _MISSING))
         if obj is _MISSING or obj is fn:
             continue
-        if _plain(obj):
+        if name in closure and _plain(obj):
             parts.append(f"{name}={obj!r}")
             continue
         inner = getattr(obj, "fn", None)  # triton JITFunction, cute kernels, ...

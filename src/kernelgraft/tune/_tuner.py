@@ -26,10 +26,10 @@ from .._errors import FallbackWarning, TuneWarning
 from .._spec import Config
 from . import _dist
 from ._cache import DiskCache
+from ._gate import transient
 from ._key import TuneKey, build_key
 from ._modes import Settings, no_tune_reason, settings, warn_no_tune
 from ._prune import apply_prune
-from ._gate import transient
 from ._trials import Result, run_trials
 
 __all__ = ["Decision", "Tuner", "TUNER", "entry_label"]
