@@ -393,3 +393,24 @@ def test_keyword_only_forward_parameters_are_never_taken_by_position():
             norm(x, 1e-2)  # as the original refuses it
         torch.testing.assert_close(norm(x, eps=1e-2), rmsnorm.reference(x, norm.weight, 1e-2))
     kg.ungraft(norm)
+
+
+@pytest.mark.parametrize("path", ["class", "instance"])
+def test_a_dtype_the_op_does_not_take_runs_the_original_forward(path):
+    # model.double() after grafting: rmsnorm takes float32/16/bf16, the original takes anything.
+    # Eager only: under torch.compile the check would cost guards per grafted module.
+    norm = MyRMSNorm(32)
+    if path == "instance":  # its own instance forward: grafted on the instance
+        norm.forward = types.MethodType(lambda self, h: MyRMSNorm.forward(self, h), norm)
+    model = torch.nn.Sequential(norm)
+    kg.graft(model, {MyRMSNorm: rmsnorm})
+    model.double()
+    x = torch.randn(2, 32, dtype=torch.float64)
+    with torch.no_grad():
+        with pytest.warns(kg.GraftWarning, match="torch.float64, which kgexamples::rmsnorm does not take"):
+            got = model(x)
+        assert got.dtype == torch.float64
+        torch.testing.assert_close(got, MyRMSNorm.forward(norm, x))
+        model.float()  # back in the op's dtypes: the op serves again
+        assert _ops_in(model, x.float()) == {"kgexamples.rmsnorm.default"}
+    kg.ungraft(model)

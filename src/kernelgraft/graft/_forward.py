@@ -88,6 +88,17 @@ def grafted_class(cls: type, binding: Any, general: Callable, training: bool, re
     return type(cls)(cls.__name__, (cls,), namespace)
 
 
+def refused_dtypes(op: Any) -> list[tuple[int, frozenset]]:
+    """(parameter index, the dtypes it takes) for each tensor parameter of ``op`` that declares
+    its dtypes: a grafted forward hands a call with another dtype to the original forward."""
+    out = []
+    for i, p in enumerate(op.signature.params):
+        allowed = op._dtypes.get(p.name)
+        if allowed and p.kind == "tensor":
+            out.append((i, frozenset(allowed)))
+    return out
+
+
 def _generate(cls: type, binding: Any, general: Callable, training: bool, required: int | None) -> Callable:
     op = binding.op
     # No __name__: Dynamo then guards these globals as one dict of their own (by its id), once per
@@ -130,8 +141,14 @@ def _generate(cls: type, binding: Any, general: Callable, training: bool, requir
                       "            if isinstance(v, _Tensor) and v.requires_grad:",
                       "                return _general(self, *args, **kwargs)"]
         lines += ["    if _is_compiling():",
-                  "        return _overload(*call)",
-                  "    return _op(*call)"]
+                  "        return _overload(*call)"]
+        # Eager only (Dynamo never reads past the return above, so no guards): a tensor in a
+        # dtype the op does not take (a model moved to float64 after grafting) runs the original.
+        for i, dtypes in refused_dtypes(binding.op):
+            scope[f"_t{i}"] = dtypes
+            lines += [f"    if isinstance(v{i}, _Tensor) and v{i}.dtype not in _t{i}:",
+                      "        return _general(self, *args, **kwargs)"]
+        lines.append("    return _op(*call)")
     source = "\n".join(lines) + "\n"
     filename = f"<kernelgraft graft {next(_numbers)}: {cls.__qualname__}.forward -> {op.name}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # tracebacks show it

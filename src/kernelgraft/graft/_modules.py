@@ -263,7 +263,8 @@ def make_forward(binding: Binding, original: Callable, training: bool) -> Callab
     overload = op.overload
     op_args = binding.op_args
 
-    warned = []
+    warned, said = [], []
+    refused = _forward.refused_dtypes(op)
 
     def forward(self, *args, **kwargs):
         call = op_args(self, args, kwargs)
@@ -285,6 +286,15 @@ def make_forward(binding: Binding, original: Callable, training: bool) -> Callab
                     return original(self, *args, **kwargs)
         if _is_compiling():
             return overload(*call)
+        for i, dtypes in refused:  # a dtype the op does not take: the original serves the call
+            if isinstance(call[i], torch.Tensor) and call[i].dtype not in dtypes:
+                if not said and not _is_compiling():
+                    said.append(True)
+                    warnings.warn(
+                        f"{binding.where}: {op.signature.params[i].name} is {call[i].dtype}, which "
+                        f"{op.name} does not take ({sorted(str(d) for d in dtypes)}); the original "
+                        "forward serves such calls", GraftWarning, stacklevel=3)
+                return original(self, *args, **kwargs)
         return op(*call)
 
     forward.__kernelgraft_binding__ = binding  # type: ignore[attr-defined]
