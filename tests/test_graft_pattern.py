@@ -340,3 +340,15 @@ def test_a_pattern_graft_stops_when_its_op_no_longer_holds_the_name(how):
     finally:
         kg.ungraft(model)
         torch._dynamo.reset()
+
+
+def test_ungraft_lets_the_pattern_go():
+    import gc
+    import weakref
+
+    model = _ReluSum()
+    kg.graft(model, pattern=_relu_sum, replacement=add_relu, verify=False)
+    pattern = weakref.ref(_pattern.active()[-1])
+    assert kg.ungraft(model) == 1
+    gc.collect()
+    assert pattern() is None  # the model's finalizer no longer holds it

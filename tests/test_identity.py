@@ -220,3 +220,19 @@ def test_an_edited_triton_helper_changes_the_kernels_identity(tmp_path, monkeypa
         module = __import__(f"kmod_{folder}")
         specs.append(kg.triton(module.launch, configs=[{"BLOCK": 64}]))
     assert specs[0].fingerprint != specs[1].fingerprint
+
+
+def test_identity_is_the_same_under_any_hash_seed(tmp_path):
+    # a frozenset constant (x in {"a", "b"}) or a captured frozenset iterates in hash-seed order
+    (tmp_path / "seeded.py").write_text(textwrap.dedent('''
+        def make(names):
+            def f(x, name):
+                return x if name in {"alpha", "beta", "gamma", "delta"} and name in names else -x
+            return f
+    '''))
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import seeded; "
+            "from kernelgraft._spec import callable_source; import hashlib; "
+            "print(hashlib.sha256(callable_source(seeded.make(frozenset('xyzw'))).encode()).hexdigest())")
+    out = {subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True,
+                          env={**__import__("os").environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2", "3")}
+    assert len(out) == 1

@@ -491,3 +491,42 @@ def test_a_launch_short_of_memory_is_an_out_of_memory_error_naming_the_op():
     with kg.tune("off"), pytest.raises(torch.OutOfMemoryError, match="tthreads::oom_call") as info:
         op(torch.randn(8))
     assert isinstance(info.value, kg.LaunchError)
+
+
+def test_short_of_memory_never_serves_a_candidate_the_gate_found_wrong(monkeypatch):
+    # K=0 is wrong, K=1 runs out of memory: the default (K=0) must not serve; K=1 may, it was
+    # never judged
+    def launch(x, out, *, K):
+        if K == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        torch.mul(x, 3, out=out)
+
+    op = kg.op(_twice, name="tthreads::short_wrong", impls=[kg_torch(launch, configs=CONFIGS[:2])])
+    x = torch.randn(311)
+    with kg.tune("on", timer=_timer_preferring(1)), pytest.warns(kg.TuneWarning, match="ran out of memory"):
+        with pytest.raises(torch.OutOfMemoryError):  # K=1 serves, and runs out of memory again
+            op(x)
+
+
+def test_candidates_short_of_memory_tuning_after_tuning_are_saved_as_not_fitting(monkeypatch):
+    from kernelgraft.tune import _tuner
+
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+
+    def launch(x, out, *, K):
+        if K == 1:  # never fits beside the workload
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        torch.mul(x, 2, out=out)
+
+    op = kg.op(_twice, name="tthreads::never_fits", impls=[kg_torch(launch, configs=CONFIGS[:2])])
+    x = torch.randn(313)
+    with kg.tune("on", timer=_timer_preferring(1)):
+        for _ in range(_tuner.SHORT_LIMIT):
+            with pytest.warns(kg.TuneWarning, match="ran out of memory"):
+                op(x)
+            now[0] += _tuner.RETRY_MAX_S + 1
+        op(x)  # the next tuning saves K=1 as excluded
+        assert kg.tune.stats().get("tuned") == 1 and _chosen(op, x) == 0
+    entry = next(iter(json.loads(kg.tune.cache_path().read_text())["entries"].values()))
+    assert [e["kind"] for e in entry["excluded"]] == ["memory"]

@@ -255,3 +255,22 @@ def test_another_versions_file_is_left_whole_and_decisions_stay_in_memory(cache_
     assert len(messages) == 1 and "key schema" in messages[0] and "KERNELGRAFT_CACHE_DIR" in messages[0], messages
     assert cache_file.read_bytes() == before and _cache.set_aside_files(cache_file) == []
     assert kg.tune.decision(op, x).winner["config"] == {"BLOCK": 256}  # from memory
+
+
+def test_an_earlier_versions_file_is_replaced_and_clear_replaces_a_newer_one(cache_file, capsys):
+    # an upgrade must keep caching: the file of an earlier key schema is read as empty and replaced
+    cache_file.write_text(json.dumps({"format": "kernelgraft-tune-cache", "schema": _KEY_SCHEMA_VERSION - 1,
+                                      "entries": {"old": {"key": {}, "ranking": [], "excluded": []}}}))
+    op = make_scale("tcr::earlier_schema")
+    x = torch.randn(1000)
+    with warnings.catch_warnings(record=True) as record, kg.tune("on", timer=fake_timer):
+        warnings.simplefilter("always")
+        op(x)
+    assert _tune_warnings(record) == []
+    data = json.loads(cache_file.read_text())
+    assert data["schema"] == _KEY_SCHEMA_VERSION and len(data["entries"]) == 1
+    # a newer version's file stays, but an explicit clear replaces it
+    cache_file.write_text(json.dumps({**data, "schema": _KEY_SCHEMA_VERSION + 1}))
+    assert main(["cache", "clear"]) == 0
+    assert json.loads(cache_file.read_text()) == {"format": "kernelgraft-tune-cache", "schema": _KEY_SCHEMA_VERSION,
+                                                  "entries": {}}

@@ -19,6 +19,7 @@ __all__ = [
     "CompileError",
     "LaunchError",
     "LaunchOutOfMemoryError",
+    "out_of_memory",
     "BundleError",
     "KernelgraftWarning",
     "FallbackWarning",
@@ -55,6 +56,13 @@ class CompileError(KernelgraftError):
 
 class LaunchError(KernelgraftError):
     """A kernel launch failed."""
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Running out of GPU or host memory (a failure that may pass, and no kernel's fault)."""
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
 
 
 class LaunchOutOfMemoryError(LaunchError, torch.OutOfMemoryError):

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ._candidates import Candidate
-from .._errors import KernelgraftError, LaunchError, LaunchOutOfMemoryError
+from .._errors import KernelgraftError, LaunchError, LaunchOutOfMemoryError, out_of_memory
 
 if TYPE_CHECKING:
     from ._operator import KernelOp
@@ -24,7 +24,7 @@ _empty = torch.empty
 
 
 def _fail(op: "KernelOp", candidate: Candidate, exc: Exception) -> LaunchError:
-    error = LaunchOutOfMemoryError if isinstance(exc, torch.OutOfMemoryError) else LaunchError
+    error = LaunchOutOfMemoryError if out_of_memory(exc) else LaunchError
     return error(f"{op.name}: {candidate.label} failed: {type(exc).__name__}: {exc}")
 
 

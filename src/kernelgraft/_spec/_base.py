@@ -112,6 +112,16 @@ def _plain(value: Any) -> bool:
     return isinstance(value, _PLAIN) and not (isinstance(value, (str, bytes)) and len(value) > 4096)
 
 
+def _stable(value: Any) -> str:
+    """``repr`` of a plain value, the same in every process (a frozenset's order follows the hash
+    seed, so its items are sorted)."""
+    if isinstance(value, frozenset):
+        return f"frozenset({sorted(_stable(v) for v in value)})"
+    if isinstance(value, tuple):
+        return "(" + "".join(_stable(v) + ", " for v in value) + ")"
+    return repr(value)
+
+
 def _named_by(fn: Callable, parts: list[str], seen: set[int]) -> None:
     code = getattr(fn, "__code__", None)
     if code is None:
@@ -128,7 +138,7 @@ def _named_by(fn: Callable, parts: list[str], seen: set[int]) -> None:
         if obj is _MISSING or obj is fn:
             continue
         if name in closure and _plain(obj):
-            parts.append(f"{name}={obj!r}")
+            parts.append(f"{name}={_stable(obj)}")
             continue
         inner = getattr(obj, "fn", None)  # triton JITFunction, cute kernels, ...
         if inner is not None and callable(inner) and id(inner) not in seen:
@@ -147,7 +157,7 @@ def _source_of(fn: Callable) -> str:
 
 
 def _code_text(code: Any) -> str:
-    consts = [_code_text(c) if hasattr(c, "co_code") else repr(c) if _plain(c) else type(c).__name__
+    consts = [_code_text(c) if hasattr(c, "co_code") else _stable(c) if _plain(c) else type(c).__name__
               for c in code.co_consts]
     return f"{code.co_code.hex()}:{code.co_names}:{consts}"
 

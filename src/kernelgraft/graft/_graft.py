@@ -156,6 +156,8 @@ def ungraft(model: Any) -> int:
     except TypeError:  # not weakly referable: kg.graft kept no pattern for it
         patterns = []
     for pattern in patterns:
+        if pattern.finalizer is not None:
+            pattern.finalizer.detach()
         _pattern.uninstall(pattern)
         n += 1
     return n
@@ -165,7 +167,13 @@ def _owner(model: Any) -> Any:
     """What a pattern graft on ``model`` belongs to: a bound method's object (``m.forward`` is a
     new object at each access, gone as soon as ``kg.graft`` returns), else ``model`` itself."""
     owner = getattr(model, "__self__", None)
-    return owner if owner is not None and hasattr(model, "__func__") else model
+    if owner is None or not hasattr(model, "__func__"):
+        return model
+    try:
+        weakref.ref(owner)
+    except TypeError:  # an object with __slots__ and no __weakref__: the method itself, as before
+        return model
+    return owner
 
 
 # ---------------------------------------------------------------------------- by module type
@@ -365,12 +373,16 @@ def _graft_pattern(model, fn, replacement, report, verify, example_inputs, patte
                           GraftWarning, stacklevel=3)
             return
         _warn_kept(report, 4)
-    _pattern.install(pat)
     owner = _owner(model)
-    _MODEL_PATTERNS.setdefault(owner, []).append(pat)
-    # A pattern graft acts on every graph Inductor compiles: once its model is gone (a notebook
-    # cell re-run builds a new one), it must stop acting, and nothing could ungraft it any more.
-    weakref.finalize(owner, _pattern.uninstall, pat)
+    if owner is not model or not hasattr(model, "__func__"):  # not a method of an unreferable object
+        _MODEL_PATTERNS.setdefault(owner, []).append(pat)
+        # A pattern graft acts on every graph Inductor compiles: once its model is gone (a
+        # notebook cell re-run builds a new one), it must stop acting, and nothing could ungraft
+        # it any more. The finalizer only marks it (garbage collection may run it where this
+        # thread holds the patterns' lock); kg.ungraft detaches it, so an ungrafted pattern is
+        # not kept alive.
+        pat.finalizer = weakref.finalize(owner, _pattern.retire_later, pat)
+    _pattern.install(pat)
 
 
 def _warn_kept(report: GraftReport, stacklevel: int) -> None:

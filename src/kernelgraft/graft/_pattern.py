@@ -72,6 +72,7 @@ class Pattern:
     tolerance: dict = field(default_factory=dict)  # the caller's {dtype: rtol} override
     source: str = "pattern_inputs"  # where the example came from (for messages)
     stale_said: bool = False  # warned that its op no longer holds its name (_current)
+    finalizer: Any = None  # weakref.finalize on its model (kg.graft), detached by kg.ungraft
     _variants: dict[tuple, Any] = field(default_factory=dict)  # (ir, key) -> [Variant] or why not
     _checked: dict[tuple, str | None] = field(default_factory=dict)  # numeric checks done
     _confirmed: dict[tuple, str | None] = field(default_factory=dict)  # retraces at model scalars
@@ -492,10 +493,13 @@ def _erase_inner(graph: fx.Graph, match: Any) -> None:
 # ---------------------------------------------------------------------------- the Inductor pass
 _LOCK = threading.Lock()
 _ACTIVE: list[Pattern] = []
+_DEAD: list[Pattern] = []  # patterns whose models were collected, uninstalled at the next chance
 
 
 def active() -> list[Pattern]:
-    return list(_ACTIVE)
+    with _LOCK:
+        _drain()
+        return list(_ACTIVE)
 
 
 def _run(graph: fx.Graph) -> None:
@@ -507,18 +511,37 @@ def _identity() -> tuple:
     return tuple(p.uuid for p in _applicable())
 
 
+def retire_later(pattern: Pattern) -> None:
+    """Uninstall ``pattern`` at the next install, uninstall or compile: called by the finalizer
+    of its model, which garbage collection may run anywhere, even where this thread holds _LOCK."""
+    _DEAD.append(pattern)  # atomic: takes no lock
+
+
+def _drain() -> None:
+    """Drop the patterns whose models are gone (the caller holds _LOCK). Inductor's pass slot
+    stays until the next uninstall: a compile may be reading it."""
+    while _DEAD:
+        pattern = _DEAD.pop()
+        if pattern in _ACTIVE:
+            _ACTIVE.remove(pattern)
+
+
 def _applicable() -> list[Pattern]:
     """The active patterns less those whose op's own reference is being compiled in this thread
     (its torch:compile candidate): that graph is the pattern, and must stay the reference; and
     less those whose op no longer holds its name (unregistered, or replaced by a declaration
     with ``replace=True``): the graft was verified against that op, not its successor."""
     own = _compete.compiling_references()
-    return [p for p in _ACTIVE if p.op.name not in own and _current(p)]
+    with _LOCK:
+        _drain()
+        active = list(_ACTIVE)
+    return [p for p in active if p.op.name not in own and _current(p)]
 
 
 def _current(pattern: Pattern) -> bool:
-    if _registry.lookup(pattern.op.name) is pattern.op:
-        return True
+    holder = _registry.lookup(pattern.op.name)
+    if holder is pattern.op or (holder is not None and holder.fingerprint == pattern.op.fingerprint):
+        return True  # the same op (a bundle's stand-in taken over by the module's own)
     if not pattern.stale_said:
         pattern.stale_said = True
         warnings.warn(f"kg.graft: the pattern graft onto {pattern.op.name} no longer acts: that op was "
@@ -533,14 +556,16 @@ _SLOT = Slot("post_grad_custom_pre_pass", "kernelgraft", _run, _identity)
 def install(pattern: Pattern) -> None:
     """Make ``pattern`` part of every Inductor compilation from now on."""
     with _LOCK:
-        _SLOT.install()
+        _drain()
         _ACTIVE.append(pattern)
+        _SLOT.install()
 
 
 def uninstall(pattern: Pattern) -> None:
     with _LOCK:
         if pattern in _ACTIVE:
             _ACTIVE.remove(pattern)
+        _drain()
         if not _ACTIVE:
             _SLOT.uninstall()
 

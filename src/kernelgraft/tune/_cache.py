@@ -106,8 +106,10 @@ class BadFile(Exception):
 
 
 class OtherSchema(Exception):
-    """The tuning cache file is another kernelgraft version's (another key schema): not read, and
-    never overwritten, so two versions sharing a cache directory do not erase each other's work."""
+    """The tuning cache file is a newer kernelgraft's (a later key schema): not read, and not
+    overwritten but by an explicit clear, so an older version sharing the cache directory does not
+    erase the newer one's work. A file of an earlier schema is read as empty and replaced: an
+    upgrade keeps caching."""
 
 
 def read_json(path: Path) -> Any:
@@ -150,9 +152,13 @@ def load(path: Path) -> tuple[dict[str, Any], int]:
     schema = data.get("schema")
     if not isinstance(schema, int) or isinstance(schema, bool):
         raise BadFile(f"'schema' is {schema!r}, not an integer")
-    if schema != _KEY_SCHEMA_VERSION:
-        raise OtherSchema(f"the tuning cache {path} has key schema {schema}, from another version of "
+    if schema > _KEY_SCHEMA_VERSION:
+        raise OtherSchema(f"the tuning cache {path} has key schema {schema}, from a newer version of "
                           f"kernelgraft (this one uses {_KEY_SCHEMA_VERSION})")
+    if schema != _KEY_SCHEMA_VERSION:
+        log.info("tuning cache %s has key schema %s, from an earlier kernelgraft (this one uses %s); "
+                 "its decisions are ignored and the next write replaces it", path, schema, _KEY_SCHEMA_VERSION)
+        return {}, 0
     good = {k: v for k, v in entries.items() if entry_problem(v) is None}
     return good, len(entries) - len(good)
 
@@ -209,12 +215,12 @@ class DiskCache:
             warnings.warn(message, TuneWarning, stacklevel=4)
 
     # ------------------------------------------------------------------ reading
-    def _read_file(self, path: Path, *, locked: bool) -> dict[str, Any]:
+    def _read_file(self, path: Path, *, locked: bool, replace_newer: bool = False) -> dict[str, Any]:
         stamp = _stamp(path)
         try:
             entries, dropped = load(path)
         except OtherSchema as exc:
-            if locked:  # about to write: leave the other version's file alone (_update says so)
+            if locked and not replace_newer:  # about to write: leave the newer file alone
                 raise
             log.info("%s; its decisions are ignored", exc)
             return {}
@@ -280,17 +286,17 @@ class DiskCache:
                 del current[d]
             removed[0] = len(doomed)
 
-        self._update(edit)
+        self._update(edit, replace_newer=predicate is None)  # clearing all replaces any file
         return removed[0]
 
-    def _update(self, edit) -> bool:
+    def _update(self, edit, *, replace_newer: bool = False) -> bool:
         path = self.path
         if path is None:
             return False
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with FileLock(str(path) + ".lock", timeout=_LOCK_TIMEOUT_S):
-                current = self._read_file(path, locked=True)
+                current = self._read_file(path, locked=True, replace_newer=replace_newer)
                 edit(current)
                 blob = _serialize(current, path)
                 fd, tmp = tempfile.mkstemp(prefix=".tune-", suffix=".tmp", dir=path.parent)
@@ -312,7 +318,8 @@ class DiskCache:
         except OtherSchema as exc:
             self._warn(("schema", str(path)), (
                 f"kernelgraft: {exc}; it is left as it is and decisions are kept in memory only. Give "
-                "each kernelgraft version its own KERNELGRAFT_CACHE_DIR to keep the decisions of both."))
+                "each kernelgraft version its own KERNELGRAFT_CACHE_DIR to keep the decisions of both "
+                "(kernelgraft cache clear replaces the file)."))
             return False
         except (OSError, Timeout, TypeError, ValueError) as exc:
             self._warn(

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from .. import _verify
+from .._errors import out_of_memory
 
 __all__ = ["expected", "judge", "classify_error", "transient"]
 
@@ -37,9 +38,7 @@ def judge(op: Any, ref: _verify.Reference, outs: Sequence[torch.Tensor], args: S
 def transient(exc: BaseException) -> bool:
     """A failure that may pass: running out of GPU or host memory (the trials clone inputs and
     allocate outputs for every candidate, on top of the workload's own tensors)."""
-    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
-        return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+    return out_of_memory(exc)
 
 
 def classify_error(exc: BaseException) -> str:

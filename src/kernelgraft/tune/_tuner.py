@@ -176,6 +176,9 @@ class _Progress:
 # default first, short enough that a passing shortage costs seconds of untuned calls.
 RETRY_S = 2.0
 RETRY_MAX_S = 600.0
+# Tunings in a row where some candidates ran out of memory before those candidates count as not
+# fitting (saved excluded): a naive reference at a long sequence may never fit beside the workload.
+SHORT_LIMIT = 3
 
 
 class Tuner:
@@ -374,24 +377,27 @@ class Tuner:
             failed = Decision(key.as_json(), [], [], source="default")
             # Kept in memory (not on disk): the threads that waited for this key, and later
             # calls, use the default candidate instead of each failing the same tuning again.
-            self.memory[key.digest] = failed
             if transient(exc):
                 # Out of memory may pass (the workload's peak moves on): tune the key again after
                 # a backoff that doubles with each failure in a row, and keep no plan for good
                 # meanwhile. Any other failure would recur with the same inputs and candidates: it
-                # stays for the process (kg.tune.clear() forgets it).
+                # stays for the process (kg.tune.clear() forgets it). The retry is set before the
+                # decision is published: a thread reading the decision sees it is provisional.
                 then = f"; tuning again in {self._retry_later(key, failed):.0f} s"
             else:
                 self._retry.pop(key.digest, None)
                 then = " for this process (kernelgraft.tune.clear() retries)"
+            self.memory[key.digest] = failed
             warnings.warn(f"{op.name}: tuning failed ({type(exc).__name__}: {exc}); using the default "
                           f"candidate{then}", TuneWarning, stacklevel=5)
             log.debug("tuning failure", exc_info=True)
             return failed
         decision = self._decision(key, results, started, len(candidates))
         short = [r for r in results if r.kind == "memory"]
-        if short:
+        if short and self._failures(key) < SHORT_LIMIT:
             return self._short_of_memory(op, key, decision, short, s)
+        # SHORT_LIMIT tunings in a row short of memory: those candidates do not fit here; the
+        # decision is saved with them excluded, as any other failure (kg.tune.clear() retries).
         self._retry.pop(key.digest, None)
         self.stats["tuned"] += 1
         self.disk.put({key.digest: decision.to_json()})
@@ -400,10 +406,15 @@ class Tuner:
                 log.info("%s: excluded %s: %s", op.name, r.candidate.label, r.reason)
         return decision
 
+    def _failures(self, key: TuneKey) -> int:
+        """Tunings of ``key`` in a row that failed for a reason that may pass."""
+        retry = self._retry.get(key.digest)
+        return retry[1] if retry is not None else 0
+
     def _retry_later(self, key: TuneKey, decision: Decision) -> float:
         """Serve ``decision`` (in memory, not on disk) until the key is tuned again, after a
         backoff that doubles with each failure in a row; returns the delay in seconds."""
-        failures = self._retry[key.digest][1] + 1 if key.digest in self._retry else 1
+        failures = self._failures(key) + 1
         delay = min(RETRY_S * 2 ** (failures - 1), RETRY_MAX_S)
         self._retry[key.digest] = (time.monotonic() + delay, failures, decision)
         return delay
@@ -415,14 +426,15 @@ class Tuner:
         passed); nothing goes to disk, where it would stand for every later process, and the key
         is tuned again after a backoff. Across ranks the leader's decision serves the process on
         every rank (a retry on one rank alone would part them), and a later process tunes again."""
-        if not decision.ranking:
-            decision = Decision(key.as_json(), [], [], source="default")
+        if not decision.ranking:  # the default, unless the gate proved it wrong: not a candidate it refused
+            decision = Decision(key.as_json(), [], [e for e in decision.excluded if e.get("kind") != "memory"],
+                                source="default")
         decision.provisional = True
-        self.memory[key.digest] = decision
         if s.distributed and _dist.active():
             then = " for this process"
         else:
             then = f"; tuning again in {self._retry_later(key, decision):.0f} s"
+        self.memory[key.digest] = decision  # after the retry is set: see measure
         serving = entry_label(decision.ranking[0]) if decision.ranking else "the default candidate"
         warnings.warn(f"{op.name}: {len(short)} candidate(s) ran out of memory while tuning "
                       f"({short[0].candidate.label}: {short[0].reason}); serving {serving}{then}",
