@@ -288,7 +288,7 @@ def make_forward(binding: Binding, original: Callable, training: bool) -> Callab
             return overload(*call)
         for i, dtypes in refused:  # a dtype the op does not take: the original serves the call
             if isinstance(call[i], torch.Tensor) and call[i].dtype not in dtypes:
-                if not said and not _is_compiling():
+                if not said:  # never under compile: that returned above
                     said.append(True)
                     warnings.warn(
                         f"{binding.where}: {op.signature.params[i].name} is {call[i].dtype}, which "

@@ -16,7 +16,7 @@ import torch
 from .. import _verify
 from .._errors import out_of_memory
 
-__all__ = ["expected", "judge", "classify_error", "transient"]
+__all__ = ["expected", "judge", "classify_error"]
 
 
 def expected(op: Any, args: Sequence[Any]) -> _verify.Reference:
@@ -35,16 +35,11 @@ def judge(op: Any, ref: _verify.Reference, outs: Sequence[torch.Tensor], args: S
     return None if verdict.ok else f"wrong result: {verdict}"
 
 
-def transient(exc: BaseException) -> bool:
-    """A failure that may pass: running out of GPU or host memory (the trials clone inputs and
-    allocate outputs for every candidate, on top of the workload's own tensors)."""
-    return out_of_memory(exc)
-
-
 def classify_error(exc: BaseException) -> str:
-    """'memory' (``transient``: the candidate is not to blame), else 'compile' or 'launch', from
-    the exception's type (Triton, NVRTC and kernelgraft names)."""
-    if transient(exc):
+    """'memory' (out of memory: it may pass, and the candidate is not to blame; the trials clone
+    inputs and allocate outputs beside the workload's own tensors), else 'compile' or 'launch',
+    from the exception's type (Triton, NVRTC and kernelgraft names)."""
+    if out_of_memory(exc):
         return "memory"
     names = " ".join(t.__name__ for t in type(exc).__mro__)
     if "Compil" in names or "PTXAS" in names.upper() or "NVRTC" in names.upper():

@@ -34,9 +34,10 @@ from typing import Any
 import torch
 
 from .. import _verify
+from .._errors import out_of_memory
 from .._op import _compete
 from .._timing import on_device
-from ._gate import classify_error, expected, judge, transient
+from ._gate import classify_error, expected, judge
 from ._timing import CaptureRefused, Trial, cuda_timer
 
 __all__ = ["Result", "run_trials"]
@@ -271,10 +272,9 @@ def _gate_torch(op, cand, call, own, restore, reference, device) -> Result | Tri
         got = fresh(call(*own), empty=False, args=args)
         _verify.sync(device)
     except Exception as exc:
-        if cand.impl.name == "compile" and not transient(exc):
-            op.dispatcher.compile_state.refused(exc)
         kind = classify_error(exc)
-        if cand.impl.name == "compile" and kind != "memory":
+        if cand.impl.name == "compile" and kind != "memory":  # out of memory is no refusal
+            op.dispatcher.compile_state.refused(exc)
             kind = "compile"
         return Result(cand, kind=kind, reason=f"{kind} error: {type(exc).__name__}: {str(exc)[:500]}")
     why = judge(op, reference, _compete.outputs_of(op, got), own)
@@ -297,7 +297,7 @@ def _time(trial: Trial, timer: Any, settings: Any) -> tuple[float, float, float 
     except CaptureRefused as exc:
         return Result(cand, kind="capture", reason=f"cannot be captured in a CUDA graph: {exc}")
     except Exception as exc:
-        kind = "memory" if transient(exc) else "timing"
+        kind = "memory" if out_of_memory(exc) else "timing"
         return Result(cand, kind=kind, reason=f"timing failed: {type(exc).__name__}: {str(exc)[:300]}")
     finally:
         if trial.restore is not None:

@@ -22,11 +22,10 @@ import torch
 from .. import _native
 from .._op import _select
 from .._op._compete import TORCH, TORCH_INDEX, find, is_torch, key_backends, servable
-from .._errors import FallbackWarning, TuneWarning
+from .._errors import FallbackWarning, TuneWarning, out_of_memory
 from .._spec import Config
 from . import _dist
 from ._cache import DiskCache
-from ._gate import transient
 from ._key import TuneKey, build_key
 from ._modes import Settings, no_tune_reason, settings, warn_no_tune
 from ._prune import apply_prune
@@ -377,7 +376,7 @@ class Tuner:
             failed = Decision(key.as_json(), [], [], source="default")
             # Kept in memory (not on disk): the threads that waited for this key, and later
             # calls, use the default candidate instead of each failing the same tuning again.
-            if transient(exc):
+            if out_of_memory(exc):
                 # Out of memory may pass (the workload's peak moves on): tune the key again after
                 # a backoff that doubles with each failure in a row, and keep no plan for good
                 # meanwhile. Any other failure would recur with the same inputs and candidates: it
