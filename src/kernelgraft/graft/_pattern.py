@@ -20,6 +20,11 @@ model uses, with the op's scalar arguments as wildcards (see ``_variants``):
 - ``torch.export``: the ``ExportedProgram``'s own ATen IR, traced with ``torch.export`` (and with
   ``run_decompositions()`` for decomposed programs); the program's graph is rewritten in place.
 
+Both sides are matched in functional form (``_functional``), so a pattern written with ``/=``,
+``mul_`` or ``add_`` matches what it matches written out of place. The rewrite itself, and the
+layouts it keeps, are ``_rewrite``'s; the Inductor pass that holds the active patterns is
+``_install``'s.
+
 A match is admitted (``Pattern.admit``) only when it computes what the op computes: its nodes have
 the ranks of the variant that matched, its dims are the pattern's, the pattern traced at the
 model's scalar values is the graph that matched, and (``verify``) the op equals the pattern on the
@@ -34,26 +39,25 @@ from __future__ import annotations
 import hashlib
 import inspect
 import logging
-import operator
 import threading
-import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
-from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
 
-from .._errors import GraftWarning, SpecError, describe
-from .._op import _compete, _registry
+from .._errors import SpecError
 from .._spec import callable_source
-from . import _admit, _explain, _variants
+from . import _admit, _variants
 from ._admit import Binding
-from ._passes import Slot
+# The pattern graft's other parts, named here for callers of this module.
+from ._install import _SLOT, active, install, retire_later, uninstall  # noqa: F401
+from ._rewrite import Misses, rewrite_exported, rewrite_graph  # noqa: F401
 
-__all__ = ["Pattern", "Binding", "Misses", "rewrite_graph", "install", "uninstall", "active"]
+__all__ = ["Pattern", "Binding", "Misses", "rewrite_graph", "rewrite_exported", "install", "uninstall",
+           "active", "retire_later"]
 
 log = logging.getLogger(__name__)
 
@@ -243,344 +247,3 @@ def _outputs(graph: fx.Graph) -> list[fx.Node]:
     """The nodes a traced pattern returns, in order."""
     out = next(n for n in reversed(graph.nodes) if n.op == "output")
     return list(out.all_input_nodes)
-
-
-def _fake_value(op: Any, args: list) -> Any:
-    vals = [a.meta.get("val") if isinstance(a, fx.Node) else a for a in args]
-    if any(isinstance(a, fx.Node) and not isinstance(v, torch.Tensor) for a, v in zip(args, vals)):
-        return None
-    from torch._guards import detect_fake_mode
-
-    tensors = [v for v in vals if isinstance(v, torch.Tensor)]
-    try:
-        mode = detect_fake_mode(tensors)
-    except AssertionError:
-        mode = None  # values from several fake modes (make_fx in real mode makes one per node)
-    if mode is None:
-        from torch._subclasses.fake_tensor import FakeTensorMode
-
-        mode = FakeTensorMode()
-        with mode:
-            vals = [
-                torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device)
-                if isinstance(v, torch.Tensor) else v
-                for v in vals
-            ]
-    with mode:
-        return op.overload(*vals)
-
-
-@dataclass
-class Misses:
-    """What a rewrite left: sites that matched but were refused, and why a pattern replaced nothing."""
-
-    kept: dict[str, str] = field(default_factory=dict)  # "%node (target)" -> why it stays
-    reasons: list[tuple[int, str]] = field(default_factory=list)  # (closeness, text) per graph
-
-    def reason(self) -> str | None:
-        """The explanation from the graph whose closest site came closest."""
-        return max(self.reasons, key=lambda r: r[0])[1] if self.reasons else None
-
-
-def rewrite_graph(graph: fx.Graph, patterns: Sequence[Pattern], ir: str,
-                  misses: Misses | None = None) -> tuple[int, dict[str, str]]:
-    """Replace every admitted match of each pattern in ``graph``; returns (count, {old name: new
-    name}). With ``misses``, records refused sites and, for a pattern that replaced nothing, why."""
-    total = 0
-    renamed: dict[str, str] = {}
-    # A replaced output node -> the node that stands for it now: a later match may take it as an
-    # input (the sum one block returns is the next block's residual).
-    substitutes: dict[fx.Node, fx.Node] = {}
-    lifted = _lift_asserts(graph) if ir == "export" else []
-    for pattern in patterns:
-        variants = pattern.variants(ir, graph)
-        done = 0
-        refused: dict[str, str] = {}
-        for v in variants:
-            # Overlaps are removed after admission: a refused match must not hide an admitted one.
-            matcher = SubgraphMatcher(v.graph, match_output=False, match_placeholder=False,
-                                      remove_overlapping_matches=False)
-            taken: set[fx.Node] = set()
-            for match in matcher.match(graph):
-                inner = {n for pn, n in match.nodes_map.items()
-                         if pn.op not in ("placeholder", "output") and isinstance(n, fx.Node)}
-                if inner & taken:
-                    continue
-                site = _site(match)
-                binding = pattern.admit(v, match)
-                if isinstance(binding, str):
-                    if site not in refused or refused[site].endswith(_admit.OTHER_RANK):
-                        refused[site] = binding  # another variant's reason says more than a rank
-                    continue
-                why = _replace(graph, pattern, match, binding, renamed, substitutes)
-                if why is None:
-                    done += 1
-                    taken |= inner
-                    refused.pop(site, None)
-                elif why:
-                    refused.setdefault(site, why)
-        if done:
-            pattern.replaced[ir] = pattern.replaced.get(ir, 0) + done
-            total += done
-        for site, why in refused.items():
-            log.info("kg.graft: %s left as is at %s: %s", pattern.op.name, site, why)
-        if misses is not None:
-            misses.kept.update(refused)
-        if not done and (misses is not None or log.isEnabledFor(logging.INFO)):
-            closeness, text = _explain.explain(graph, pattern, variants, ir, refused)
-            if misses is not None:
-                misses.reasons.append((closeness, text))
-            log.info("kg.graft: %s", text)
-    _restore_asserts(graph, lifted, substitutes)
-    if total or lifted:
-        graph.lint()
-    return total, renamed
-
-
-def _site(match: Any) -> str:
-    node = match.returning_nodes[0] if match.returning_nodes else match.anchors[0]
-    return f"%{node.name} ({_admit.target(node)})"
-
-
-def _lift_asserts(graph: fx.Graph) -> list[tuple]:
-    """Take out the tensor-metadata assertions ``torch.export`` adds for ``.to()`` calls: they
-    are users of the values they check, so a matched value they check would count as used
-    outside its match. Returns what ``_restore_asserts`` puts back."""
-    op = getattr(torch.ops.aten, "_assert_tensor_metadata", None)
-    if op is None:
-        return []
-    lifted = []
-    for node in list(graph.nodes):
-        if node.op == "call_function" and node.target is op.default and not node.users:
-            lifted.append((node.target, node.args, dict(node.kwargs), node.meta, node.next))
-            graph.erase_node(node)
-    return lifted
-
-
-def _restore_asserts(graph: fx.Graph, lifted: list[tuple], substitutes: dict[fx.Node, fx.Node]) -> None:
-    """Put the assertions back where they were, checking what stands for their value now; one
-    whose value went inside a replacement (an intermediate of the kernel) is dropped."""
-    for target, args, kwargs, meta, where in lifted:
-        checked = args[0]
-        while checked in substitutes:
-            checked = substitutes[checked]
-        if not isinstance(checked, fx.Node) or not _live(checked, graph):
-            continue
-        if _live(where, graph) and checked is args[0]:
-            context = graph.inserting_before(where)
-        else:
-            context = graph.inserting_after(checked)
-        with context:
-            node = graph.call_function(target, (checked, *args[1:]), kwargs)
-        node.meta = meta
-
-
-def _insertion_point(graph: fx.Graph, match: Any, inputs: list[fx.Node]) -> fx.Node | None:
-    """The node to insert a tuple op's call before: after every input, before the first use of
-    an output outside the match; None when no such place exists (the match stays)."""
-    nodes = list(graph.nodes)
-    order = {n: i for i, n in enumerate(nodes)}
-    inner = {n for pn, n in match.nodes_map.items() if pn.op not in ("placeholder", "output")}
-    returning = list(match.returning_nodes)
-    after = max((order[n] for n in inputs), default=-1)
-    outside = [u for r in returning for u in r.users if u not in inner]
-    first_use = min((order[u] for u in outside), default=len(order))
-    first_ret = min(order[r] for r in returning)
-    if after >= first_use:
-        return None
-    # Inside the match's own span the call can go before its first output; else after the last input.
-    return nodes[first_ret] if after < first_ret else nodes[after + 1]
-
-
-def _live(node: fx.Node, graph: fx.Graph) -> bool:
-    return node.graph is graph and not getattr(node, "_erased", False)
-
-
-def _replace(graph: fx.Graph, pattern: Pattern, match: Any, binding: Binding, renamed: dict[str, str],
-             substitutes: dict[fx.Node, fx.Node]) -> str | None:
-    """Replace one match by one op call (and a getitem per output when it returns a tuple).
-    None when replaced, else why not ("" when an earlier replacement took part of it)."""
-    returning = list(match.returning_nodes)
-    inputs = []
-    for node in binding.inputs:
-        while node in substitutes:
-            node = substitutes[node]
-        inputs.append(node)
-    if not all(_live(n, graph) for n in returning + inputs):
-        return ""  # part of it was consumed by an earlier replacement
-    single = len(returning) == 1
-    where = returning[0] if single else _insertion_point(graph, match, inputs)
-    if where is None:
-        return (f"no place for one {pattern.op.name} call: an output is used before another "
-                "output's inputs are computed")
-    with graph.inserting_before(where):
-        args = _op_args(graph, pattern, inputs, binding.scalars)
-        new = graph.call_function(pattern.op.overload, tuple(args))
-        outs = [new] if single else [graph.call_function(operator.getitem, (new, i))
-                                     for i in range(len(returning))]
-    added = [a for a in args if isinstance(a, fx.Node) and a not in inputs] + [new] + ([] if single else outs)
-
-    def undo(why: str) -> str:
-        for node in reversed(added):
-            graph.erase_node(node)
-        return why
-
-    try:
-        val = _fake_value(pattern.op, args)
-    except Exception as exc:
-        return undo(f"{pattern.op.name} cannot take the matched values: {_variants.first_line(exc)}")
-    vals = None if val is None else (val,) if single else tuple(val)
-    if vals is not None:
-        if len(vals) != len(returning):
-            return undo(f"{pattern.op.name} returns {len(vals)} tensors where the pattern gave "
-                        f"{len(returning)}")
-        for r, v in zip(returning, vals):
-            if not _same_kind(r.meta.get("val"), v):
-                return undo(f"{pattern.op.name} returns {describe(v)} where the pattern gave "
-                            f"{describe(r.meta.get('val'))}")
-        if not single:
-            new.meta = {"val": vals}
-    for r, out, v in zip(returning, outs, vals or [None] * len(outs)):
-        meta = dict(r.meta)
-        meta.pop("tensor_meta", None)
-        if v is not None:
-            meta["val"] = v
-        out.meta = meta
-    names = [r.name for r in returning]
-    for r, out in zip(returning, outs):
-        r.replace_all_uses_with(out)
-        substitutes[r] = out
-    _erase_inner(graph, match)
-    for out, name in zip(outs, names):
-        out._rename(name)
-        if out.name != name:
-            renamed[name] = out.name
-    return None
-
-
-def _same_kind(original: Any, val: Any) -> bool:
-    """The op's output may stand for the pattern's: same dtype and rank (where both are known)."""
-    return not (isinstance(original, torch.Tensor) and isinstance(val, torch.Tensor)
-                and (original.dtype != val.dtype or original.dim() != val.dim()))
-
-
-def _op_args(graph: fx.Graph, pattern: Pattern, inputs: list[fx.Node], scalars: dict[int, Any]) -> list[Any]:
-    """The op call's arguments: the matched inputs in the pattern's tensor slots (made dense
-    where a match took a strided view), the model's scalars where the pattern reads them, the
-    example's elsewhere."""
-    args: list[Any] = list(pattern.example)
-    for slot, value in scalars.items():
-        args[slot] = value
-    for slot, node in zip(pattern.tensor_slots, inputs):
-        val = node.meta.get("val")
-        if isinstance(val, torch.Tensor) and not val.is_contiguous():
-            # the matched ops took any layout; kernels may need a dense one
-            dense = graph.call_function(torch.ops.aten.clone.default, (node,),
-                                        {"memory_format": torch.contiguous_format})
-            dense.meta = {**node.meta, "val": val.clone(memory_format=torch.contiguous_format)}
-            node = dense
-        args[slot] = node
-    return args
-
-
-def _erase_inner(graph: fx.Graph, match: Any) -> None:
-    inner = {n for pn, n in match.nodes_map.items() if pn.op not in ("placeholder", "output")}
-    for node in reversed(list(graph.nodes)):
-        if node in inner and not node.users:
-            graph.erase_node(node)
-
-
-# ---------------------------------------------------------------------------- the Inductor pass
-_LOCK = threading.Lock()
-_ACTIVE: list[Pattern] = []
-_DEAD: list[Pattern] = []  # patterns whose models were collected, uninstalled at the next chance
-
-
-def active() -> list[Pattern]:
-    with _LOCK:
-        _drain()
-        return list(_ACTIVE)
-
-
-def _run(graph: fx.Graph) -> None:
-    n, _ = rewrite_graph(graph, _applicable(), "inductor")
-    log.info("kernelgraft post-grad pass: replaced %d pattern matches", n)
-
-
-def _identity() -> tuple:
-    return tuple(p.uuid for p in _applicable())
-
-
-def retire_later(pattern: Pattern) -> None:
-    """Uninstall ``pattern`` at the next install, uninstall or compile: called by the finalizer
-    of its model, which garbage collection may run anywhere, even where this thread holds _LOCK."""
-    _DEAD.append(pattern)  # atomic: takes no lock
-
-
-def _drain() -> None:
-    """Drop the patterns whose models are gone (the caller holds _LOCK). Inductor's pass slot
-    stays until the next uninstall: a compile may be reading it."""
-    while _DEAD:
-        pattern = _DEAD.pop()
-        if pattern in _ACTIVE:
-            _ACTIVE.remove(pattern)
-
-
-def _applicable() -> list[Pattern]:
-    """The active patterns less those whose op's own reference is being compiled in this thread
-    (its torch:compile candidate): that graph is the pattern, and must stay the reference; and
-    less those whose op no longer holds its name (unregistered, or replaced by a declaration
-    with ``replace=True``): the graft was verified against that op, not its successor."""
-    own = _compete.compiling_references()
-    with _LOCK:
-        _drain()
-        active = list(_ACTIVE)
-    return [p for p in active if p.op.name not in own and _current(p)]
-
-
-def _current(pattern: Pattern) -> bool:
-    holder = _registry.lookup(pattern.op.name)
-    if holder is pattern.op or (holder is not None and holder.fingerprint == pattern.op.fingerprint):
-        return True  # the same op (a bundle's stand-in taken over by the module's own)
-    if not pattern.stale_said:
-        pattern.stale_said = True
-        warnings.warn(f"kg.graft: the pattern graft onto {pattern.op.name} no longer acts: that op was "
-                      "unregistered or declared again since; graft the model again to use the op "
-                      "that holds the name now", GraftWarning, stacklevel=2)
-    return False
-
-
-_SLOT = Slot("post_grad_custom_pre_pass", "kernelgraft", _run, _identity)
-
-
-def install(pattern: Pattern) -> None:
-    """Make ``pattern`` part of every Inductor compilation from now on."""
-    with _LOCK:
-        _drain()
-        _ACTIVE.append(pattern)
-        _SLOT.install()
-
-
-def uninstall(pattern: Pattern) -> None:
-    with _LOCK:
-        if pattern in _ACTIVE:
-            _ACTIVE.remove(pattern)
-        _drain()
-        if not _ACTIVE:
-            _SLOT.uninstall()
-
-
-# ---------------------------------------------------------------------------- ExportedProgram
-def rewrite_exported(ep: Any, pattern: Pattern, misses: Misses | None = None) -> int:
-    """Rewrite ``ep``'s graph in place; returns the number of replacements."""
-    gm = ep.graph_module
-    n, renamed = rewrite_graph(gm.graph, [pattern], "export", misses)
-    if renamed:
-        for spec in ep.graph_signature.output_specs:
-            arg = getattr(spec, "arg", None)
-            if arg is not None and getattr(arg, "name", None) in renamed:
-                arg.name = renamed[arg.name]
-    if n:
-        gm.graph.eliminate_dead_code()
-        gm.recompile()
-    return n

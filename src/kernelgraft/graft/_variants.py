@@ -30,6 +30,8 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from . import _functional
+
 __all__ = ["Variant", "VariantKey", "trace", "build", "diff", "same", "rank", "input_rank",
            "normalize_dims", "first_line", "DIM_ARGS"]
 
@@ -93,10 +95,14 @@ def trace(ir: str, fn: Callable, tensors: list[torch.Tensor]) -> list[fx.Graph]:
 
 
 def _trace_modules(ir: str, fn: Callable, tensors: list[torch.Tensor]) -> list[fx.GraphModule]:
+    """``fn`` traced into ``ir`` in functional form (``_functional``): a ValueError names an
+    in-place step that cannot be made out of place."""
     if ir == "inductor":
         from torch._inductor.pattern_matcher import fwd_only
 
-        return [fwd_only(fn, tensors)]
+        gm = fwd_only(_functional.functionalized(fn), tensors)
+        _functional.check_writes(gm.graph)
+        return [gm]
     if ir in ("export", "export_core"):
 
         class _Wrap(torch.nn.Module):
@@ -104,6 +110,9 @@ def _trace_modules(ir: str, fn: Callable, tensors: list[torch.Tensor]) -> list[f
                 return fn(*ts)
 
         ep = torch.export.export(_Wrap(), tuple(tensors), strict=False)
+        _functional.deinplace(ep.graph_module.graph, arguments=True)
+        _functional.check_writes(ep.graph_module.graph)
+        ep.graph_module.recompile()
         # "export_core": for programs the user ran run_decompositions() on (seconds per call, so
         # only traced when the program's graph is not in the as-exported form)
         return [ep.run_decompositions().graph_module if ir == "export_core" else ep.graph_module]
