@@ -223,6 +223,35 @@ def test_inductor_is_told_the_dense_input_layout_the_op_takes():
     torch.testing.assert_close(gm(q, cos, sin), M()(q, cos, sin))
 
 
+class _Rotary(torch.nn.Module):
+    def forward(self, q, cos, sin):
+        return rope_pattern(q, cos, sin)
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rotary = _Rotary()
+
+    def forward(self, x, cos, sin):
+        b, s = x.shape[:2]
+        out = self.rotary(x.transpose(1, 2), cos, sin)
+        return out.transpose(1, 2).view(b, s, -1)  # a view only the transposed layout allows
+
+
+def test_a_module_graft_whose_model_no_longer_runs_is_undone_with_a_verification_error():
+    """A graft by module type runs the op's contiguous output where the module returned its
+    input's layout (the eager path is not rewritten): a model that then fails is refused with
+    the reason, and every graft of the call is undone."""
+    model = _Attention()
+    x, cos, sin = torch.randn(2, 12, 4, 16), torch.randn(2, 1, 12, 16), torch.randn(2, 1, 12, 16)
+    with pytest.raises(kg.VerificationError, match="view size is not compatible"):
+        kg.graft(model, {_Rotary: rope}, example_inputs=(x, cos, sin))
+    assert kg.ungraft(model) == 0
+    torch.testing.assert_close(model(x, cos, sin), rope_pattern(x.transpose(1, 2), cos, sin)
+                               .transpose(1, 2).reshape(2, 12, -1))
+
+
 # ---------------------------------------------------------------------------- GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

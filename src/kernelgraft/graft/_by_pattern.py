@@ -14,7 +14,7 @@ import torch
 from .._errors import GraftWarning, KernelgraftError, SpecError, VerificationError, describe
 from ..check import _inputs
 from . import _pattern, _verify
-from ._example import MAX_SAMPLES, as_call, tune_at_example
+from ._example import MAX_SAMPLES, as_call, run_failed, tune_at_example
 
 __all__ = ["graft_pattern", "ungraft_patterns"]
 
@@ -172,7 +172,7 @@ def _count_and_verify_traced(model, pat, args, kwargs, verify, tolerance, misses
                 raise inner from None
             if isinstance(exc, KernelgraftError) or not sum(counts):
                 raise
-            raise _run_failed(f"with {sum(counts)} matches of the pattern replaced by {pat.op.name}", exc,
+            raise run_failed(f"with {sum(counts)} matches of the pattern replaced by {pat.op.name}", exc,
                               "nothing was grafted") from exc
     n = sum(counts)
     pat.replaced["inductor"] = pat.replaced.get("inductor", 0) - n  # count real compiles only
@@ -230,18 +230,10 @@ def _graft_exported(ep, pat, report, verify, have_inputs, args, kwargs, toleranc
             restore()
             if isinstance(exc, KernelgraftError):
                 raise
-            raise _run_failed("the rewritten program", exc, "the program was restored") from exc
+            raise run_failed("the rewritten program", exc, "the program was restored") from exc
         problem = _verify.compare(expected, got, ops=[pat.op], override=tolerance)
         if problem is not None:
             restore()
             raise VerificationError(f"kg.graft: the rewritten program's outputs differ: {problem}; "
                                     "the program was restored")
         report.verified = True
-
-
-def _run_failed(what: str, exc: Exception, undone: str) -> VerificationError:
-    """The error for a grafted model that raised where the original ran: a graft that does not
-    run is refused, with the first line of what went wrong."""
-    text = str(exc).strip().splitlines()
-    return VerificationError(f"kg.graft: {what}, the model raised {type(exc).__name__}: "
-                             f"{text[0][:300] if text else ''}; {undone}")

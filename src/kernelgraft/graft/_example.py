@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from .._errors import GraftWarning
+from .._errors import GraftWarning, VerificationError
 
-__all__ = ["MAX_SAMPLES", "as_call", "tune_at_example"]
+__all__ = ["MAX_SAMPLES", "as_call", "run_failed", "tune_at_example"]
 
 MAX_SAMPLES = 3  # an op's sample inputs a graft checks, at most
 
@@ -44,3 +44,11 @@ def tune_at_example(run: Callable[[], Any], ops: Any) -> None:
         warnings.warn(f"kg.graft: tuning {names} on the example inputs failed ({type(exc).__name__}: "
                       f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); they tune on first use",
                       GraftWarning, stacklevel=4)
+
+
+def run_failed(what: str, exc: Exception, undone: str) -> VerificationError:
+    """The error for a grafted model that raised where the original ran: a graft that does not
+    run is refused, with the first line of what went wrong."""
+    text = str(exc).strip().splitlines()
+    return VerificationError(f"kg.graft: {what}, the model raised {type(exc).__name__}: "
+                             f"{text[0][:300] if text else ''}; {undone}")

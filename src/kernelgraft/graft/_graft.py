@@ -10,10 +10,10 @@ from typing import Any
 
 import torch
 
-from .._errors import GraftWarning, SpecError, VerificationError, describe
+from .._errors import GraftWarning, KernelgraftError, SpecError, VerificationError, describe
 from ..check import _inputs
 from . import _by_pattern, _modules, _verify
-from ._example import MAX_SAMPLES, as_call, tune_at_example
+from ._example import MAX_SAMPLES, as_call, run_failed, tune_at_example
 
 __all__ = ["GraftReport", "graft", "ungraft"]
 
@@ -237,8 +237,15 @@ def _graft_modules(model, rules, mode, report, verify, example_inputs, tolerance
                 "example_inputs=(...) to check them", GraftWarning, stacklevel=3,
             )
         if have_inputs and report.replaced:
-            with torch.no_grad(), _verify.kernels_only():
-                got = model(*_verify.clone_inputs(args), **_verify.clone_inputs(kwargs))
+            try:
+                with torch.no_grad(), _verify.kernels_only():
+                    got = model(*_verify.clone_inputs(args), **_verify.clone_inputs(kwargs))
+            except Exception as exc:
+                for module in grafted:
+                    _modules.ungraft_module(module)
+                if isinstance(exc, KernelgraftError):
+                    raise
+                raise run_failed("with its modules grafted", exc, "every graft of this call was undone") from exc
             problem = _verify.compare(expected, got, ops=ops, override=tolerance)
             if problem is not None:
                 for module in grafted:

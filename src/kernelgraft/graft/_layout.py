@@ -45,9 +45,19 @@ def same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
                for n, s, t in zip(a.shape, a.stride(), b.stride()))
 
 
-def _overlaps(t: torch.Tensor) -> bool:
-    return any(statically_known_true(s == 0) and not statically_known_true(n <= 1)
-               for n, s in zip(t.shape, t.stride()))
+def _static(t: torch.Tensor) -> bool:
+    return all(type(x) is int for x in (*t.shape, *t.stride()))
+
+
+def _apart(t: torch.Tensor) -> bool:
+    """Whether no two elements of ``t`` share memory, shown by ordering its dims by stride: each
+    stride spans the extent of the dims inside it (sizes and strides known, ``_static``)."""
+    extent = 1
+    for n, s in sorted(((n, s) for n, s in zip(t.shape, t.stride()) if n > 1), key=lambda d: d[1]):
+        if s < extent:
+            return False
+        extent += (n - 1) * s
+    return True
 
 
 def keep_layout(graph: fx.Graph, node: fx.Node, want: Any, index: int) -> list[fx.Node] | str | None:
@@ -69,17 +79,20 @@ def keep_layout(graph: fx.Graph, node: fx.Node, want: Any, index: int) -> list[f
         return new
 
     try:
-        if _overlaps(want):
-            return f"{where}, which overlaps itself (a broadcast view); a fresh tensor cannot take that layout"
         if is_non_overlapping_and_dense_or_false(want):
             perm, _ = compute_elementwise_output_logical_to_physical_perm(want)
             back = [perm.index(i) for i in range(len(perm))]
             dense = call(_aten.clone.default, call(_aten.permute.default, node, list(perm)),
                          memory_format=torch.contiguous_format)
             out = call(_aten.permute.default, dense, back)
+        elif not _static(want):
+            # ordering symbolic strides would add guards to the compile
+            return f"{where}, with gaps and symbolic sizes, which the graft does not copy into"
+        elif not _apart(want):
+            return f"{where}, which overlaps itself (a broadcast view); a fresh tensor cannot take that layout"
         else:
             extent = 1 + sum((n - 1) * s for n, s in zip(want.shape, want.stride()))
-            buffer = call(_aten.empty.memory_format, [extent], dtype=want.dtype, device=want.device)
+            buffer = call(_aten.new_empty.default, node, [extent])
             written = call(_aten.as_strided_scatter.default, buffer, node, list(want.shape),
                            list(want.stride()), 0)
             out = call(_aten.as_strided.default, written, list(want.shape), list(want.stride()), 0)

@@ -16,6 +16,8 @@ A trace bakes in what its example inputs were; each of these is generalised wher
   example's value, with the reason kept for the no-match report.
 - dims: a ``dim`` argument becomes a placeholder checked after the match, so ``mean`` over ``2``
   at rank 3 matches a pattern's ``mean`` over ``-1``.
+- in-place steps: the pattern is traced in functional form (``_functional``), so ``w /= s`` traces
+  as ``w / s`` does.
 """
 
 from __future__ import annotations
