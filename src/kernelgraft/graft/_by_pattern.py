@@ -19,13 +19,13 @@ from ._example import MAX_SAMPLES, as_call, run_failed, tune_at_example
 __all__ = ["graft_pattern", "ungraft_patterns"]
 
 log = logging.getLogger(__name__)
-_MODEL_PATTERNS: "weakref.WeakKeyDictionary[Any, list[_pattern.Pattern]]" = weakref.WeakKeyDictionary()
+MODEL_PATTERNS: "weakref.WeakKeyDictionary[Any, list[_pattern.Pattern]]" = weakref.WeakKeyDictionary()
 
 
 def ungraft_patterns(model: Any) -> int:
     """Uninstall the pattern grafts ``kg.graft`` made on ``model``; returns how many."""
     try:
-        patterns = _MODEL_PATTERNS.pop(_owner(model), [])
+        patterns = MODEL_PATTERNS.pop(_owner(model), [])
     except TypeError:  # not weakly referable: kg.graft kept no pattern for it
         patterns = []
     for pattern in patterns:
@@ -124,7 +124,7 @@ def graft_pattern(model, fn, replacement, report, verify, example_inputs, patter
         _warn_kept(report, 4)
     owner = _owner(model)
     if owner is not model or not hasattr(model, "__func__"):  # not a method of an unreferable object
-        _MODEL_PATTERNS.setdefault(owner, []).append(pat)
+        MODEL_PATTERNS.setdefault(owner, []).append(pat)
         # A pattern graft acts on every graph Inductor compiles: once its model is gone (a
         # notebook cell re-run builds a new one), it must stop acting, and nothing could ungraft
         # it any more. The finalizer only marks it (garbage collection may run it where this

@@ -18,6 +18,8 @@ from ._example import MAX_SAMPLES, as_call, run_failed, tune_at_example
 __all__ = ["GraftReport", "graft", "ungraft"]
 
 log = logging.getLogger(__name__)
+# A model's pattern grafts, under the name scripts outside the package read it by.
+_MODEL_PATTERNS = _by_pattern.MODEL_PATTERNS
 
 
 @dataclass
