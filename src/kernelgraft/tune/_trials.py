@@ -13,9 +13,9 @@ Why the warm-up, on every key: without it the candidate timed first won large GE
 slower at (most likely it ran on the power headroom an idle GPU builds up, the others at the
 sustained clock; H200, 2026-11-30: with the warm-up the 22-shape sweep's worst choice was 1.033x
 the best, at a 3 us kernel; skipping it when no compile had happened gave 1.099x on two large
-shapes; both runs are in benchmarks/results/2026-11-30-h200-1-2/. With the warm-up, a 1% tie margin
+shapes; both runs are in benchmarks/results/2026-11-30-h200-2/. With the warm-up, a 1% tie margin
 and two finalists the sweep chose the best config on all 22 shapes: benchmarks/results/
-2026-11-30-h200-1-3/).
+2026-11-30-h200-3/).
 
 The caller's tensors are never written: mutating ops get private copies, restored from a pristine
 copy before every launch. Outputs are preallocated (poisoned for the gate run), so timing sees
