@@ -1,5 +1,5 @@
 """Why does the grafted one-token Llama decode cost ~90 us more per kernelgraft op under
-torch.compile than the plain compiled model (2026-12-01-h200-s10, run 4: 2.996 vs 1.827 ms for 13
+torch.compile than the plain compiled model (2026-12-01-h200-5, run 4: 2.996 vs 1.827 ms for 13
 op calls), when prefill pays ~9 us per op and CUDA graphs ~17? Profiles the host side of the
 compiled grafted decode (cProfile over 50 forwards) and prints each op's plans."""
 

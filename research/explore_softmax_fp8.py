@@ -2,7 +2,7 @@
 exploration; the chosen variants live in kernelgraft/examples). Rounds 1 and 2 swept the
 examples' own kernels by config plus two variants that lost and were not kept (a rows kernel that
 recomputes exp instead of holding it, a persistent scatter); their numbers are in
-benchmarks/results/2026-11-30-h200-s3/explore_round1.txt and explore_round2.txt. This file runs
+benchmarks/results/2026-11-30-h200-3/explore_round1.txt and explore_round2.txt. This file runs
 round 3."""
 import json
 import torch

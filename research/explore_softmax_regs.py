@@ -2,7 +2,7 @@
 
 The library's ``softmax_row_regs`` (one row per block, the row in registers) runs 2048x32768 in
 about 76 us; a copy of the same bytes takes about 69 us and 85% of the measured copy ceiling needs
-about 74 us (benchmarks/results/2026-11-30-h200-s4/). Variants, each checked against float32
+about 74 us (benchmarks/results/2026-11-30-h200-4/). Variants, each checked against float32
 torch.softmax unless it is a diagnostic (``diag``, wrong on purpose):
 
 - ``diag copy-through``: the same loads and stores with no reductions and no math: the floor of

@@ -2,7 +2,7 @@
 
 The streaming kernel in ``kernelgraft.examples._softmax_cuda`` reads each row from shared memory
 three times (max, sum, write) and spends about 5.4 us per row and block on bf16[2048, 32768], where
-moving the row's bytes takes about 4 us at the copy rate (benchmarks/results/2026-11-30-h200-s3/).
+moving the row's bytes takes about 4 us at the copy rate (benchmarks/results/2026-11-30-h200-3/).
 This variant reads the row from shared memory once into registers (CHUNKS 16-byte vectors per
 thread, so rows up to THREADS * CHUNKS * 16 bytes) and keeps the exponentials there between the
 sum and the write. Run on a GPU: ``python research/explore_softmax_stream.py``; it checks every

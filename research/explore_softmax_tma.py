@@ -1,6 +1,6 @@
 """Round 7: softmax over bf16[2048, 32768] with the Hopper bulk-copy (TMA) engine.
 
-Round 6 (benchmarks/results/2026-11-30-h200-s4/explore_round6.txt) showed the one-row-per-block
+Round 6 (benchmarks/results/2026-11-30-h200-4/explore_round6.txt) showed the one-row-per-block
 register kernel is bound by its access pattern, not its math: the same loads and stores with no
 math at all (a burst of 16-byte loads per row, then a burst of stores) take 78.6 us, the softmax
 76.4 us, an elementwise copy of the same bytes 68 us. These variants move each row with

@@ -5,7 +5,7 @@ launch reaches the stream before the GPU reaches the start event. When the host 
 enqueue a launch than the GPU has queued work (a few-microsecond kernel behind a launch path of
 20-40 us on a slow host), the GPU idles between the events and the host's time is counted as the
 kernel's. On the H200 this made the same kernel time 6 us in one measurement and 42 us in the
-next (benchmarks/results/2026-11-30-h200-s3/). ``cover(host_us, slack_us)`` enqueues a spin
+next (benchmarks/results/2026-11-30-h200-3/). ``cover(host_us, slack_us)`` enqueues a spin
 kernel (``torch.cuda._sleep``) that keeps the stream busy for twice the launch's host cost plus
 slack; put it before the start event and the timed launch is already queued when the GPU gets
 there.

@@ -1,7 +1,7 @@
 """CUDA-graph replays taken in turn: the timing that compares several candidates at one clock.
 
 Timed one after the other, each over tens of milliseconds, two runs of the very same cuBLAS GEMM
-read 259 and 327 us within one round on the H200 (benchmarks/results/2026-12-02-h200-s13): its
+read 259 and 327 us within one round on the H200 (benchmarks/results/2026-12-02-h200-3): its
 clock under a GEMM's power draw moves over milliseconds to seconds. Replays taken in turn (one
 replay of each graph, about a millisecond of work each, then the next turn, in orders where each
 graph follows each other one equally often, turn after turn) run back to back on the GPU and see
@@ -66,7 +66,7 @@ def balanced_orders(n: int) -> list[list[int]]:
     behind (garbage to collect, a GPU queue to drain, the L2's contents): in a one-token Llama
     decode on the H200 two copies of one compiled model read 4.3% apart over 4000 turns when the
     order only rotated, so that one always followed an eager forward and the other a compiled one
-    (benchmarks/results/2026-12-02-h200-s14)."""
+    (benchmarks/results/2026-12-02-h200-4)."""
     if n <= 2:
         return [list(range(n))]
     found = _stream_orders(n) if n <= 16 else None

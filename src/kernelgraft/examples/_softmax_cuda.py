@@ -7,7 +7,7 @@
   filled by ``cp.async`` ahead of the row being normalised (vocab-wide rows).
 - ``CUDA_ROW_REGS``: one block per row, the whole row loaded into registers in
   one burst of 16-byte loads, several rows in flight per SM (vocab-wide rows; measured in
-  benchmarks/results/2026-11-30-h200-s4/explore_round5.txt).
+  benchmarks/results/2026-11-30-h200-4/explore_round5.txt).
 - ``CUDA_ROW_TMA``: one block per row in shared memory, loaded by Hopper bulk copies (TMA) that
   complete on an mbarrier (vocab-wide rows; explore_round7.txt there).
 
@@ -526,7 +526,7 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)
 // up to CHUNK bytes complete on an mbarrier, the block normalises the row from shared memory, and
 // writes it with 16-byte streaming stores (STORE 0) or bulk copies back (STORE 1). A 64 KiB row
 // leaves room for three blocks per SM. Per-thread loads of the same rows were bound by their
-// access pattern (benchmarks/results/2026-11-30-h200-s4/explore_round6.txt and round7.txt).
+// access pattern (benchmarks/results/2026-11-30-h200-4/explore_round6.txt and round7.txt).
 template <typename T, int THREADS, int STORE, int CHUNK>
 __global__ void __launch_bounds__(THREADS)
 softmax_row_tma(const T* __restrict__ x, T* __restrict__ out, int n_rows, int n_cols) {

@@ -212,7 +212,7 @@ TRITON_SPLIT = kg.triton(
 # Within the tuner's 1% tie margin the impl listed first wins: the bulk-copy kernel before the
 # register one. It is 5-7% faster per launch from a cold L2 on the H200, yet the tuner, which
 # replays launches back to back, once chose the register kernel (benchmarks/results/
-# 2026-11-30-h200-s4/SUMMARY.md).
+# 2026-11-30-h200-4/SUMMARY.md).
 IMPLS = [TRITON_ROWS, TRITON_ONLINE, CUDA, CUDA_CLUSTER, CUDA_STREAM, CUDA_ROW_TMA, CUDA_ROW_REGS, TRITON_SPLIT]
 
 

@@ -9,11 +9,11 @@ With ``cold_l2`` every launch is timed alone after an L2 flush (writing a buffer
 cache), as ``kernelgraft bench`` and ``triton.testing.do_bench`` time them; the flush is also the
 GPU work queued ahead of the launch. Graph replay over rotated copies of the inputs was the cold
 mode before: it ranked two softmax kernels within 1% of each other that per-launch flushed timing
-put 7% apart (benchmarks/results/2026-11-30-h200-s5/diag_softmax_choice.txt), so the tuner and the
+put 7% apart (benchmarks/results/2026-11-30-h200-5/diag_softmax_choice.txt), so the tuner and the
 bench disagreed on which was fastest. Mutating ops get their inputs restored before every launch,
 outside the timed region; the flush comes after the restore, which would otherwise leave the
 mutated inputs in the L2 (it made the tuner choose an FP8 scatter config 4% slower than the best in
-benchmarks/results/2026-11-30-h200-s4/).
+benchmarks/results/2026-11-30-h200-4/).
 
 Everything runs on the trial's device (``Trial.device``, the tensors' device), whatever device the
 caller has current: events, the capture stream and graph, the L2 flush, the busy cover and the

@@ -13,9 +13,9 @@ Why the warm-up, on every key: without it the candidate timed first won large GE
 slower at (most likely it ran on the power headroom an idle GPU builds up, the others at the
 sustained clock; H200, 2026-11-30: with the warm-up the 22-shape sweep's worst choice was 1.033x
 the best, at a 3 us kernel; skipping it when no compile had happened gave 1.099x on two large
-shapes; both runs are in benchmarks/results/2026-11-30-h200-s2/. With the warm-up, a 1% tie margin
+shapes; both runs are in benchmarks/results/2026-11-30-h200-2/. With the warm-up, a 1% tie margin
 and two finalists the sweep chose the best config on all 22 shapes: benchmarks/results/
-2026-11-30-h200-s3/).
+2026-11-30-h200-3/).
 
 The caller's tensors are never written: mutating ops get private copies, restored from a pristine
 copy before every launch. Outputs are preallocated (poisoned for the gate run), so timing sees
@@ -52,7 +52,7 @@ FINAL_MARGIN = 0.03
 MAX_FINALISTS = 2
 FINAL_ROUNDS = 1
 # Timed together (about 20 ms of replays each), up to four within 5%: a first pass at a drifting
-# clock reads the same cuBLAS GEMM 259 or 327 us on the H200 (benchmarks/results/2026-12-02-h200-s13),
+# clock reads the same cuBLAS GEMM 259 or 327 us on the H200 (benchmarks/results/2026-12-02-h200-3),
 # so its order among close candidates is the clock's as much as the kernels'.
 TOGETHER_MARGIN = 0.05
 MAX_TOGETHER = 4
@@ -319,7 +319,7 @@ def _time(trial: Trial, timer: Any, settings: Any) -> tuple[float, float, float 
     # torch:eager is ranked by GPU time, as kernels are: only a reference that is one library
     # call (a cuBLAS GEMM) beats a kernel on the GPU, and that costs the host about what a launch
     # does. Scoring its host time but not the kernels' lost cuBLAS to Triton GEMMs up to 24%
-    # slower on skinny shapes (H200, benchmarks/results/2026-12-02-h200-s11). Its host time is
+    # slower on skinny shapes (H200, benchmarks/results/2026-12-02-h200-1). Its host time is
     # measured after every timing and recorded beside the score (_served_hosts).
     return ms, ms, None
 
