@@ -114,8 +114,33 @@ def _apply_function(apply: Any, args: tuple) -> Any:
     return apply(*args)
 
 
+_AFTER_INPLACE_OR_VIEW = torch._C._after_ADInplaceOrView_keyset
+_BACKENDS = (torch._C.DispatchKey.CPU, torch._C.DispatchKey.CUDA)  # where the op's kernel is registered
+_PLAIN: dict[int, bool] = {}  # a dispatch keyset's raw value -> whether below autograd is the backend alone
+
+
+def _below_autograd(op: "KernelOp", redispatch: Any) -> Any:
+    """The call below autograd: straight to the op's kernel (``KernelOp._dispatcher_kernel``, the
+    one registered for CPU and CUDA) when nothing else sits between autograd and the backend (no
+    Python mode or subclass, functionalization, functorch level, neg or conj bit, which all
+    come as dispatch keys), else a redispatch. Skipping the redispatch saves every torch.ops call
+    a second trip from C++ into Python."""
+    kernel = op._dispatcher_kernel
+
+    def below(keyset, args):
+        raw = keyset.raw_repr()
+        plain = _PLAIN.get(raw)
+        if plain is None:
+            plain = _PLAIN[raw] = (keyset & _AFTER_INPLACE_OR_VIEW).highestPriorityTypeId() in _BACKENDS
+        if plain:
+            return kernel(*args)
+        return redispatch(keyset & _AFTER_AUTOGRAD, *args)
+
+    return below
+
+
 def _functional_kernel(op: "KernelOp", overload: Any, fn: Any) -> Any:
-    redispatch = overload.redispatch
+    below = _below_autograd(op, overload.redispatch)
     # autograd.Function.apply checks for functorch transforms and would send the Function to a
     # HigherOrderOperator that the dispatcher cannot serve from inside this kernel: the C++ apply
     # underneath it is the one that records the node.
@@ -127,7 +152,7 @@ def _functional_kernel(op: "KernelOp", overload: Any, fn: Any) -> Any:
             return _forward_ad(op, args)
         if _grad_enabled() and _any_requires_grad(*args):
             return _apply_function(apply, args if flatten is None else flatten(args))
-        return redispatch(keyset & _AFTER_AUTOGRAD, *args)
+        return below(keyset, args)
 
     return autograd_kernel
 
@@ -137,7 +162,7 @@ def _differentiable(t: Any) -> bool:
 
 
 def _mutating_kernel(op: "KernelOp", overload: Any) -> Any:
-    redispatch = overload.redispatch
+    below = _below_autograd(op, overload.redispatch)
     names = [p.name for p in op.signature.params]
     mutated_idx = [i for i, p in enumerate(op.signature.params) if p.mutated]
     mutated = [names[i] for i in mutated_idx]
@@ -165,7 +190,7 @@ def _mutating_kernel(op: "KernelOp", overload: Any) -> Any:
                     (isinstance(a, torch.Tensor) and a.requires_grad) for a in args]
             inputs = _refusal.describe_inputs(names, _refusal.wanted(names, need))
             raise _refusal.mutation_refused(op.name, mutated, inputs)
-        return redispatch(keyset & _AFTER_AUTOGRAD, *args)
+        return below(keyset, args)
 
     return autograd_kernel
 
