@@ -82,7 +82,9 @@ def _has_tangent(args: tuple) -> bool:
 
 
 def _forward_ad(op: "KernelOp", args: tuple) -> Any:
-    """Forward-mode AD: the op's reference, run here as a composite of PyTorch ops."""
+    """Forward-mode AD: the op's reference, run here as a composite of PyTorch ops. The op's
+    argument checks (types, devices, declared dtypes and ranks) apply first, as on every call."""
+    op.dispatcher.check(args)
     try:
         outs = op.reference(*args)
     except KernelgraftError:

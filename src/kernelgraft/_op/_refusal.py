@@ -41,6 +41,9 @@ def _refuse(grad: torch.Tensor, op: str, inputs: str, size: list[int]) -> torch.
 # A CompositeExplicitAutograd kernel serves every device (and meta), so a gradient on any device
 # reaches the refusal, never a "no kernel for this backend" error.
 _lib.impl("no_backward", _refuse, "CompositeExplicitAutograd")
+# Under vmap (vmap(grad(op)), jacrev) the refusal raises as it is: torch's generic batching would
+# first warn that a batching rule is missing.
+_lib.impl("no_backward", _refuse, "FuncTorchBatched")
 
 
 @torch.library.register_fake(f"{_NS}::no_backward", lib=_lib)
