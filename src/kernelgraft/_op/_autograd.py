@@ -31,13 +31,13 @@ there). An integer tensor written from such inputs (a quantized cache) carries n
 
 Cost: every ``torch.ops`` call of an op (compiled graphs, exported programs) enters this Python
 kernel once; one that needs no gradient goes from here straight to the op's kernel when nothing
-sits between autograd and the backend (``_below_autograd``), instead of a second trip from C++
-into Python. Measured on CPU (thread time, a reference-served op on a 16-element tensor): a
-``torch.ops`` call costs about 0.8 us more than with no autograd kernel (6.1 -> 6.9 us, grad mode
-on or off; inference mode skips autograd and is unchanged), and an op with a backward is 4 us
-cheaper than under torch.library's generated kernel (11.0 -> 6.9 us). ``KernelOp.__call__``'s
-eager path never comes here: it checks grad mode and the forward-AD level itself and takes the
-dispatcher only when one of them asks.
+sits between autograd and the backend (``_plain``), instead of a second trip from C++ into Python.
+Measured on CPU (thread time, a reference-served op on a 16-element tensor): a ``torch.ops`` call
+costs about 1.3 us more than with no autograd kernel (6.3 -> 7.6 us, grad mode on or off;
+inference mode skips autograd and is unchanged), most of it torch passing the dispatch keyset to a
+Python kernel; an op with a backward is 4 us cheaper than under torch.library's generated kernel
+(11.6 -> 7.6 us). ``KernelOp.__call__``'s eager path never comes here: it checks grad mode and the
+forward-AD level itself and takes the dispatcher only when one of them asks.
 """
 
 from __future__ import annotations
@@ -126,29 +126,20 @@ _BACKENDS = (torch._C.DispatchKey.CPU, torch._C.DispatchKey.CUDA)  # where the o
 _PLAIN: dict[int, bool] = {}  # a dispatch keyset's raw value -> whether below autograd is the backend alone
 
 
-def _below_autograd(op: "KernelOp", redispatch: Any) -> Any:
-    """The call below autograd: straight to the op's kernel (``KernelOp._dispatcher_kernel``, the
-    one registered for CPU and CUDA) when nothing else sits between autograd and the backend (no
-    Python mode or subclass, functionalization, functorch level, neg or conj bit, which all
-    come as dispatch keys), else a redispatch. Skipping the redispatch saves every torch.ops call
-    a second trip from C++ into Python."""
-    kernel = op._dispatcher_kernel
-
-    def below(keyset, args):
-        raw = keyset.raw_repr()
-        plain = _PLAIN.get(raw)
-        if plain is None:
-            below_ = (keyset & _AFTER_AUTOGRAD).remove(_INPLACE_OR_VIEW)
-            plain = _PLAIN[raw] = below_.highestPriorityTypeId() in _BACKENDS
-        if plain:
-            return kernel(*args)
-        return redispatch(keyset & _AFTER_AUTOGRAD, *args)
-
-    return below
+def _plain(keyset: Any) -> bool:
+    """Whether nothing sits between autograd and the backend in ``keyset`` (no Python mode or
+    subclass, functionalization, functorch level, neg or conj bit: all come as dispatch keys),
+    and the backend is one where the op's kernel is ``KernelOp._dispatcher_kernel``."""
+    below = (keyset & _AFTER_AUTOGRAD).remove(_INPLACE_OR_VIEW)
+    plain = _PLAIN[keyset.raw_repr()] = below.highestPriorityTypeId() in _BACKENDS
+    return plain
 
 
 def _functional_kernel(op: "KernelOp", overload: Any, fn: Any) -> Any:
-    below = _below_autograd(op, overload.redispatch)
+    # Below autograd, a call goes straight to the op's kernel when the keyset is plain (_plain),
+    # else it is redispatched: skipping the redispatch saves every torch.ops call that needs no
+    # gradient a second trip from C++ into Python.
+    kernel, redispatch, known = op._dispatcher_kernel, overload.redispatch, _PLAIN
     # autograd.Function.apply checks for functorch transforms and would send the Function to a
     # HigherOrderOperator that the dispatcher cannot serve from inside this kernel: the C++ apply
     # underneath it is the one that records the node.
@@ -160,7 +151,10 @@ def _functional_kernel(op: "KernelOp", overload: Any, fn: Any) -> Any:
             return _forward_ad(op, args)
         if _grad_enabled() and _any_requires_grad(*args):
             return _apply_function(apply, args if flatten is None else flatten(args))
-        return below(keyset, args)
+        plain = known.get(keyset.raw_repr())
+        if plain or (plain is None and _plain(keyset)):
+            return kernel(*args)
+        return redispatch(keyset & _AFTER_AUTOGRAD, *args)
 
     return autograd_kernel
 
@@ -170,7 +164,7 @@ def _differentiable(t: Any) -> bool:
 
 
 def _mutating_kernel(op: "KernelOp", overload: Any) -> Any:
-    below = _below_autograd(op, overload.redispatch)
+    kernel, redispatch, known = op._dispatcher_kernel, overload.redispatch, _PLAIN
     names = [p.name for p in op.signature.params]
     mutated_idx = [i for i, p in enumerate(op.signature.params) if p.mutated]
     mutated = [names[i] for i in mutated_idx]
@@ -198,7 +192,10 @@ def _mutating_kernel(op: "KernelOp", overload: Any) -> Any:
                     (isinstance(a, torch.Tensor) and a.requires_grad) for a in args]
             inputs = _refusal.describe_inputs(names, _refusal.wanted(names, need))
             raise _refusal.mutation_refused(op.name, mutated, inputs)
-        return below(keyset, args)
+        plain = known.get(keyset.raw_repr())
+        if plain or (plain is None and _plain(keyset)):
+            return kernel(*args)
+        return redispatch(keyset & _AFTER_AUTOGRAD, *args)
 
     return autograd_kernel
 
