@@ -422,3 +422,36 @@ def test_compiled_backward_in_a_fresh_process_raises_or_matches_the_reference(ba
     proc = subprocess.run([sys.executable, "-c", _FRESH, backend], capture_output=True, text=True,
                           timeout=600, env=env)
     assert proc.returncode == 0 and "FRESH-OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-6000:]
+
+
+# ------------------------------------------------------------------ on the GPU (kernels, native replay)
+@pytest.mark.gpu
+def test_autograd_routes_on_gpu():
+    """On CUDA, where the kernels and the native replay serve: a forward-AD tangent is not lost
+    to a replayed plan, reverse mode through swiglu matches the reference, add_relu refuses, the
+    compiled backward refuses, and vmap runs the kernels per element."""
+    g = torch.Generator(device="cuda").manual_seed(12)
+    x, y = (torch.randn(64, 256, device="cuda", generator=g) for _ in range(2))
+    for _ in range(3):  # warm: plans, and the native replay of the signature where it builds
+        add_relu(x, y)
+        swiglu(x, y)
+    t = torch.randn(64, 256, device="cuda", generator=g)
+    with fwAD.dual_level():
+        out = add_relu(fwAD.make_dual(x, t), y)
+        tangent = fwAD.unpack_dual(out).tangent
+    assert tangent is not None
+    torch.testing.assert_close(tangent, torch.func.jvp(lambda a: add_relu.reference(a, y), (x,), (t,))[1])
+    xs, ys = x.clone().requires_grad_(), y.clone().requires_grad_()
+    swiglu(xs, ys).sum().backward()
+    xr, yr = x.clone().requires_grad_(), y.clone().requires_grad_()
+    swiglu.reference(xr, yr).sum().backward()
+    torch.testing.assert_close(xs.grad, xr.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(ys.grad, yr.grad, rtol=1e-4, atol=1e-5)
+    with pytest.raises(kg.UnsupportedError, match="kgexamples::add_relu " + NO_BACKWARD):
+        torch.ops.kgexamples.add_relu(xs, y).sum().backward()
+    f = torch.compile(lambda a, b: add_relu(a, b) * 2, backend="inductor", fullgraph=True)
+    with pytest.raises(kg.UnsupportedError, match="kgexamples::add_relu " + NO_BACKWARD):
+        f(xs, y).sum().backward()
+    got = torch.vmap(add_relu)(x.view(4, 16, 256), y.view(4, 16, 256))
+    torch.testing.assert_close(got, torch.stack([add_relu(a, b) for a, b in zip(x.view(4, 16, 256), y.view(4, 16, 256))]),
+                               rtol=0, atol=0)
