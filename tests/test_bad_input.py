@@ -382,25 +382,21 @@ def test_gpu_overlap_refused_and_cost():
     print(f"fp8_kcache_scatter host cost with the overlap guard: {per_call * 1e6:.2f} us per call")
 
 
-def test_the_autograd_kernel_is_registered_only_once_grad_is_wanted():
-    """A Python autograd kernel costs every torch.ops call (compiled graphs, exported programs)
-    several microseconds even under no_grad, so an op without a backward gets its refusing
-    autograd kernel only when an eager call first meets grad mode with an input requiring grad."""
+def test_the_autograd_kernel_is_registered_when_the_op_is_defined():
+    """An op's autograd kernel (its backward, or the refusal) is in place from definition, so no
+    route that never takes the eager slow path (torch.ops, a compiled graph traced in a fresh
+    process) can reach the op before it and lose a gradient."""
     import torch
 
     @kg.op("tbadin::lazy_grad")
     def lazy_grad(x: torch.Tensor) -> torch.Tensor:
         return x * 3
 
-    has = lambda: torch._C._dispatch_has_kernel_for_dispatch_key("tbadin::lazy_grad", "Autograd")  # noqa: E731
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("tbadin::lazy_grad", "Autograd")
     x = torch.randn(8)
-    lazy_grad(x)
-    torch.ops.tbadin.lazy_grad(x)
+    assert torch.equal(lazy_grad(x), x * 3) and torch.equal(torch.ops.tbadin.lazy_grad(x), x * 3)
     with torch.no_grad():
-        lazy_grad(x.requires_grad_())
-    assert not has()
-    g = torch.randn(8, requires_grad=True)
-    out = lazy_grad(g)
-    assert has()
+        assert not lazy_grad(x.requires_grad_()).requires_grad
+    out = torch.ops.tbadin.lazy_grad(torch.randn(8, requires_grad=True))
     with pytest.raises(kg.UnsupportedError, match="tbadin::lazy_grad has no backward"):
         out.sum().backward()

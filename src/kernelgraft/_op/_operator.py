@@ -25,7 +25,7 @@ import torch
 
 from .._errors import InputError, RegistrationError, SpecError, UnsupportedError, describe
 from .._spec import Config, ImplSpec
-from .._verify import check_tolerances, tensors
+from .._verify import check_tolerances
 from ..tune._key import normalize_buckets
 from ..tune._modes import scope as _scope
 from . import _autograd, _compete, _registry, _select
@@ -44,6 +44,7 @@ _dispatch_stack_len = torch._C._len_torch_dispatch_stack
 _function_mode_on = torch._C._is_torch_function_mode_enabled
 _functorch_on = torch._C._are_functorch_transforms_active
 _grad_enabled = torch.is_grad_enabled
+_FORWARD_AD = torch.autograd.forward_ad  # its _current_level >= 0 while a dual level is open
 _EPOCH = _select._epoch  # a one-element list; read directly on the hot path
 # Called as hook(op, args) whenever fake tensors reach an op (torch.compile and export tracing,
 # and the op's own shape inference); graft._inline installs Inductor's in-graph choice here.
@@ -128,7 +129,7 @@ class KernelOp:
         self._overload: Any = None
         self._lib: Any = None
         self._autograd: tuple | None = None  # (backward, setup_context) once register_autograd ran
-        self._autograd_info: Any = None  # torch.library's autograd Info, set at registration
+        self._autograd_info: Any = None  # the backward its autograd Function uses (_autograd)
 
     # ---------------------------------------------------------------- construction helpers
     @staticmethod
@@ -255,7 +256,7 @@ class KernelOp:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs or len(args) != self._nparams:
             args = self.signature.bind(self.name, args, dict(kwargs))
-        if _is_compiling():
+        if _is_compiling() or _FORWARD_AD._current_level >= 0:  # a tangent may ride on an argument
             return self._overload(*args)
         d = self._d
         replay = d.replay  # (Replay, scope, epoch) of the last signature; the Replay checks the rest
@@ -268,9 +269,7 @@ class KernelOp:
         key = d.key(args, _grad_enabled())
         if key is None:
             self.signature.check_types(self.name, args)
-            if self._autograd_info is None:
-                _autograd.ensure(self)  # grad wanted: the op's backward, or its refusal (_autograd)
-            return self._overload(*args)
+            return self._overload(*args)  # grad wanted: the op's autograd kernel (_autograd)
         if d.epoch == _EPOCH[0]:  # the steady state, inlined: two dict lookups and the plan
             table = d.tables.get(_scope())
             if table is not None:
@@ -300,13 +299,6 @@ class KernelOp:
         return d.execute(args, key)
 
     def _fake(self, *args: Any) -> Any:
-        # torch.compile's graphs reach the op through fake tensors first, before AOTAutograd
-        # traces its backward: the op's autograd kernel (its backward, or the refusal) must be
-        # registered by then, or a backward through the compiled op ran with no error at all.
-        # Eager calls register it on their slow path (__call__); compiled ones never take that.
-        if self._autograd_info is None and torch.is_grad_enabled() and any(
-                t.requires_grad for t in tensors(args)):
-            _autograd.ensure(self)
         for hook in TRACE_HOOKS:
             hook(self, args)
         outs = self._meta_fn(*args)
@@ -375,14 +367,18 @@ class KernelOp:
         self, backward: Callable[..., Any], *, setup_context: Callable[..., Any] | None = None
     ) -> None:
         """Give the op a backward (see ``torch.library.register_autograd``). Until it has one, a
-        backward through the op raises an ``UnsupportedError`` naming it (``_autograd``)."""
+        backward through the op raises an ``UnsupportedError`` naming it (``_autograd``).
+        Forward-mode AD differentiates the reference, with or without a backward."""
         if not callable(backward) or (setup_context is not None and not callable(setup_context)):
             raise SpecError(f"{self.name}: register_autograd needs functions, got backward="
                             f"{describe(backward)}, setup_context={describe(setup_context)}")
-        if not getattr(self, "_autograd_functional", True):  # it mutates: torch.library says why not
-            torch.library.register_autograd(self.name, backward, setup_context=setup_context, lib=self._lib)
+        if self.mutates_args:
+            raise SpecError(
+                f"{self.name}: register_autograd is for ops that do not mutate their arguments, and "
+                f"this one mutates {', '.join(repr(m) for m in self.mutates_args)} (torch.library "
+                "gives such ops no autograd formula); declare a functional op that returns its "
+                "result, and give that one the backward")
         self._autograd = (backward, setup_context)  # re-applied if the registry re-defines the op
-        _autograd.ensure(self)
         _autograd.set_backward(self)
 
     def candidates(self, *args: Any, **kwargs: Any) -> list[Candidate]:
