@@ -112,11 +112,13 @@ def _rope_fits(q, cos, sin, **config):
 
 
 def rope_inputs(device: str = "cpu"):
-    """A contiguous q, and a transposed one (``[B, T, H, D].transpose(1, 2)``, as HF Llama has it)."""
+    """A contiguous q, a transposed one (``[B, T, H, D].transpose(1, 2)``, as HF Llama has it), and
+    a strided ``cos``, which the kernel declines (it needs ``cos`` contiguous): no kernel serves it."""
     g = torch.Generator().manual_seed(1)
     cos, sin = torch.randn(5, 8, generator=g).to(device), torch.randn(5, 8, generator=g).to(device)
     yield torch.randn(2, 3, 5, 16, generator=g).to(device), cos, sin
     yield torch.randn(2, 5, 3, 16, generator=g).to(device).transpose(1, 2), cos, sin
+    yield torch.randn(2, 3, 5, 16, generator=g).to(device), torch.randn(5, 16, generator=g).to(device)[:, ::2], sin
 
 
 @kg.op("kglayout::rope", sample_inputs=rope_inputs, impls=[

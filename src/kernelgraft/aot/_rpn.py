@@ -226,7 +226,7 @@ def evaluate(tokens: Sequence[Sequence[Any]], args: Sequence[Any]) -> Any:
                 stack.append(_extreme(token[1], values))
         else:
             raise BundleError(f"bundle program token {token!r} is not one of "
-                             "int/float/size/stride/arg/op/unary/bool/call")
+                             "int/float/size/arg/op/unary/bool/call/stride")
     if len(stack) != 1:
         raise BundleError(f"bundle program leaves {len(stack)} values on the stack, not 1")
     if isinstance(stack[0], _Err):

@@ -71,7 +71,9 @@ class Context:
                 if self.hint(t.storage_offset()) != 0:
                     raise Unsupported(f"a view of {name} with a storage offset")
                 return name
-        raise Unsupported("a kernel tensor argument that is not an input or output of the op")
+        raise Unsupported("a kernel tensor argument that is not an input or output of the op (a tensor the "
+                          "launch made, such as a .contiguous() copy, is not in the bundle: pass the "
+                          "input's strides to the kernel, or name the input in the impl's contiguous=)")
 
     def hint(self, value: Any) -> Any:
         """The sample's concrete value of a (possibly symbolic) int."""

@@ -317,8 +317,8 @@ class CpuKernel : public c10::OperatorKernel {
       }
       TORCH_CHECK(false, op.qualified, ": planned ", op.candidates[launch->candidate].label, " kernel ",
                   launch->kernel->name, " grid [", launch->grid[0], ", ", launch->grid[1], ", ", launch->grid[2],
-                  "] scalars [", scalars, "] (", cached ? "cached" : "new", ", ", loaded_->cache.size(),
-                  " cached); the bundle's kernels run on CUDA devices");
+                  "] (", cached ? "cached" : "new", ", ", loaded_->cache.size(), " cached) scalars [", scalars,
+                  "]; the bundle's kernels run on CUDA devices");
     }
     views(op, args, false, &device);  // names the CPU argument
     TORCH_CHECK(false, op.qualified, ": the bundle's kernels run on CUDA devices, got no CUDA tensor");
@@ -466,14 +466,15 @@ std::vector<ArgView> views_of(const Json& list) {
       a.dtype = item.contains("dtype") ? item.get("dtype").to_str() : "float32";
       for (const auto& d : as_array(field(item, "shape", "a test tensor"), "a test shape"))
         a.sizes.push_back(as_int(d, "a test size"));
-      if (item.contains("stride")) {  // else the contiguous strides of the shape
+      if (item.contains("stride")) {
         for (const auto& d : as_array(item.get("stride"), "a test stride")) a.strides.push_back(as_int(d, "a test stride"));
-      } else {
+        a.contiguous = contiguous_layout(a.sizes, a.strides);
+      } else if (item.contains("contiguous")) {  // a layout without strides: programs cannot read them
+        a.contiguous = item.get("contiguous").evaluate_as_boolean();
+      } else {  // the contiguous strides of the shape
         a.strides.assign(a.sizes.size(), 1);
         for (size_t d = a.sizes.size(); d-- > 1;) a.strides[d - 1] = a.strides[d] * std::max<int64_t>(a.sizes[d], 1);
       }
-      a.contiguous = contiguous_layout(a.sizes, a.strides);
-      if (item.contains("contiguous")) a.contiguous = item.get("contiguous").evaluate_as_boolean();
       if (item.contains("aligned")) a.aligned16 = item.get("aligned").evaluate_as_boolean();
     } else {
       a.value = item;

@@ -256,7 +256,7 @@ Program::Program(const Json& json, size_t n_inputs, const std::string& where) {
       depth -= static_cast<size_t>(n) - 1;
       tok.a = static_cast<int32_t>(n);
     } else {
-      throw BundleError(at + ": '" + tag + "' is not one of int/float/size/stride/arg/op/unary/bool/call");
+      throw BundleError(at + ": '" + tag + "' is not one of int/float/size/arg/op/unary/bool/call/stride");
     }
     depth_ = std::max(depth_, depth);
     tokens_.push_back(tok);

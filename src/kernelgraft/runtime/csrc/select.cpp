@@ -171,9 +171,9 @@ bool choose(const OpEntry& op, const std::vector<ArgView>& args, const std::vect
     for (const auto& p : rule.pinned) sig += " " + op.params[p.first].name + "='" + p.second + "'";
     held += (held.empty() ? "" : "; ") + sig;
   }
-  *why += ". The bundle's kernels serve inputs of: " + (held.empty() ? std::string("nothing") : held) +
-          " (in the layouts their candidates declare, and where their guards hold); rebuild it with samples "
-          "of these shapes and layouts (`kernelgraft aot`)";
+  *why += ". The bundle's kernels serve contiguous inputs of: " + (held.empty() ? std::string("nothing") : held) +
+          " (strided ones too where their candidates take strides; and where their guards hold); rebuild it with "
+          "samples of these shapes and layouts (`kernelgraft aot`)";
   return false;
 }
 
@@ -202,13 +202,7 @@ std::string describe_args(const OpEntry& op, const std::vector<ArgView>& args) {
         out += (d ? ", " : "") + (d < a.size_text.size() ? a.size_text[d] : std::to_string(a.sizes[d]));
       out += "]";
       if (!a.contiguous) {
-        out += " (not contiguous";
-        if (a.strides.size() == a.sizes.size()) {
-          out += ": strides [";
-          for (size_t d = 0; d < a.strides.size(); ++d) out += (d ? ", " : "") + std::to_string(a.strides[d]);
-          out += "]";
-        }
-        out += ")";
+        out += " (not contiguous)";
       } else if (!a.aligned16) {
         out += " (not 16-byte aligned)";
       }
