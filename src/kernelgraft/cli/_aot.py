@@ -82,14 +82,19 @@ def _run(args) -> int:
             dropped += 1
             where = f" for {d['arch']}" if d["arch"] else ""
             print(f"  DROPPED {d['candidate']} on {d['signature']}{where}: {_indent(d['reason'])}")
-        declined: dict[str, list[str]] = {}
+        declined: dict[str, list[tuple[str, str]]] = {}
         for r in entry.get("refused", ()):  # as eager dispatch declines them: not a loss of the bundle
             refused += 1
-            declined.setdefault(r["candidate"], []).append(r["reason"])
-        for label, reasons in declined.items():
-            distinct = list(dict.fromkeys(reasons))
-            print(f"  {label} declines {len(reasons)} signature(s), as eager dispatch does: "
-                  + "; ".join(distinct[:3]) + (f"; ... ({len(distinct) - 3} more reasons)" if len(distinct) > 3 else ""))
+            declined.setdefault(r["candidate"], []).append((r["signature"], r["reason"]))
+        alike: dict[tuple, list[str]] = {}  # candidates that decline the same signatures: one line
+        for label, pairs in declined.items():
+            alike.setdefault(tuple(pairs), []).append(label)
+        for pairs, labels in alike.items():
+            who = ", ".join(labels) if len(labels) <= 2 else f"{labels[0]} and {len(labels) - 1} other candidates"
+            distinct = list(dict.fromkeys(reason for _, reason in pairs))
+            print(f"  {who} decline{'s' if len(labels) == 1 else ''} {len(pairs)} signature(s), as eager "
+                  "dispatch does: " + "; ".join(distinct[:2])
+                  + (f"; ... ({len(distinct) - 2} more)" if len(distinct) > 2 else ""))
         for u in entry.get("unserved", ()):
             unserved += 1
             print(f"  NOT SERVED {u['signature']}: no bundled kernel takes it ({_indent('; '.join(u['reasons']))})")
