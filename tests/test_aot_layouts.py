@@ -256,6 +256,31 @@ def cpp(so, bundle, tmp_path_factory) -> str:
     return "kglay_cpp"
 
 
+@pytest.mark.parametrize("text", [
+    "x.stride(0)", "x.stride(1) * x.shape[0] + n", "(x.stride(0) % 16 == 0) and (x.stride(1) == 1)",
+    "x.stride(2)", "max(x.stride(0), x.stride(1)) // (x.stride(1) - 1)",
+])
+def test_stride_programs_equal_python_on_random_layouts(so, text):
+    """The RPN stride token in C++ gives what the Python text gives on tensors of those strides
+    (an error where Python raises: a dimension the tensor lacks, a division by zero)."""
+    import random
+
+    from kernelgraft.aot._rpn import compile_rpn
+
+    program = compile_rpn(text, ["x", "n"])
+    rng = random.Random(text)
+    for _ in range(40):
+        shape = [rng.randrange(1, 9), rng.randrange(1, 9)]
+        stride = [rng.choice([0, 1, 2, 16, 48, 1000]) for _ in shape]
+        n = rng.randrange(-5, 5)
+        try:
+            want = str(int(compile_exprs(["x", "n"], [text])(torch.empty_strided(shape, stride), n)[0]))
+        except Exception:
+            want = "error"
+        got = torch.ops.kernelgraft._runtime_eval(json.dumps(program), json.dumps([_t(shape, stride), n]))
+        assert got.startswith("error") if want == "error" else got == want, (text, shape, stride, n, got, want)
+
+
 def test_the_cpp_runtime_selects_by_layout_and_reads_the_callers_strides(cpp):
     x, slots = _t((6, 16)), _t((6,), dtype="int64")
     contiguous = _plan(f"{cpp}::scatter_rows", [x, _t((10, 16)), slots])
