@@ -17,9 +17,14 @@ What is supported (and what is not):
   fixes a shape-dependent constexpr such as ``triton.next_power_of_2``, written ``next_pow2(n)``).
   A launch the grammar cannot express (a view with an offset, data-dependent values) is compiled
   for its exact shapes.
-- Launch functions must make exactly one kernel launch (Triton) or return one ``kg.Launch``;
-  inputs must be contiguous; float scalars that are op arguments pass through by identity (anything
-  computed from them pins the op's float arguments to the sample); int/bool op arguments are pinned.
+- Launch functions must make exactly one kernel launch (Triton) or return one ``kg.Launch``, of
+  the op's own inputs and outputs (not of a copy the launch makes); float scalars that are op
+  arguments pass through by identity (anything computed from them pins the op's float arguments to
+  the sample); int/bool op arguments are pinned.
+- Layouts follow each impl's ``contiguous=``: inputs it needs contiguous are traced contiguous (a
+  kernel is selected only where they are); the others' strides are expressions (``x.stride(0)``),
+  so strided views are served with the caller's strides. Each sample's strided copy (the one
+  ``kernelgraft check`` tests) is built too.
 - Triton binaries assume 16-byte aligned pointers (checked per call) and no global scratch, TMA
   descriptors, clusters or PDL; ints are never specialised to constants. CUDA C++ kernels are
   checked for 16-byte aligned pointers too: ``supports()`` was traced on fake tensors, which look

@@ -1,13 +1,20 @@
 """``build_bundle``: compile every candidate of every op for each arch and signature, without a GPU.
 
-A signature is one sample input tuple (default: the op's ``sample_inputs()``). With
-``dynamic=True`` (the default) every dimension becomes a symbol and the launch parameters become
-expressions of the sizes, valid wherever the recorded guards hold; when a launch function does
-something the expression grammar cannot hold, that signature is compiled for its static shapes
-instead. CuTe DSL candidates become one shared library per kernel (``_cutedsl_aot``); a backend
-with no AOT path would be listed under ``skipped`` with the reason; every
-(candidate, signature, arch) that fails to record or compile is listed under ``dropped`` with the
-compiler's message (``kernelgraft aot`` prints them and fails unless ``--allow-partial``).
+A signature is one sample input tuple (default: the op's ``sample_inputs()``), plus, for each, the
+strided copy ``kernelgraft check`` derives from it (every tensor a non-contiguous view), so the
+layouts check passes are the layouts the bundle is built for. With ``dynamic=True`` (the default)
+every dimension and every stride of an input the candidate does not need contiguous becomes a
+symbol, and the launch parameters become expressions of them, valid wherever the recorded guards
+hold (``_trace``, ``_layout``); when a launch function does something the expression grammar
+cannot hold, that signature is compiled for its static shapes and strides instead. CuTe DSL
+candidates become one shared library per kernel (``_cutedsl_aot``).
+
+What is not built is listed in the op's entry, with why: ``skipped``, candidates with no AOT path
+(or no toolchain here, or no signature at all); ``dropped``, every (candidate, signature, arch)
+the candidate takes but that failed to record or compile (``kernelgraft aot`` prints them and
+fails unless ``--allow-partial``); ``refused``, every (candidate, signature) the candidate itself
+declines, as eager dispatch would (its layout declaration or ``supports()``); ``unserved``, the
+op's own signatures that no bundled kernel serves, with each candidate's reason.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import torch
 from .._errors import BundleError
 from . import _cuda_aot, _cutedsl_aot, _cutile_aot, _manifest, _triton_aot
 from ._expr import Unsupported
+from ._layout import contiguous_names, declared
 from ._program import decision_table, kernel_program, key_label, meta_rules, read_decisions, tuned_entries
 from ._sign import SIGNATURE, load_key, sign_bundle
 from ._trace import trace
@@ -164,12 +172,28 @@ def _samples(op, inputs) -> list[tuple]:
     return [tuple(s) for s in given]
 
 
+def _signatures(op, inputs) -> list[tuple[tuple, str, bool]]:
+    """(sample, label, derived): the op's samples, each followed by the strided copy that
+    ``kernelgraft check`` derives from it (when it has a tensor that can be made strided)."""
+    from ..check._inputs import noncontiguous
+
+    out = []
+    for sample in _samples(op, inputs):
+        out.append((sample, signature_label(sample), False))
+        strided = noncontiguous(op, sample)
+        if strided is not None:
+            out.append((strided, signature_label(strided), True))
+    return out
+
+
 def signature_label(sample: tuple) -> str:
-    """A sample as users read it: ``float16[300] 1.5``."""
+    """A sample as users read it: ``float16[300] 1.5``; a non-contiguous tensor shows its strides
+    (``float32[4, 8]/(16, 2)``)."""
     parts = []
     for a in sample:
         if isinstance(a, torch.Tensor):
-            parts.append(f"{str(a.dtype).removeprefix('torch.')}{list(a.shape)}")
+            layout = "" if a.is_contiguous() else f"/{tuple(a.stride())}"
+            parts.append(f"{str(a.dtype).removeprefix('torch.')}{list(a.shape)}{layout}")
         elif isinstance(a, (list, tuple)):
             parts.append(f"[{len(a)} tensors]")
         else:
@@ -178,11 +202,12 @@ def signature_label(sample: tuple) -> str:
 
 
 def _build_op(op, archs, out: Path, inputs, dynamic, progress, missing: Mapping[str, str]) -> dict:
-    """The op's manifest entry. ``skipped``: candidates with no AOT path or no supported sample;
-    ``dropped``: every (candidate, signature, arch) that failed to record or compile, with why."""
-    samples = _samples(op, inputs)
+    """The op's manifest entry; what is not built is listed with why (see the module docstring)."""
+    signatures = _signatures(op, inputs)
     names = [p.name for p in op.signature.params]
-    candidates, skipped, dropped, compiled_cache = [], [], [], {}
+    candidates, skipped, dropped, refused, compiled_cache = [], [], [], [], {}
+    served: set[int] = set()                                  # signatures some kernel serves
+    why_not: dict[int, list[str]] = {}                        # signature -> each candidate's reason
     for index, impl in enumerate(op.impls):
         for config in impl.configs:
             label = f"{impl.backend}:{impl.display_name}[{config.label()}]"
@@ -196,27 +221,31 @@ def _build_op(op, archs, out: Path, inputs, dynamic, progress, missing: Mapping[
             variants: dict[str, dict] = {}
             reasons: list[str] = []
 
-            def drop(sample, arch, exc) -> None:
+            def drop(number, arch, exc) -> None:
                 reason = f"{type(exc).__name__}: {exc}" if isinstance(exc, BaseException) else str(exc)
                 reasons.append(reason)
-                dropped.append({"candidate": label, "signature": signature_label(sample), "arch": arch,
+                why_not.setdefault(number, []).append(f"{label}: {reason}")
+                dropped.append({"candidate": label, "signature": signatures[number][1], "arch": arch,
                                 "reason": reason})
 
-            for sample in samples:
+            for number, (sample, sig_label, _derived) in enumerate(signatures):
                 try:
                     result, was_dynamic = record_call(op, impl, config, sample, dynamic)
                 except Exception as exc:
-                    drop(sample, None, exc)
+                    drop(number, None, exc)
                     continue
-                if isinstance(result, str):
-                    continue  # supports() refused this sample
+                if isinstance(result, str):  # the candidate declines this sample, as eager dispatch would
+                    refused.append({"candidate": label, "signature": sig_label, "reason": result})
+                    why_not.setdefault(number, []).append(f"{label}: {result}")
+                    continue
                 call, guards, out_shapes, out_dtypes = result
                 try:
                     guards = guards + call["guards"] + _scalar_guards(op, sample, call["untied_float"])
                 except Unsupported as exc:
-                    drop(sample, None, exc)
+                    drop(number, None, exc)
                     continue
                 tensors = [(p.name, a) for p, a in zip(op.signature.params, sample) if isinstance(a, torch.Tensor)]
+                dense = set(contiguous_names(impl, [n for n, _ in tensors]))
                 for arch in archs:
                     key = json.dumps([arch, call_identity(call)], sort_keys=True, default=str)
                     if key not in compiled_cache:
@@ -227,12 +256,15 @@ def _build_op(op, archs, out: Path, inputs, dynamic, progress, missing: Mapping[
                             compiled_cache[key] = exc
                     kernel = compiled_cache[key]
                     if isinstance(kernel, Exception):
-                        drop(sample, arch, kernel)
+                        drop(number, arch, kernel)
                         continue
                     variant = {
                         "arch": arch, "dynamic": was_dynamic,
                         "dtypes": {n: str(t.dtype).removeprefix("torch.") for n, t in tensors},
                         "ranks": {n: t.dim() for n, t in tensors},
+                        # traced contiguous: selected only where these inputs are (the others' strides
+                        # are symbols of the expressions)
+                        "contiguous": [n for n, _ in tensors if n in dense],
                         "guards": list(dict.fromkeys(guards)),
                         "outputs": {"shapes": out_shapes, "dtypes": out_dtypes},
                         **kernel,
@@ -243,8 +275,9 @@ def _build_op(op, archs, out: Path, inputs, dynamic, progress, missing: Mapping[
                     try:
                         variant["program"] = kernel_program(variant, names)
                     except BundleError as exc:  # an expression with no C++ form: this kernel is Python-only
-                        drop(sample, arch, exc)
+                        drop(number, arch, exc)
                         continue
+                    served.add(number)
                     variants.setdefault(json.dumps(variant, sort_keys=True), variant)
             if progress:
                 lost = sum(d["candidate"] == label for d in dropped)
@@ -257,15 +290,18 @@ def _build_op(op, archs, out: Path, inputs, dynamic, progress, missing: Mapping[
             candidates.append({
                 "index": index, "backend": impl.backend, "impl": impl.display_name,
                 "impl_fingerprint": impl.fingerprint, "config": config.as_dict(), "label": label,
-                "contiguous": True, "kernels": ordered,
+                "contiguous": declared(impl), "kernels": ordered,
             })
+    unserved = [{"signature": label, "reasons": list(dict.fromkeys(why_not.get(number, ["no candidate"])))}
+                for number, (_, label, derived) in enumerate(signatures) if not derived and number not in served]
     return {
         "name": op.name, "module": getattr(op.reference, "__module__", None),
         "schema": op.signature.schema, "params": [_param_entry(p) for p in op.signature.params],
         "returns": op.signature.returns, "n_returns": op.signature.n_returns,
         "mutates_args": list(op.mutates_args), "fingerprint": op.fingerprint,
         "doc": (op.reference.__doc__ or "").strip()[:500],
-        "candidates": candidates, "meta": meta_rules(candidates), "skipped": skipped, "dropped": dropped,
+        "candidates": candidates, "meta": meta_rules(candidates, names), "skipped": skipped, "dropped": dropped,
+        "refused": refused, "unserved": unserved,
     }
 
 

@@ -17,6 +17,7 @@ from .._errors import BundleError, UnsupportedError
 from .._spec import Config, ImplSpec
 from ..backends._base import register
 from ._expr import compile_exprs
+from ._program import shape_guards
 from ._runner import BundledRunner, _dtype
 
 __all__ = ["BundledImpl", "make_op", "RUNNERS"]
@@ -109,8 +110,9 @@ def _meta(entry: dict, names: Sequence[str], n_inputs: int):
     for cand in entry["candidates"]:
         for k in cand["kernels"]:
             outs = k["outputs"]
+            # guards on strides left out: output shapes depend on sizes only, whatever the layout
             rule = (tuple(sorted(k["dtypes"].items())), tuple(sorted(k["ranks"].items())),
-                    tuple(k["guards"]), tuple(map(tuple, outs["shapes"])), tuple(outs["dtypes"]),
+                    tuple(shape_guards(k["guards"])), tuple(map(tuple, outs["shapes"])), tuple(outs["dtypes"]),
                     tuple(sorted(k.get("pinned", {}).items())))
             if rule not in rules:
                 rules.append(rule)
@@ -158,13 +160,26 @@ def make_op(entry: dict, runners: dict, bundle_id: str):
             RUNNERS[(key, config)] = runner
         impls.append(BundledImpl(
             launch=None, configs=tuple(c for c, _ in items), name=cand["impl"],
-            supports=_bound_covers(key), bundle_key=key, origin=cand["backend"], index=index))
+            supports=_bound_covers(key), bundle_key=key, origin=cand["backend"], index=index,
+            contiguous=_declared(cand)))
     reference = _reference(entry)
     op = kg_op(entry["name"], impls=impls, mutates_args=tuple(entry.get("mutates_args", ())))(reference)
     names = [p["name"] for p in entry["params"]]
     # the recorded shape formulas read only sizes: plan calls without fake tensors
     op.register_meta(_meta(entry, names, len(names)), shape_only=True)
     return op
+
+
+def _declared(cand: dict) -> bool | tuple[str, ...]:
+    """The candidate's layout declaration as recorded (eager dispatch refuses a call by it, with
+    the same words as for the op it was built from)."""
+    value = cand.get("contiguous", True)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, list) and all(isinstance(n, str) for n in value):
+        return tuple(value)
+    raise BundleError(f"bundle candidate {cand.get('label')!r}: 'contiguous' is {value!r}, not true, false "
+                      "or a list of argument names")
 
 
 def _bound_covers(key: str):

@@ -68,12 +68,18 @@ def record(ctx: Context, args: tuple, kwargs: dict, spec) -> dict:
                 raise Unsupported(f"ct.Constant argument {i} of type {type(a).__name__}")
             described.append(["const", a])
         elif isinstance(a, torch.Tensor):
-            wide = ctx.hint(a.numel()) >= _INT32 or any(ctx.hint(s) >= _INT32 for s in a.stride())
+            # the elements a view spans: its numel when contiguous, more for a strided view
+            extent = 1 + sum((n - 1) * s for n, s in zip(a.shape, a.stride()))
+            wide = (ctx.hint(a.numel()) >= _INT32 or ctx.hint(extent) >= _INT32
+                    or any(ctx.hint(s) >= _INT32 for s in a.stride()))
             index = "i64" if wide else "i32"
             params.append({"kind": "ptr", "source": ctx.tensor_source(a)})
             params += [{"kind": index, "expr": ctx.text(s)} for s in (*a.shape, *a.stride())]
             if not wide:  # strides of a view of a contiguous tensor are at most its numel
                 guards.append(f"({ctx.text(a.numel())}) < {_INT32}")
+                if any(isinstance(s, torch.SymInt) for s in a.stride()):  # the caller's strides
+                    guards += [f"({ctx.text(s)}) < {_INT32}" for s in a.stride()]
+                    guards.append(f"({ctx.text(extent)}) < {_INT32}")
             unit_last = a.dim() > 0 and ctx.hint(a.stride()[-1]) == 1
             if unit_last and isinstance(a.stride()[-1], torch.SymInt):
                 guards.append(f"({ctx.text(a.stride()[-1])}) == 1")

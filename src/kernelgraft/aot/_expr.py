@@ -1,8 +1,8 @@
 """Launch parameters as expressions of the inputs: written from sympy at build time, read back
 through a small whitelisted grammar at load time.
 
-An expression is Python text over the op's parameter names (``x.shape[0]``, ``eps``) and the
-outputs (``out0.shape[1]``), integer and float literals, ``+ - * // % ** | & << >>``,
+An expression is Python text over the op's parameter names (``x.shape[0]``, ``x.stride(1)``,
+``eps``) and the outputs (``out0.shape[1]``), integer and float literals, ``+ - * // % ** | & << >>``,
 comparisons, ``and``/``or``/``not``, ``min``/``max`` and ``next_pow2`` (Triton's
 ``next_power_of_2``, written as one call by the tracer: ``_pow2``). Anything else is refused when the bundle is
 built (the signature is then compiled for static shapes) and again, by an AST check, when it is
@@ -23,7 +23,8 @@ from typing import Any
 
 from .._errors import BundleError
 
-__all__ = ["Unsupported", "to_text", "compile_exprs", "check_expr", "constant_value", "next_pow2"]
+__all__ = ["Unsupported", "to_text", "compile_exprs", "check_expr", "constant_value", "next_pow2",
+           "reads_strides", "MAX_DIM"]
 
 
 class Unsupported(Exception):
@@ -108,6 +109,7 @@ def next_pow2(n: int) -> int:
 
 
 _FUNCS = {"min": min, "max": max, "next_pow2": next_pow2}
+MAX_DIM = 64  # the largest dimension index a size or stride term may name (the C++ runtime's bound)
 _ARITY = {"next_pow2": 1}  # min/max take any count (one is an error when evaluated, as in Python)
 
 
@@ -123,7 +125,8 @@ def check_expr(text: str, names: Sequence[str]) -> ast.Expression:
         raise BundleError(f"bundle expression {text[:80]!r} does not parse: "
                           f"{type(exc).__name__}: {exc}") from None
     allowed = set(names)
-    # min/max/next_pow2 only as the function of a call: a bare 'min' would evaluate to a function
+    # min/max/next_pow2 only as the function of a call: a bare 'min' would evaluate to a function;
+    # 'x.stride' likewise only as the function of 'x.stride(d)'
     callees = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
     for node in ast.walk(tree):
         ok = isinstance(node, (ast.Expression, ast.Load, ast.Tuple, ast.BoolOp, ast.And, ast.Or,
@@ -143,18 +146,34 @@ def check_expr(text: str, names: Sequence[str]) -> ast.Expression:
             ok = node.id in allowed or (node.id in _FUNCS and id(node) in callees)
         elif isinstance(node, ast.Call):
             ok = (isinstance(node.func, ast.Name) and node.func.id in _FUNCS and not node.keywords
-                  and _ARITY.get(node.func.id, len(node.args)) == len(node.args))
+                  and _ARITY.get(node.func.id, len(node.args)) == len(node.args)) or _is_stride(node)
         elif isinstance(node, ast.Attribute):
-            ok = node.attr == "shape" and isinstance(node.value, ast.Name) and node.value.id in allowed
+            ok = isinstance(node.value, ast.Name) and node.value.id in allowed and (
+                node.attr == "shape" or (node.attr == "stride" and id(node) in callees))
         elif isinstance(node, ast.Subscript):
             ok = (isinstance(node.value, ast.Attribute) and isinstance(node.slice, ast.Constant)
                   and type(node.slice.value) is int)
         if not ok:
             raise BundleError(
                 f"bundle expression {text[:120]!r} uses {type(node).__name__}, which the manifest "
-                "grammar does not allow (sizes, scalars, arithmetic, comparisons, min/max/next_pow2 only)"
+                "grammar does not allow (sizes, strides, scalars, arithmetic, comparisons, "
+                "min/max/next_pow2 only)"
             )
     return tree
+
+
+def _is_stride(node: ast.AST) -> bool:
+    """``x.stride(d)``: a tensor's stride (in elements) along dimension ``d``, a literal 0..MAX_DIM."""
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "stride"
+            and isinstance(node.func.value, ast.Name) and not node.keywords and len(node.args) == 1
+            and isinstance(node.args[0], ast.Constant) and type(node.args[0].value) is int
+            and 0 <= node.args[0].value <= MAX_DIM)
+
+
+def reads_strides(text: str) -> bool:
+    """Whether a (checked) expression reads a stride: its value then depends on the layout of
+    the call's tensors, not on their sizes alone."""
+    return any(_is_stride(node) for node in ast.walk(ast.parse(text, mode="eval")))
 
 
 # Evaluation is bounded: '**', '*' and '<<' refuse int results over _MAX_BITS bits (a tower such as
@@ -353,7 +372,7 @@ def _compile(names: Sequence[str], exprs: Sequence[str], trees: Sequence[ast.Exp
             return fn(*values)
         except _Limit as exc:
             raise BundleError(f"bundle expression {sites[exc.site]!r}: {exc}{when}") from None
-        except (ArithmeticError, IndexError, TypeError, ValueError) as exc:
+        except (ArithmeticError, AttributeError, IndexError, TypeError, ValueError) as exc:  # a scalar's .shape
             raise BundleError(f"bundle expressions {body[:120]!r} cannot be evaluated{when}: "
                               f"{type(exc).__name__}: {exc}") from None
 

@@ -5,7 +5,9 @@ output-shape rules for Meta kernels, and a decision table.
   ``params`` (one program per kernel parameter that has an ``expr``, else null) and ``outputs``
   (one program per output dimension), all over the op's inputs in schema order.
 - ``op["meta"]``: the distinct (dtypes, ranks, guard, output shapes, output dtypes) rules of the
-  op's kernels, most general first: a Meta kernel uses the first rule that holds.
+  op's kernels, most general first: a Meta kernel uses the first rule that holds. A rule's guard
+  leaves out the kernel's guards that read strides: output shapes depend on sizes only (they were
+  traced on contiguous inputs), and a Meta kernel must give them for any layout.
 - ``op["decisions"]``: rows ``{"arch", "tensors": {name: {"dtype", "dims": [[lo, hi], ...]}},
   "ints": {name: [lo, hi]}, "values": {name: v}, "ranking": [candidate positions], "source"}``
   from a tuning cache file: a call whose inputs fall in a row's ranges tries its ranking first (a
@@ -22,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import BundleError
+from ._expr import reads_strides
 from ._rpn import compile_rpn
 
-__all__ = ["kernel_program", "meta_rules", "decision_table", "read_decisions", "tuned_entries", "key_label"]
+__all__ = ["kernel_program", "meta_rules", "shape_guards", "decision_table", "read_decisions", "tuned_entries", "key_label"]
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +44,20 @@ def kernel_program(kernel: dict, names: Sequence[str]) -> dict:
     }
 
 
-def meta_rules(candidates: Sequence[dict]) -> list[dict]:
+def shape_guards(guards: Sequence[str]) -> list[str]:
+    """The guards that read sizes and scalars only (what an output-shape rule needs)."""
+    return [g for g in guards if not reads_strides(g)]
+
+
+def meta_rules(candidates: Sequence[dict], names: Sequence[str]) -> list[dict]:
     """The op's output-shape rules, deduplicated, symbolic ones and those with fewer guards first."""
     rules: dict[str, dict] = {}
     for cand in candidates:
         for k in cand["kernels"]:
-            rule = {"dtypes": k["dtypes"], "ranks": k["ranks"], "guards": k["guards"],
-                    "guard": k["program"]["guard"], "dynamic": k["dynamic"],
+            guards = shape_guards(k["guards"])
+            guard = k["program"]["guard"] if guards == k["guards"] else compile_rpn(" and ".join(guards) or "True", names)
+            rule = {"dtypes": k["dtypes"], "ranks": k["ranks"], "guards": guards,
+                    "guard": guard, "dynamic": k["dynamic"],
                     "shapes": k["program"]["outputs"], "out_dtypes": k["outputs"]["dtypes"]}
             if k.get("pinned"):
                 rule["pinned"] = k["pinned"]

@@ -8,6 +8,9 @@ Python syntax. Each token is a small JSON array:
 - ``["int", "123"]``: an integer literal (decimal text: JSON numbers lose precision past 2**53);
 - ``["float", 1e-06]``: a float literal;
 - ``["size", i, d]``: dimension ``d`` of input ``i`` (the op's parameters, in schema order);
+- ``["stride", i, d]``: the stride (in elements) of input ``i`` along dimension ``d``, written
+  ``x.stride(d)`` in the text: a kernel that takes strides gets the caller's. Older runtimes
+  refuse the token when they load the bundle;
 - ``["arg", i]``: the value of scalar input ``i``;
 - ``["op", o]``: a binary operator, ``o`` one of ``BINARY`` (Python semantics: ``//`` and ``%``
   floor, ``/`` is true division, comparisons give 0/1);
@@ -78,6 +81,8 @@ def compile_rpn(text: str, names: Sequence[str]) -> list[list[Any]]:
             out.append(["arg", index[node.id]])
         elif isinstance(node, ast.Subscript):
             out.append(["size", index[node.value.value.id], int(node.slice.value)])
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):  # x.stride(d) (checked)
+            out.append(["stride", index[node.func.value.id], int(node.args[0].value)])
         elif expanded:
             out.append(_operator(node))
         else:
@@ -194,6 +199,11 @@ def evaluate(tokens: Sequence[Sequence[Any]], args: Sequence[Any]) -> Any:
             d = token[2]
             stack.append(int(t.shape[d]) if hasattr(t, "shape") and 0 <= d < t.dim() else
                          _Err(f"input {token[1]} has no dimension {d}"))
+        elif tag == "stride":
+            t = args[token[1]]
+            d = token[2]
+            stack.append(int(t.stride(d)) if hasattr(t, "stride") and 0 <= d < t.dim() else
+                         _Err(f"input {token[1]} has no dimension {d}"))
         elif tag == "arg":
             stack.append(_number(args[token[1]]))
         elif tag == "op":
@@ -215,7 +225,8 @@ def evaluate(tokens: Sequence[Sequence[Any]], args: Sequence[Any]) -> Any:
             else:
                 stack.append(_extreme(token[1], values))
         else:
-            raise BundleError(f"bundle program token {token!r} is not one of int/float/size/arg/op/unary/bool/call")
+            raise BundleError(f"bundle program token {token!r} is not one of "
+                             "int/float/size/arg/op/unary/bool/call/stride")
     if len(stack) != 1:
         raise BundleError(f"bundle program leaves {len(stack)} values on the stack, not 1")
     if isinstance(stack[0], _Err):

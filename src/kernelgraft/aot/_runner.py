@@ -1,8 +1,8 @@
 """The runner of a bundled candidate: ``runner(*inputs, *outputs)`` picks the first kernel whose
-dtypes, ranks and guards fit the call (once per distinct shape), evaluates grid and scalar
-arguments from the recorded expressions, and launches the cubin through ``kernelgraft.driver``
-on torch's current stream. Calls no kernel covers go to ``fallback`` (the JIT runner, when the
-backend is importable) or raise ``UnsupportedError``."""
+dtypes, ranks, layout and guards fit the call (once per distinct shape and strides), evaluates
+grid and scalar arguments (strides included) from the recorded expressions, and launches the cubin
+through ``kernelgraft.driver`` on torch's current stream. Calls no kernel covers go to
+``fallback`` (the JIT runner, when the backend is importable) or raise ``UnsupportedError``."""
 
 from __future__ import annotations
 
@@ -108,6 +108,12 @@ class Kernel:
         index = {n: i for i, n in enumerate(names)}
         self.dtypes = [(index[n], _dtype(d)) for n, d in entry["dtypes"].items()]
         self.ranks = [(index[n], int(r)) for n, r in entry["ranks"].items()]
+        # the inputs traced contiguous (their strides are size expressions); a manifest without the
+        # list predates strided kernels, whose every input was traced contiguous
+        dense = entry.get("contiguous", list(entry["dtypes"]))
+        if not isinstance(dense, list) or not all(n in entry["dtypes"] for n in dense):
+            raise BundleError(f"{self.where}: 'contiguous' {dense!r} is not a list of the kernel's tensor inputs")
+        self.contiguous = [index[n] for n in dense]
         # string arguments the kernel was recorded with (manifest version 3): it serves only those
         self.pinned = [(index[n], str(v)) for n, v in entry.get("pinned", {}).items()]
         inputs = list(names[:n_inputs])
@@ -176,7 +182,10 @@ class Kernel:
     def fits(self, args: Sequence[Any], n_inputs: int) -> bool:
         for i, dt in self.dtypes:
             a = args[i]
-            if not isinstance(a, _Tensor) or a.dtype != dt or not a.is_contiguous():
+            if not isinstance(a, _Tensor) or a.dtype != dt:
+                return False
+        for i in self.contiguous:
+            if not args[i].is_contiguous():
                 return False
         for i, r in self.ranks:
             if args[i].dim() != r:
@@ -246,7 +255,8 @@ class BundledRunner:
         self._fallback(*args)
 
     def __call__(self, *args: Any) -> None:
-        key = tuple((a.shape, a.dtype, a.is_contiguous()) if isinstance(a, _Tensor) else a for a in args)
+        # strides in the key: a kernel's guards and parameters may read them
+        key = tuple((a.shape, a.stride(), a.dtype) if isinstance(a, _Tensor) else a for a in args)
         plan = self._plans.get(key, False)
         if plan is False:
             plan = self._plan(args, key)

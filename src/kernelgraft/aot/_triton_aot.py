@@ -103,6 +103,8 @@ def record(ctx: Context, args: tuple, kwargs: dict, launch) -> dict:
         if p.is_constexpr or value is None:
             if isinstance(value, torch.SymInt):
                 value = int(value)  # the ShapeEnv records the guard that fixes this value
+            elif isinstance(value, torch.SymBool):  # e.g. a layout test of the strides: guarded too
+                value = bool(value)
             signature[p.name] = "constexpr"
             constexprs[p.name] = value
             continue

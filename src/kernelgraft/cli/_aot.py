@@ -66,7 +66,7 @@ def _run(args) -> int:
     manifest = build_bundle(ops, args.out, archs=args.arch or ["sm_90"], dynamic=not args.static,
                             progress=lambda line: print("  " + line, flush=True), sign=args.sign,
                             decisions=args.decisions)
-    total = dropped = 0
+    total = dropped = skipped = refused = unserved = 0
     for entry in manifest["ops"]:
         kernels = sum(len(c["kernels"]) for c in entry["candidates"])
         total += kernels
@@ -75,12 +75,29 @@ def _run(args) -> int:
               + (f", {rows} tuned decisions" if rows else ""))
         failed = {d["candidate"] for d in entry.get("dropped", ())}
         for s in entry["skipped"]:
+            skipped += 1
             if s["candidate"] not in failed:  # its dropped signatures say why, one by one
                 print(f"  skipped {s['candidate']}: {s['reason']}")
         for d in entry.get("dropped", ()):
             dropped += 1
             where = f" for {d['arch']}" if d["arch"] else ""
             print(f"  DROPPED {d['candidate']} on {d['signature']}{where}: {_indent(d['reason'])}")
+        declined: dict[str, list[tuple[str, str]]] = {}
+        for r in entry.get("refused", ()):  # as eager dispatch declines them: not a loss of the bundle
+            refused += 1
+            declined.setdefault(r["candidate"], []).append((r["signature"], r["reason"]))
+        alike: dict[tuple, list[str]] = {}  # candidates that decline the same signatures: one line
+        for label, pairs in declined.items():
+            alike.setdefault(tuple(pairs), []).append(label)
+        for pairs, labels in alike.items():
+            who = ", ".join(labels) if len(labels) <= 2 else f"{labels[0]} and {len(labels) - 1} other candidates"
+            distinct = list(dict.fromkeys(reason for _, reason in pairs))
+            print(f"  {who} decline{'s' if len(labels) == 1 else ''} {len(pairs)} signature(s), as eager "
+                  "dispatch does: " + "; ".join(distinct[:2])
+                  + (f"; ... ({len(distinct) - 2} more)" if len(distinct) > 2 else ""))
+        for u in entry.get("unserved", ()):
+            unserved += 1
+            print(f"  NOT SERVED {u['signature']}: no bundled kernel takes it ({_indent('; '.join(u['reasons']))})")
         for w in entry.get("torch_wins", ()):
             kernel = (f"its best kernel {w['best_kernel']} ({w['best_kernel_ms']:.4g} ms)"
                       if w.get("best_kernel") and w.get("best_kernel_ms") is not None else "a kernel")
@@ -91,7 +108,9 @@ def _run(args) -> int:
     print(f"wrote {args.out}/manifest.json ({total} kernels for {', '.join(manifest['archs'])}, "
           f"{manifest['build_seconds']} s{', signed' if args.sign else ''})")
     print(f"kernelgraft aot: built {total} kernels, dropped {dropped} (candidate, signature) pairs"
-          + (" (--allow-partial)" if dropped and args.allow_partial else ""))
+          + (" (--allow-partial)" if dropped and args.allow_partial else "")
+          + f", skipped {skipped} candidates, {refused} (candidate, signature) pairs declined by their "
+          f"candidate, {unserved} signatures served by no kernel")
     if dropped and not args.allow_partial:
         print("kernelgraft aot: the bundle is partial: fix the errors above, or pass --allow-partial "
               "to accept it (dropped calls run JIT or the reference at run time)")

@@ -238,6 +238,17 @@ Kernel read_kernel(const std::string& root, const Json& k, const Names& names, s
     }
     out.params.push_back(std::move(p));
   }
+  if (k.contains("contiguous")) {  // the inputs traced contiguous (the others' strides are in the programs)
+    for (const auto& a : as_array(k.get("contiguous"), w + " contiguous")) {
+      int s = names.source(as_string(a, w + " contiguous"), w + " contiguous");
+      bool typed = false;
+      for (const auto& d : out.dtypes) typed |= d.first == s;
+      if (!typed) throw BundleError(w + ": contiguous names '" + a.get<std::string>() + "', not a tensor input of the kernel");
+      out.contiguous.push_back(s);
+    }
+  } else {  // a manifest from before strided kernels: every tensor input was traced contiguous
+    for (const auto& d : out.dtypes) out.contiguous.push_back(d.first);
+  }
   for (const auto& a : as_array(field(k, "aligned", w), w + " aligned")) {
     int s = names.source(as_string(a, w + " aligned"), w + " aligned");
     if (s >= 0) out.aligned.push_back(s);  // outputs are fresh allocations: always aligned

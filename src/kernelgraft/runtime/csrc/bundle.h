@@ -36,6 +36,7 @@ struct Kernel {
   std::vector<std::pair<int, int64_t>> ranks;        // input index -> rank
   std::vector<std::pair<int, std::string>> pinned;   // string input -> the value it was recorded with (v3)
   std::vector<int> aligned;                          // inputs that must be 16-byte aligned
+  std::vector<int> contiguous;                       // inputs traced contiguous: selected only where they are
   Program guard;
   std::array<Program, 3> grid;
   std::array<int64_t, 3> block{};

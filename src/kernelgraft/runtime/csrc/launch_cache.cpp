@@ -34,7 +34,7 @@ bool signature(const OpEntry& op, c10::ArrayRef<c10::IValue> args, bool cuda, st
       append(key, static_cast<int8_t>(t.scalar_type()));
       append(key, static_cast<int8_t>(t.dim()));
       for (int64_t s : t.sizes()) append(key, s);
-      key->push_back(t.is_contiguous() ? 'c' : 's');
+      for (int64_t s : t.strides()) append(key, s);  // guards and parameters may read them
       key->push_back(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 ? 'a' : 'u');
     } else if (v.isBool()) {
       key->push_back(v.toBool() ? 'B' : 'b');

@@ -1,6 +1,6 @@
 // A per-op memo of launch plans, keyed by the call's signature. Everything the runtime works out
 // per call (argument views, decision rows, guards, the grid, shared-memory, parameter and
-// output-shape programs) depends only on each tensor's dtype, sizes, contiguity and 16-byte
+// output-shape programs) depends only on each tensor's dtype, sizes, strides and 16-byte
 // alignment, on which arguments are None, and on the scalar values: a call whose signature was
 // planned before reuses that plan and only allocates outputs, fills pointers and launches (what
 // the Python op's native replay does). Bounded: cleared when full.

@@ -105,6 +105,7 @@ std::vector<ArgView> views(const OpEntry& op, c10::ArrayRef<c10::IValue> args, b
         if (!symbolic) a.size_text.clear();
       } else {
         a.sizes = t.sizes().vec();
+        a.strides = t.strides().vec();
         a.contiguous = t.is_contiguous();
         a.aligned16 = reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
       }
@@ -144,6 +145,25 @@ void pack(const std::string& where, size_t index, const std::string& kind, const
   else if (kind == "u16") { if (x < 0 || x > UINT16_MAX) fail(); uint16_t y = static_cast<uint16_t>(x); std::memcpy(slot, &y, 2); }
   else if (kind == "u32") { if (x < 0 || x > UINT32_MAX) fail(); uint32_t y = static_cast<uint32_t>(x); std::memcpy(slot, &y, 4); }
   else { if (x < 0) fail(); uint64_t y = static_cast<uint64_t>(x); std::memcpy(slot, &y, 8); }
+}
+
+// A packed parameter read back as text (what the CPU planning hook reports).
+std::string unpack(const std::string& kind, uint64_t slot) {
+  auto read = [&](auto v) {
+    std::memcpy(&v, &slot, sizeof v);
+    return v;
+  };
+  if (kind == "f64") return std::to_string(read(double{}));
+  if (kind == "f32") return std::to_string(read(float{}));
+  if (kind == "f16") return std::to_string(static_cast<float>(read(c10::Half{})));
+  if (kind == "i8") return std::to_string(read(int8_t{}));
+  if (kind == "i16") return std::to_string(read(int16_t{}));
+  if (kind == "i32") return std::to_string(read(int32_t{}));
+  if (kind == "u8") return std::to_string(read(uint8_t{}));
+  if (kind == "u16") return std::to_string(read(uint16_t{}));
+  if (kind == "u32") return std::to_string(read(uint32_t{}));
+  if (kind == "u64") return std::to_string(read(uint64_t{}));
+  return std::to_string(read(int64_t{}));
 }
 
 at::ScalarType out_dtype(const Kernel& k, size_t i) { return dtype_named(k.out_dtypes[i], k.where); }
@@ -258,6 +278,7 @@ class MetaKernel : public c10::OperatorKernel {
       if (views_[i].is_tensor) {
         inputs[i].is_tensor = true;
         inputs[i].sizes = args[i].toTensor().sym_sizes().vec();
+        inputs[i].strides = args[i].toTensor().sym_strides().vec();
       } else {
         inputs[i].scalar = scalars[i].scalar;
       }
@@ -289,9 +310,15 @@ class CpuKernel : public c10::OperatorKernel {
     if (plan_on_cpu()) {  // test hook: plan as the CUDA kernel would (cache included), then refuse
       bool cached = false;
       auto launch = launch_for(*loaded_, args, &device, false, &cached);
+      std::string scalars;  // the packed scalar parameters, strides included, read back
+      for (size_t i = 0; i < launch->storage.size(); ++i) {
+        const std::string& kind = launch->kernel->params[i].kind;
+        if (kind != "ptr") scalars += (scalars.empty() ? "" : ", ") + unpack(kind, launch->storage[i]);
+      }
       TORCH_CHECK(false, op.qualified, ": planned ", op.candidates[launch->candidate].label, " kernel ",
                   launch->kernel->name, " grid [", launch->grid[0], ", ", launch->grid[1], ", ", launch->grid[2],
-                  "] (", cached ? "cached" : "new", ", ", loaded_->cache.size(), " cached); the bundle's kernels run on CUDA devices");
+                  "] (", cached ? "cached" : "new", ", ", loaded_->cache.size(), " cached) scalars [", scalars,
+                  "]; the bundle's kernels run on CUDA devices");
     }
     views(op, args, false, &device);  // names the CPU argument
     TORCH_CHECK(false, op.qualified, ": the bundle's kernels run on CUDA devices, got no CUDA tensor");
@@ -439,7 +466,15 @@ std::vector<ArgView> views_of(const Json& list) {
       a.dtype = item.contains("dtype") ? item.get("dtype").to_str() : "float32";
       for (const auto& d : as_array(field(item, "shape", "a test tensor"), "a test shape"))
         a.sizes.push_back(as_int(d, "a test size"));
-      if (item.contains("contiguous")) a.contiguous = item.get("contiguous").evaluate_as_boolean();
+      if (item.contains("stride")) {
+        for (const auto& d : as_array(item.get("stride"), "a test stride")) a.strides.push_back(as_int(d, "a test stride"));
+        a.contiguous = contiguous_layout(a.sizes, a.strides);
+      } else if (item.contains("contiguous")) {  // a layout without strides: programs cannot read them
+        a.contiguous = item.get("contiguous").evaluate_as_boolean();
+      } else {  // the contiguous strides of the shape
+        a.strides.assign(a.sizes.size(), 1);
+        for (size_t d = a.sizes.size(); d-- > 1;) a.strides[d - 1] = a.strides[d] * std::max<int64_t>(a.sizes[d], 1);
+      }
       if (item.contains("aligned")) a.aligned16 = item.get("aligned").evaluate_as_boolean();
     } else {
       a.value = item;

@@ -216,14 +216,14 @@ Program::Program(const Json& json, size_t n_inputs, const std::string& where) {
       tok.literal = t[1].is<int64_t>() ? Value::real(static_cast<double>(t[1].get<int64_t>()))
                                        : Value::real(t[1].get<double>());
       ++depth;
-    } else if (tag == "size" || tag == "arg") {
+    } else if (tag == "size" || tag == "stride" || tag == "arg") {
       int64_t index = arg(1);
       if (index < 0 || static_cast<size_t>(index) >= n_inputs)
         throw BundleError(at + ": input " + std::to_string(index) + " is out of range (the op has " +
                           std::to_string(n_inputs) + ")");
-      tok.op = tag == "size" ? Token::Size : Token::Arg;
+      tok.op = tag == "size" ? Token::Size : tag == "stride" ? Token::Stride : Token::Arg;
       tok.a = static_cast<int32_t>(index);
-      if (tag == "size") {
+      if (tag != "arg") {
         int64_t dim = arg(2);
         if (dim < 0 || dim > 64) throw BundleError(at + ": dimension " + std::to_string(dim) + " is out of range");
         tok.b = static_cast<int32_t>(dim);
@@ -256,7 +256,7 @@ Program::Program(const Json& json, size_t n_inputs, const std::string& where) {
       depth -= static_cast<size_t>(n) - 1;
       tok.a = static_cast<int32_t>(n);
     } else {
-      throw BundleError(at + ": '" + tag + "' is not one of int/float/size/arg/op/unary/bool/call");
+      throw BundleError(at + ": '" + tag + "' is not one of int/float/size/arg/op/unary/bool/call/stride");
     }
     depth_ = std::max(depth_, depth);
     tokens_.push_back(tok);
@@ -281,6 +281,13 @@ Value Program::run(const std::vector<Input>& inputs) const {
         const Input& in = inputs[t.a];
         stack[sp++] = in.is_tensor && t.b < in.rank ? Value::integer(in.sizes[t.b])
                                                     : Value::error("an input has no such dimension");
+        break;
+      }
+      case Token::Stride: {
+        const Input& in = inputs[t.a];
+        stack[sp++] = in.is_tensor && in.strides != nullptr && t.b < in.rank
+                          ? Value::integer(in.strides[t.b])
+                          : Value::error("an input has no such dimension");
         break;
       }
       case Token::Arg: stack[sp++] = inputs[t.a].scalar; break;

@@ -26,10 +26,11 @@ struct Value {
   bool truthy() const { return kind == Int ? i != 0 : f != 0.0; }
 };
 
-// One op input as programs see it: a tensor's sizes, or a scalar's value.
+// One op input as programs see it: a tensor's sizes and strides, or a scalar's value.
 struct Input {
   bool is_tensor = false;
   const int64_t* sizes = nullptr;
+  const int64_t* strides = nullptr;  // null: not known (a Stride token is then an error value)
   int64_t rank = 0;
   Value scalar = Value::error("the input is None or not a number");
 };
@@ -37,11 +38,11 @@ struct Input {
 struct Token {
   enum Op : uint8_t {
     Lit, Size, Arg, Add, Sub, Mul, FloorDiv, Mod, Pow, BitOr, BitAnd, Shl, Shr, Div,
-    Eq, Ne, Lt, Le, Gt, Ge, Neg, Pos, Not, And, Or, Min, Max, NextPow2
+    Eq, Ne, Lt, Le, Gt, Ge, Neg, Pos, Not, And, Or, Min, Max, NextPow2, Stride
   } op;
   Value literal;   // Lit
-  int32_t a = 0;   // Size/Arg: input index; And/Or/Min/Max: operand count
-  int32_t b = 0;   // Size: dimension
+  int32_t a = 0;   // Size/Stride/Arg: input index; And/Or/Min/Max: operand count
+  int32_t b = 0;   // Size/Stride: dimension
 };
 
 class Program {

@@ -9,10 +9,16 @@ namespace {
 constexpr int64_t kMaxGrid[3] = {2147483647LL, 65535, 65535};
 constexpr int64_t kMaxShared = 228 * 1024;
 
+// The first input `k` was traced contiguous that is not, or -1.
+int layout_miss(const Kernel& k, const std::vector<ArgView>& args) {
+  for (int i : k.contiguous)
+    if (!args[i].contiguous) return i;  // its strides are expressions of its sizes in the kernel
+  return -1;
+}
+
 bool fits(const Kernel& k, const std::vector<ArgView>& args, const std::vector<Input>& inputs) {
   if (!typed_fit(k.dtypes, k.ranks, args) || !pins_hold(k.pinned, args)) return false;
-  for (const auto& d : k.dtypes)
-    if (!args[d.first].contiguous) return false;  // bundled kernels index inputs as contiguous
+  if (layout_miss(k, args) >= 0) return false;
   for (int i : k.aligned)
     if (args[i].is_tensor && !args[i].aligned16) return false;
   Value g = k.guard.run(inputs);
@@ -110,6 +116,7 @@ std::vector<Input> inputs_of(const std::vector<ArgView>& args) {
       out[i].is_tensor = true;
       out[i].sizes = a.sizes.data();
       out[i].rank = static_cast<int64_t>(a.sizes.size());
+      out[i].strides = a.strides.size() == a.sizes.size() ? a.strides.data() : nullptr;
     } else if (a.value.is<bool>()) {
       out[i].scalar = Value::integer(a.value.get<bool>() ? 1 : 0);
     } else if (a.value.is<int64_t>()) {
@@ -133,9 +140,14 @@ bool choose(const OpEntry& op, const std::vector<ArgView>& args, const std::vect
   }
   for (int c = 0; c < static_cast<int>(op.candidates.size()); ++c)
     if (std::find(order.begin(), order.end(), c) == order.end()) order.push_back(c);
-  std::string last;
+  std::string last, layout;
   for (int c : order) {
     for (const Kernel& k : op.candidates[c].kernels) {
+      if (layout.empty() && typed_fit(k.dtypes, k.ranks, args) && pins_hold(k.pinned, args)) {
+        int miss = layout_miss(k, args);
+        if (miss >= 0)
+          layout = op.candidates[c].label + " needs " + op.params[miss].name + " contiguous";
+      }
       if (!fits(k, args, inputs)) continue;
       if (prepare(k, inputs, plan, &last)) {
         plan->candidate = c;
@@ -145,6 +157,7 @@ bool choose(const OpEntry& op, const std::vector<ArgView>& args, const std::vect
   }
   *why = op.qualified + ": no bundled kernel serves these inputs (" + describe_args(op, args) + ")";
   if (!last.empty()) *why += "; " + last;
+  if (!layout.empty()) *why += "; " + layout + " (its kernels were built for that layout only)";
   std::string held;
   size_t shown = 0;
   for (const auto& rule : op.meta) {
@@ -159,8 +172,22 @@ bool choose(const OpEntry& op, const std::vector<ArgView>& args, const std::vect
     held += (held.empty() ? "" : "; ") + sig;
   }
   *why += ". The bundle's kernels serve contiguous inputs of: " + (held.empty() ? std::string("nothing") : held) +
-          " (and their guards); rebuild it with samples of these shapes (`kernelgraft aot`)";
+          " (strided ones too where their candidates take strides; and where their guards hold); rebuild it with "
+          "samples of these shapes and layouts (`kernelgraft aot`)";
   return false;
+}
+
+bool contiguous_layout(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
+  if (strides.size() != sizes.size()) return false;
+  for (int64_t s : sizes)
+    if (s == 0) return true;  // an empty tensor is contiguous
+  int64_t expected = 1;
+  for (size_t d = sizes.size(); d-- > 0;) {
+    if (sizes[d] == 1) continue;
+    if (strides[d] != expected) return false;
+    expected *= sizes[d];
+  }
+  return true;
 }
 
 std::string describe_args(const OpEntry& op, const std::vector<ArgView>& args) {
@@ -174,8 +201,11 @@ std::string describe_args(const OpEntry& op, const std::vector<ArgView>& args) {
       for (size_t d = 0; d < a.sizes.size(); ++d)
         out += (d ? ", " : "") + (d < a.size_text.size() ? a.size_text[d] : std::to_string(a.sizes[d]));
       out += "]";
-      if (!a.contiguous) out += " (not contiguous)";
-      else if (!a.aligned16) out += " (not 16-byte aligned)";
+      if (!a.contiguous) {
+        out += " (not contiguous)";
+      } else if (!a.aligned16) {
+        out += " (not 16-byte aligned)";
+      }
     } else {
       out += canonical_json(a.value);
     }

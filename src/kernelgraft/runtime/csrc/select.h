@@ -1,7 +1,8 @@
 // Which bundled kernel serves a call, and its launch plan: decision rows first (the tuner's
 // ranking for the shapes a row covers), then every candidate in manifest order; a kernel serves
-// when its dtypes, ranks, contiguity, alignment and guard hold. Torch-free: ops.cpp describes each
-// argument as an ArgView, and so do the test hooks, which plan calls without tensors.
+// when its dtypes, ranks, layout (the inputs it was traced contiguous are), alignment and guard
+// hold; its guard and parameters may read the other inputs' strides. Torch-free: ops.cpp describes
+// each argument as an ArgView, and so do the test hooks, which plan calls without tensors.
 #pragma once
 
 #include <array>
@@ -17,7 +18,8 @@ struct ArgView {
   std::string dtype;             // a tensor's dtype as the manifest names it ("float16")
   std::vector<int64_t> sizes;     // a symbolic size (export, fake tensors): -1, its text in size_text
   std::vector<std::string> size_text;
-  bool contiguous = true;
+  std::vector<int64_t> strides;   // in elements, one per size (empty: unknown, e.g. symbolic)
+  bool contiguous = true;         // as torch's is_contiguous() says
   bool aligned16 = true;         // its data pointer is a multiple of 16 bytes
   Json value;                    // a scalar: its value (null for None)
 };
@@ -45,6 +47,9 @@ bool typed_fit(const std::vector<std::pair<int, std::string>>& dtypes,
 
 // Whether each pinned string argument has the value a kernel (or meta rule) was recorded with.
 bool pins_hold(const std::vector<std::pair<int, std::string>>& pinned, const std::vector<ArgView>& args);
+
+// torch's is_contiguous() of these sizes and strides (size-1 dimensions' strides do not matter).
+bool contiguous_layout(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides);
 
 // "x: float16[3, 5], eps: 1e-06": what an error shows of a call.
 std::string describe_args(const OpEntry& op, const std::vector<ArgView>& args);

@@ -124,6 +124,13 @@ SymValue run_symbolic(const Program& program, const std::vector<SymInput>& input
                             : concrete(Value::error("an input has no such dimension")));
         break;
       }
+      case Token::Stride: {
+        const SymInput& in = inputs[t.a];
+        stack.push_back(in.is_tensor && static_cast<size_t>(t.b) < in.strides.size()
+                            ? of_int(in.strides[t.b])
+                            : concrete(Value::error("an input has no such dimension")));
+        break;
+      }
       case Token::Arg: stack.push_back(concrete(inputs[t.a].scalar)); break;
       case Token::Pos: break;
       case Token::Neg:

@@ -25,6 +25,7 @@ namespace kgrt {
 struct SymInput {
   bool is_tensor = false;
   std::vector<c10::SymInt> sizes;
+  std::vector<c10::SymInt> strides;
   Value scalar = Value::error("the input is None or not a number");
 };
 
