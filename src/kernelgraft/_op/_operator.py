@@ -589,9 +589,9 @@ def op(
     Declaring the same op again (the same fingerprint: reference, impls, options) returns the op
     already registered, so re-importing a module or re-running a notebook cell is harmless. A
     *different* op under a taken name is a ``kg.RegistrationError`` unless ``replace=True``: then
-    the new declaration takes the name (a notebook cell edited and run again), the old op's plans,
-    tuning decisions and ``torch.library`` registration go, and calls through the old op object
-    forward to the new one.
+    the new declaration takes the name (a notebook cell edited and run again), the old op's plans
+    and tuning decisions go, and calls through the old op object forward to the new one; other
+    threads may be calling the op meanwhile (each call runs the old op or the new one).
 
     >>> import torch, kernelgraft as kg
     >>> @kg.op("doctest::scale2")

@@ -10,10 +10,10 @@ How a call in flight is seen: Python enters the dispatcher for an operator throu
 objects of its name (``OpOverloadPacket``, ``OpOverload``: methods in torch/_ops.py), and the frame
 of that method stays on the calling thread's stack, with ``self`` bound to the object, for as long
 as the call runs, its C++ part included. Frames of a few more functions (``codes``) count when
-their ``self`` is one of ``owners``: the op's forwarding kernels, and the op object whose calls
-bind arguments to the old schema. ``Held.drain`` reads every thread's stack
-(``sys._current_frames``) until none is inside a call: a grace period in the sense of RCU, with
-the stacks as the readers' quiescent states.
+their ``self`` is one of ``owners``: the op's forwarding kernels (reached from C++ callers too),
+and the op object whose calls bind their arguments to the old schema. ``Held.drain`` reads every
+thread's stack (``sys._current_frames``) until none is inside a call: a grace period in the sense
+of RCU, with the stacks as the readers' quiescent states.
 
 How new calls wait: those torch.ops objects reach C++ through their ``_op`` and ``_op_dk``
 attributes. While the operator changes, a ``_Gate`` stands there: it waits for the change to end,
@@ -64,7 +64,7 @@ class _Gate:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         held = self.held
-        if not held.opened.is_set() and not held.inside(sys._getframe(1)):
+        if not held.opened.is_set() and not held.passes(sys._getframe(1)):
             held.opened.wait()
         return self.raw(*args, **kwargs)
 
@@ -89,6 +89,7 @@ class Held:
         self.codes = codes
         self.owners = tuple(owners)
         self.opened = threading.Event()
+        self.thread = threading.get_ident()  # the one making the change: it never waits
         self.gated: list[tuple[Any, str, Any]] = []
         for obj in objects:
             for attr in _ATTRS:
@@ -122,9 +123,17 @@ class Held:
             return any(obj is owner for owner in self.owners)
         return code.co_filename == _OPS_FILE and qualname_of(frame.f_locals.get("self")) == self.qualname
 
-    def inside(self, frame: Any) -> bool:
-        """Whether the stack from ``frame`` outward, past the torch.ops machinery of the call that
-        reached a gate, holds a call in flight."""
+    def wait(self) -> None:
+        """Wait until the change is done (at once in the thread making it)."""
+        if threading.get_ident() != self.thread:
+            self.opened.wait()
+
+    def passes(self, frame: Any) -> bool:
+        """Whether a call that reached a gate from ``frame`` goes on: it is made by the thread
+        making the change, or from inside a call in flight (found past the torch.ops machinery of
+        the call itself)."""
+        if threading.get_ident() == self.thread:
+            return True
         while frame is not None and frame.f_code.co_filename == _OPS_FILE:
             frame = frame.f_back
         while frame is not None:
@@ -169,7 +178,7 @@ class Held:
             if time.monotonic() >= deadline:
                 raise RegistrationError(
                     f"{self.qualname}: its schema cannot change while {len(busy)} other thread(s) "
-                    f"are inside a call of it, and they did not return within {timeout:.0f} s (the "
+                    f"are inside a call of it, and they did not return within {timeout:g} s (the "
                     "old op keeps serving); declare it again once those calls return")
             time.sleep(delay)
             delay = min(delay * 2, 0.01)

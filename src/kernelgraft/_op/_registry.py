@@ -79,7 +79,7 @@ def all_ops() -> list["KernelOp"]:
 def register(op: "KernelOp", *, replace: bool = False) -> "KernelOp":
     """Register ``op`` under its name and return the op that serves the name: ``op``, or the op
     already registered with the same fingerprint. ``replace=True`` retires a different op of the
-    same name (its plans and torch.library registration go; references to it forward)."""
+    same name (its plans go; references to it forward)."""
     existing = _OPS.get(op.name)
     if existing is None:
         with _LOCK:
@@ -131,16 +131,23 @@ def _serve(op: "KernelOp", old: "KernelOp | None" = None) -> None:
     else:
         # Calls on old bind their arguments to its schema: it is retired first (its calls wait for
         # the change, then go to op), and the calls it had started finish before the change.
-        with slot.quiet(before=lambda: old is not None and retire(old, "replaced")):
+        def before() -> None:
+            if old is not None:
+                retire(old, "replaced")
+
+        def undo() -> None:  # the change failed: the name stays with the op that had it
+            revive = getattr(old, "_revive", None)  # only a retired op has it
+            if revive is not None:
+                revive()
+
+        with slot.quiet(before, undo):
             previous = slot.op
             slot.release()
             try:
                 _define(op)
             except BaseException:
-                if previous is not None:  # leave the name served by the op that had it
+                if previous is not None:
                     _define(previous)
-                    if old is not None:
-                        old._revive()
                 raise
             _OPS[op.name] = op
         return

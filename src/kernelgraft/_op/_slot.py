@@ -16,7 +16,7 @@ that thread is reading. So nothing a call may read is freed:
   ``RegistrationError``) and declaring it again change that store and nothing in the dispatcher.
 - A new schema is the one change in the dispatcher: the schema (with the op's autograd kernel)
   lives in a fragment of its own, the definition, which is destroyed and made anew on the same
-  entry while ``_quiesce.hold`` keeps every call out (``quiet``).
+  entry while every call is held out (``quiet``, ``_quiesce``).
 
 What stays for the life of the process: one dispatcher entry, one anchor fragment and one Slot per
 name ever declared, and the overload objects of earlier schemas.
@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.fx.operator_schemas import _SCHEMA_TO_SIGNATURE_CACHE
 
 from .._errors import RegistrationError
 from . import _quiesce
@@ -114,11 +115,12 @@ class Slot:
             self._anchor = anchor
 
     @contextlib.contextmanager
-    def quiet(self, before: Callable[[], None] = lambda: None) -> Iterator[None]:
+    def quiet(self, before: Callable[[], None], undo: Callable[[], None]) -> Iterator[None]:
         """A block in which no thread is inside a call of the name. Calls through its torch.ops
         objects wait at gates from the start; ``before()`` runs then (the registry retires the op
         that holds the name, so that calls on that object wait too), and the block starts once the
-        calls in flight have returned (``_quiesce``)."""
+        calls in flight have returned (``_quiesce``). If that fails, or the block raises,
+        ``undo()`` runs before the gates open."""
         packet = vars(getattr(torch.ops, self.ns)).get(self.short)
         objects = [] if packet is None else [packet] + [
             v for v in vars(packet).values() if isinstance(v, torch._ops.OpOverload)]
@@ -130,6 +132,9 @@ class Slot:
             before()
             held.drain()
             yield
+        except BaseException:
+            undo()
+            raise
         finally:
             self._held = None
             held.open()
@@ -139,7 +144,7 @@ class Slot:
         op that will hold the name)."""
         held = self._held
         if held is not None:
-            held.opened.wait()
+            held.wait()
 
     def release(self) -> None:
         """Deregister the schema and what the definition holds (the autograd kernel); the entry,
@@ -152,9 +157,7 @@ class Slot:
         # builtin reads the entry's schema of the moment.
         lib._op_defs.discard(self.name)
         lib._destroy()
-        from torch.fx.operator_schemas import _SCHEMA_TO_SIGNATURE_CACHE
-
-        _SCHEMA_TO_SIGNATURE_CACHE.pop((self.name, ""), None)
+        _SCHEMA_TO_SIGNATURE_CACHE.pop((self.name, ""), None)  # torch.fx's signature of the old schema
 
 
 _FORWARDERS = frozenset({Slot.kernel.__code__, Slot.fake.__code__})
