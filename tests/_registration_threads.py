@@ -119,7 +119,10 @@ def run(scenario: str) -> dict:
 
         if _native.load() is None:
             return {"scenario": scenario, "skipped": _native.reason()}
-        native = _c_scale()
+        try:
+            native = _c_scale()
+        except (OSError, subprocess.CalledProcessError) as exc:
+            return {"scenario": scenario, "skipped": f"no C compiler for the host kernel: {exc}"}
     name = scenario
     first = declare(name, 0, "a", native, replace=False)
     current = [first]
