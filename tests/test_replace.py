@@ -125,7 +125,9 @@ def test_a_new_schema_can_replace_an_op(nb):
 def test_unregister_removes_the_op_and_old_references_say_so(nb):
     op = nb.run(cell(2))["cell"]
     assert kg.unregister(op) is True
-    assert not hasattr(torch.ops.kgnotebook, "cell") and _registry.lookup("kgnotebook::cell") is None
+    assert _registry.lookup("kgnotebook::cell") is None
+    with pytest.raises(kg.RegistrationError, match="no op holds this name"):  # the name stays, refusing
+        torch.ops.kgnotebook.cell(torch.ones(2))
     with pytest.raises(kg.RegistrationError, match="was unregistered and no op holds the name"):
         op(torch.ones(2))
     with pytest.raises(kg.RegistrationError, match="register_meta on an op object that was unregistered"):

@@ -245,6 +245,7 @@ class KernelOp:
         d.reset()
         TUNER.forget(self.fingerprint)
         self._retired = how
+        self._live_class = type(self)
         self.__class__ = _RetiredOp
 
     # ---------------------------------------------------------------- calling
@@ -463,8 +464,8 @@ class _RetiredOp(KernelOp):
     _retired = "replaced"
 
     def _current(self) -> KernelOp:
-        current = _registry.lookup(self.name)
-        if current is None:
+        current = _registry.holder(self.name)  # waits while the name's schema changes
+        if current is None or current is self:
             raise RegistrationError(
                 f"{self.name}: this op was {self._retired} and no op holds the name now; declare "
                 "it again with kg.op, then call the new op")
@@ -493,6 +494,11 @@ class _RetiredOp(KernelOp):
     def register_autograd(self, backward: Any, *, setup_context: Any = None) -> None:
         raise self._stale("register_autograd")
 
+    def _revive(self) -> None:
+        """Undo ``_retire`` (the declaration that replaced this op failed, and it holds the name
+        again); its plans are made anew."""
+        self.__class__ = self._live_class
+
     def _stale(self, what: str) -> RegistrationError:
         return RegistrationError(
             f"{self.name}: {what} on an op object that was {self._retired}; call it on the op "
@@ -503,21 +509,26 @@ class _RetiredOp(KernelOp):
 
 
 def unregister(name: str | KernelOp) -> bool:
-    """Remove an op from kernelgraft and ``torch.ops`` (a notebook that drops or renames an op).
+    """Remove an op from kernelgraft (a notebook that drops or renames an op).
 
     Returns whether an op was removed. Given an op object, it is removed only while it holds its
     name: an op since replaced (``kg.op(..., replace=True)``) or unregistered returns False and
-    leaves the name's current op alone. The removed op object stops serving:
-    calling it raises ``kg.RegistrationError`` until an op of that name is declared again, and then
-    forwards to that op. Compiled graphs that call ``torch.ops.<ns>.<name>`` need the name
-    declared again too (or ``torch._dynamo.reset()``).
+    leaves the name's current op alone. The removed op object stops serving: calling it, or
+    ``torch.ops.<ns>.<name>``, raises ``kg.RegistrationError`` until an op of that name is
+    declared again, and then reaches that op. The name itself stays in ``torch.ops``: its operator
+    is never freed, as other code (another thread, a compiled graph) may still hold it.
 
     >>> import torch, kernelgraft as kg
     >>> @kg.op("doctest::gone")
     ... def gone(x: torch.Tensor) -> torch.Tensor:
     ...     return x + 1
-    >>> kg.unregister("doctest::gone"), hasattr(torch.ops.doctest, "gone")
-    (True, False)
+    >>> kg.unregister("doctest::gone")
+    True
+    >>> try:
+    ...     torch.ops.doctest.gone(torch.ones(1))
+    ... except kg.RegistrationError as error:
+    ...     print("unregistered" in str(error))
+    True
     """
     only = None
     if isinstance(name, KernelOp):
@@ -574,9 +585,9 @@ def op(
     Declaring the same op again (the same fingerprint: reference, impls, options) returns the op
     already registered, so re-importing a module or re-running a notebook cell is harmless. A
     *different* op under a taken name is a ``kg.RegistrationError`` unless ``replace=True``: then
-    the new declaration takes the name (a notebook cell edited and run again), the old op's plans,
-    tuning decisions and ``torch.library`` registration go, and calls through the old op object
-    forward to the new one.
+    the new declaration takes the name (a notebook cell edited and run again), the old op's plans
+    and tuning decisions go, and calls through the old op object forward to the new one; other
+    threads may be calling the op meanwhile (each call runs the old op or the new one).
 
     >>> import torch, kernelgraft as kg
     >>> @kg.op("doctest::scale2")

@@ -8,8 +8,11 @@ differs, unless the new declaration says ``replace=True`` (notebooks: the old op
 the name to the module that defines it (``aot/_load.py`` says how). Double-checked locking keeps
 the common path lock-free.
 
-Each op has its own ``torch.library`` fragment, so removing one (``unregister``, ``replace``)
-destroys exactly its registrations and leaves every other op's overload object valid.
+A name's torch.ops operator is made once and never freed (``_slot``): its kernels forward to the
+op that holds the name, so re-declaring (``replace=True``) and unregistering while other threads
+call the op swap one reference and crash nothing; only a new schema changes the dispatcher, with
+every call held out meanwhile. An unregistered name stays in torch.ops, and calls raise
+``RegistrationError`` until an op of that name is declared again.
 """
 
 from __future__ import annotations
@@ -23,19 +26,18 @@ from typing import TYPE_CHECKING
 import torch
 
 from .._errors import RegistrationError
-from . import _autograd
+from . import _autograd, _slot
 
 if TYPE_CHECKING:
     from ._operator import KernelOp
 
-__all__ = ["default_name", "split_name", "register", "unregister", "retire", "lookup", "all_ops",
-           "differences"]
+__all__ = ["default_name", "split_name", "register", "unregister", "retire", "lookup", "holder",
+           "all_ops", "differences"]
 
 log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _OPS: dict[str, "KernelOp"] = {}
-_LIBS: dict[str, torch.library.Library] = {}  # op name -> the fragment that defines it
 _LOCK = threading.RLock()
 
 
@@ -62,6 +64,14 @@ def lookup(qualname: str) -> "KernelOp | None":
     return _OPS.get(qualname)
 
 
+def holder(qualname: str) -> "KernelOp | None":
+    """The op that holds the name, once a change of its schema in progress is done."""
+    slot = _slot.get(qualname)
+    if slot is not None:
+        slot.settled()
+    return _OPS.get(qualname)
+
+
 def all_ops() -> list["KernelOp"]:
     return list(_OPS.values())
 
@@ -69,14 +79,13 @@ def all_ops() -> list["KernelOp"]:
 def register(op: "KernelOp", *, replace: bool = False) -> "KernelOp":
     """Register ``op`` under its name and return the op that serves the name: ``op``, or the op
     already registered with the same fingerprint. ``replace=True`` retires a different op of the
-    same name (its plans and torch.library registration go; references to it forward)."""
+    same name (its plans go; references to it forward)."""
     existing = _OPS.get(op.name)
     if existing is None:
         with _LOCK:
             existing = _OPS.get(op.name)
             if existing is None:
-                _define(op)
-                _OPS[op.name] = op
+                _serve(op)
                 return op
     if existing.fingerprint == op.fingerprint:
         return existing
@@ -103,17 +112,62 @@ def _replace(old: "KernelOp", new: "KernelOp") -> "KernelOp":
     with _LOCK:
         if _OPS.get(old.name) is not old:  # another thread replaced it first: try again
             return register(new, replace=True)
-        unregister(old.name)
-        try:
-            _define(new)
-        except BaseException:
-            _define(old)  # leave the name served by the op that had it
-            _OPS[old.name] = old
-            raise
-        _OPS[new.name] = new
-        retire(old, "replaced")
+        _serve(new, old)  # the name goes from old to new in one step: no call finds it free
     log.info("op %s: %s replaced %s", new.name, _source(new), _source(old))
     return new
+
+
+def _serve(op: "KernelOp", old: "KernelOp | None" = None) -> None:
+    """Make ``op`` the holder of its name, retiring ``old`` (the holder it replaces), with the
+    registry's lock held. The name's slot forwards to ``op``; the dispatcher changes only for a
+    first definition or a new schema (``_slot``)."""
+    slot = _slot.get(op.name)
+    if slot is not None and slot.schema == op.signature.schema:
+        _adopt(slot, op)
+        _OPS[op.name] = op
+    elif slot is None or slot.schema is None:
+        _define(op)
+        _OPS[op.name] = op
+    else:
+        # Calls on old bind their arguments to its schema: it is retired first (its calls wait for
+        # the change, then go to op), and the calls it had started finish before the change.
+        def before() -> None:
+            if old is not None:
+                retire(old, "replaced")
+
+        def undo() -> None:  # the change failed: the name stays with the op that had it
+            revive = getattr(old, "_revive", None)  # only a retired op has it
+            if revive is not None:
+                revive()
+
+        with slot.quiet(before, undo):
+            previous = slot.op
+            slot.release()
+            try:
+                _define(op)
+            except BaseException:
+                if previous is not None:
+                    _define(previous)
+                raise
+            _OPS[op.name] = op
+        return
+    if old is not None:
+        retire(old, "replaced")
+
+
+def _adopt(slot: "_slot.Slot", op: "KernelOp") -> None:
+    """``op`` takes a name whose definition has its schema already: it gets the definition's
+    autograd kernel (now running its backward) and the slot's kernels forward to it."""
+    previous = slot.last
+    info = getattr(previous, "_autograd_info", None)
+    op._bind_overload(slot.overload, slot.definition)
+    if info is None:  # the definition has no autograd kernel yet
+        _autograd.install(op, slot.definition)
+    else:
+        op._autograd_lib, op._autograd_functional = previous._autograd_lib, previous._autograd_functional
+        op._autograd_info = info
+        _autograd.set_backward(op)
+    slot.serve(op)
 
 
 def retire(op: "KernelOp", how: str) -> None:
@@ -172,23 +226,26 @@ def _show(value) -> str:
 
 
 def _define(op: "KernelOp") -> None:
+    """Define the op's schema on its name's operator (new, or whose schema was just released) and
+    send the name's calls to it."""
     ns, name = split_name(op.name)
-    if _has_schema(op.name):
+    if _slot.get(op.name) is None and _has_schema(op.name):
         raise RegistrationError(
             f"op name {op.name!r} is already defined in torch.ops by code outside kernelgraft"
         )
-    lib = torch.library.Library(ns, "FRAGMENT")  # the op's own: destroying it touches no other op
+    slot = _slot.claim(op.name)
+    previous, last = slot.op, slot.last
+    slot.serve(op)  # before the schema exists: a call that finds it must reach this op
+    lib = torch.library.Library(ns, "FRAGMENT")  # the op's definition: destroyed only for a new schema
     try:
         lib.define(f"{name}{op.signature.schema}")
-        for key in ("CPU", "CUDA"):
-            lib.impl(name, op._dispatcher_kernel, key)
-        torch.library.register_fake(op.name, op._fake, lib=lib)
-        _autograd.install(op, lib)  # the op's backward (kept when it is defined again), or a refusal
     except BaseException:
-        lib._destroy()
+        slot.serve(previous)
+        slot.last = last
         raise
-    _LIBS[op.name] = lib
-    op._bind_overload(getattr(getattr(torch.ops, ns), name).default, lib)
+    slot.defined(lib, op.signature.schema)
+    _autograd.install(op, lib)  # the op's backward (kept when it is defined again), or a refusal
+    op._bind_overload(slot.overload, lib)
 
 
 class _Unregistered:
@@ -221,17 +278,16 @@ def _has_schema(qualname: str) -> bool:
 
 
 def unregister(qualname: str, only: "KernelOp | None" = None) -> "KernelOp | None":
-    """Forget an op and remove it from torch.ops; returns it (None if the name was free, or held by
-    another op than ``only`` when given). The op object still runs eagerly and can be registered
-    again; ``retire`` makes it forward instead."""
+    """Forget an op; returns it (None if the name was free, or held by another op than ``only``
+    when given). The name stays in torch.ops (code may hold its operator; freeing it would crash
+    that code's next call), and its calls raise RegistrationError until an op of that name is
+    registered again. The op object still runs eagerly and can be registered again; ``retire``
+    makes it forward instead."""
     with _LOCK:
         op = _OPS.get(qualname)
         if op is None or (only is not None and op is not only):
             return None
         del _OPS[qualname]
-        # The op's torch.ops overload is about to dangle: calling it would crash the process.
+        _slot.get(qualname).serve(None)
         op._bind_overload(_Unregistered(qualname), None)
-        lib = _LIBS.pop(qualname, None)
-        if lib is not None:
-            lib._destroy()
         return op
