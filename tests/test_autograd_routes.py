@@ -455,3 +455,35 @@ def test_autograd_routes_on_gpu():
     got = torch.vmap(add_relu)(x.view(4, 16, 256), y.view(4, 16, 256))
     torch.testing.assert_close(got, torch.stack([add_relu(a, b) for a, b in zip(x.view(4, 16, 256), y.view(4, 16, 256))]),
                                rtol=0, atol=0)
+
+
+def test_an_op_that_takes_a_name_with_the_same_schema_gets_its_own_gradients():
+    """A re-declared op (same schema: the name's definition and its autograd kernel stay) is the
+    one every autograd route reaches: its backward, its reference's tangent; before it declares a
+    backward, reverse mode refuses even though the op it replaced had one."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(6, generator=g, dtype=torch.float64, requires_grad=True)
+
+    @kg.op("tagroutes::redeclared")
+    def first(x: torch.Tensor) -> torch.Tensor:
+        return x * 2.0
+
+    first.register_autograd(lambda ctx, grad: grad * 2.0)
+    torch.ops.tagroutes.redeclared(x).sum().backward()
+    torch.testing.assert_close(x.grad, torch.full_like(x, 2.0))
+
+    @kg.op("tagroutes::redeclared", replace=True)
+    def second(x: torch.Tensor) -> torch.Tensor:
+        return x * 3.0
+
+    x.grad = None
+    with pytest.raises(kg.UnsupportedError, match="tagroutes::redeclared"):
+        torch.ops.tagroutes.redeclared(x).sum().backward()
+    second.register_autograd(lambda ctx, grad: grad * 3.0)
+    x.grad = None
+    torch.ops.tagroutes.redeclared(x).sum().backward()
+    torch.testing.assert_close(x.grad, torch.full_like(x, 3.0))
+    tangent = torch.randn(6, generator=g, dtype=torch.float64)
+    _, out_tangent = torch.func.jvp(torch.ops.tagroutes.redeclared, (x.detach(),), (tangent,))
+    torch.testing.assert_close(out_tangent, tangent * 3.0)
+    kg.unregister("tagroutes::redeclared")

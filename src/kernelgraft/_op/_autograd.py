@@ -135,11 +135,11 @@ def _plain(keyset: Any) -> bool:
     return plain
 
 
-def _functional_kernel(op: "KernelOp", overload: Any, fn: Any) -> Any:
+def _functional_kernel(holder: Any, kernel: Any, overload: Any, fn: Any) -> Any:
     # Below autograd, a call goes straight to the op's kernel when the keyset is plain (_plain),
     # else it is redispatched: skipping the redispatch saves every torch.ops call that needs no
     # gradient a second trip from C++ into Python.
-    kernel, redispatch, known = op._dispatcher_kernel, overload.redispatch, _PLAIN
+    redispatch, known = overload.redispatch, _PLAIN
     # autograd.Function.apply checks for functorch transforms and would send the Function to a
     # HigherOrderOperator that the dispatcher cannot serve from inside this kernel: the C++ apply
     # underneath it is the one that records the node.
@@ -148,7 +148,7 @@ def _functional_kernel(op: "KernelOp", overload: Any, fn: Any) -> Any:
 
     def autograd_kernel(keyset, *args):
         if _fwad._current_level >= 0 and _has_tangent(args):
-            return _forward_ad(op, args)
+            return _forward_ad(holder(), args)
         if _grad_enabled() and _any_requires_grad(*args):
             return _apply_function(apply, args if flatten is None else flatten(args))
         plain = known.get(keyset.raw_repr())
@@ -163,8 +163,8 @@ def _differentiable(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())
 
 
-def _mutating_kernel(op: "KernelOp", overload: Any) -> Any:
-    kernel, redispatch, known = op._dispatcher_kernel, overload.redispatch, _PLAIN
+def _mutating_kernel(op: "KernelOp", holder: Any, kernel: Any, overload: Any) -> Any:
+    redispatch, known = overload.redispatch, _PLAIN
     names = [p.name for p in op.signature.params]
     mutated_idx = [i for i, p in enumerate(op.signature.params) if p.mutated]
     mutated = [names[i] for i in mutated_idx]
@@ -183,7 +183,7 @@ def _mutating_kernel(op: "KernelOp", overload: Any) -> Any:
 
     def autograd_kernel(keyset, *args):
         if _fwad._current_level >= 0 and _has_tangent(args):
-            return _forward_ad(op, args)
+            return _forward_ad(holder(), args)
         if _grad_enabled() and _any_requires_grad(*args) and receives_gradient(args):
             # No formula can carry the gradient into what the call writes: refuse before it
             # writes (after it, the written tensor would look differentiable, or, as torch's
@@ -200,23 +200,36 @@ def _mutating_kernel(op: "KernelOp", overload: Any) -> Any:
     return autograd_kernel
 
 
-def install(op: "KernelOp", lib: torch.library.Library) -> None:
+def install(op: "KernelOp", lib: torch.library.Library, route: Any = None) -> None:
     """At definition (and again whenever the op is defined anew): register the op's autograd
-    kernel and batching rule in its own library fragment ``lib``."""
+    kernel and batching rule in its own library fragment ``lib``. ``route`` (the name's slot in the
+    registry) is where calls go: its ``kernel`` forwards to the op that holds the name and its
+    ``holder()`` returns that op, so an op that takes the name later with the same schema is served
+    by this autograd kernel without registering another one."""
     overload = _torch_utils.lookup_op(op.name)
     _, name = op.name.split("::")
     functional = _torch_utils.is_functional_schema(overload._schema)
     op._autograd_functional = functional
+    kernel = route.kernel if route is not None else op._dispatcher_kernel
+    holder = route.holder if route is not None else (lambda: op)
     if functional:
         fn = make_function(op, overload)
         op._autograd_info = fn.kg_state
         set_backward(op)
-        kernel = _functional_kernel(op, overload, fn)
+        autograd_kernel = _functional_kernel(holder, kernel, overload, fn)
     else:
         op._autograd_info = None
-        kernel = _mutating_kernel(op, overload)
-    lib.impl(name, kernel, "Autograd", with_keyset=True)
+        autograd_kernel = _mutating_kernel(op, holder, kernel, overload)
+    lib.impl(name, autograd_kernel, "Autograd", with_keyset=True)
     _vmap.install(op, lib, overload)
+
+
+def adopt(op: "KernelOp", previous: "KernelOp") -> None:
+    """``op`` takes a name whose definition (of the same schema) ``previous`` held: the definition's
+    autograd kernel serves it, running its backward from now on."""
+    op._autograd_functional = previous._autograd_functional
+    op._autograd_info = previous._autograd_info
+    set_backward(op)
 
 
 def set_backward(op: "KernelOp") -> None:

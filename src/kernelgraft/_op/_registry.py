@@ -156,17 +156,11 @@ def _serve(op: "KernelOp", old: "KernelOp | None" = None) -> None:
 
 
 def _adopt(slot: "_slot.Slot", op: "KernelOp") -> None:
-    """``op`` takes a name whose definition has its schema already: it gets the definition's
-    autograd kernel (now running its backward) and the slot's kernels forward to it."""
-    previous = slot.last
-    info = getattr(previous, "_autograd_info", None)
+    """``op`` takes a name whose definition has its schema already: the definition's autograd
+    kernel (which reaches the holder through the slot) now runs its backward, and the slot's
+    kernels forward to it. Nothing in the dispatcher changes."""
     op._bind_overload(slot.overload, slot.definition)
-    if info is None:  # the definition has no autograd kernel yet
-        _autograd.install(op, slot.definition)
-    else:
-        op._autograd_lib, op._autograd_functional = previous._autograd_lib, previous._autograd_functional
-        op._autograd_info = info
-        _autograd.set_backward(op)
+    _autograd.adopt(op, slot.last)
     slot.serve(op)
 
 
@@ -244,7 +238,7 @@ def _define(op: "KernelOp") -> None:
         slot.last = last
         raise
     slot.defined(lib, op.signature.schema)
-    _autograd.install(op, lib)  # the op's backward (kept when it is defined again), or a refusal
+    _autograd.install(op, lib, slot)  # the op's backward, or a refusal; calls reach the holder
     op._bind_overload(slot.overload, lib)
 
 

@@ -77,6 +77,11 @@ class Slot:
     def fake(self, *args: Any) -> Any:
         return self._fake(*args)
 
+    def holder(self) -> "KernelOp":
+        """The op that holds the name now, else the one that held it last (a call that raced an
+        unregister is served by the op it was made for)."""
+        return self.op if self.op is not None else self.last  # type: ignore[return-value]
+
     def _refuse(self, *args: Any) -> Any:
         raise RegistrationError(
             f"{self.name}: no op holds this name (it was unregistered); declare it again with "
