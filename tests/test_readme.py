@@ -56,7 +56,7 @@ def test_norun_marks_a_block(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("a\n<!-- norun: needs a GPU -->\n```python\nraise SystemExit\n```\n\n"
                     "```python\nx = 1\n```\n<!-- norun -->\n\n```python\ny = 2\n```\n")
-    assert blocks(page) == [(7, "x = 1\n"), (12, "y = 2\n")]
+    assert blocks(page) == [(8, "x = 1\n"), (13, "y = 2\n")]
 
 
 @pytest.mark.parametrize("page", RUNNABLE, ids=_name)
