@@ -1,6 +1,6 @@
 """The example GEMM's 30 Triton configs as an op of their own, for bench_tune_gemm.py.
 
-The example op also holds a CUDA C++ (WMMA) candidate; issue #3's must-holds compare the tuner
+The example op also holds a CUDA C++ (WMMA) candidate; the tuner's acceptance checks compare it
 with an exhaustive sweep and with ``triton.autotune`` over the same Triton configs, so the benchmark
 tunes this Triton-only op (same kernel, configs and pruning hook). Imported by the benchmark and by
 its child process that checks a new process reuses the decisions.

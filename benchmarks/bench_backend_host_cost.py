@@ -15,7 +15,7 @@ import sys
 import time
 import traceback
 
-# The native replay's host cost is what this measures: PyTorch competing in tuning (issue 18) could
+# The native replay's host cost is what this measures: PyTorch competing in tuning could
 # make the reference serve a tiny op, which runs on the Python path. KERNELGRAFT_COMPETE=1 overrides.
 os.environ.setdefault("KERNELGRAFT_COMPETE", "0")
 

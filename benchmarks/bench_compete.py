@@ -1,4 +1,4 @@
-"""PyTorch competing in tuning (issue 18): tuning time per new shape with and without the
+"""PyTorch competing in tuning: tuning time per new shape with and without the
 ``torch:eager`` / ``torch:compile`` candidates, and which candidate won. GPU only.
 
     python benchmarks/bench_compete.py [--out DIR] [--ops rmsnorm,softmax] [--limit N]

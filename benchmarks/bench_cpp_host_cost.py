@@ -1,13 +1,13 @@
 """Host cost per call of a bundled op from C++ (the runtime, through the dispatcher) side by side
 with at::add from C++ and the same ops in Python (the kernelgraft op, native replay), on tiny CUDA
-tensors (issue 17: the C++ call <= 3 us).
+tensors (the target: a C++ call of 3 us or less).
 
 Builds benchmarks/cpp (the runtime, examples/cpp and host_cost) with CMake unless --build-dir
 already holds it, then alternates processes: host_cost (C++), this script's --python-side (Python),
 --repeats times, each timing --rounds rounds of --calls calls per variant in two modes: queued (a
 spin kernel keeps the GPU busy for the whole round, so the loop measures the host alone: the
-issue's "host cost") and idle GPU (each round starts on an idle GPU, as session 8 measured; with
-session 8's 2000 calls per round the launch queue overran and the GPU's pace set the number). Prints the medians over
+"host cost") and idle GPU (each round starts on an idle GPU, as `benchmarks/results/2026-12-01-h200-3/` measured; with
+that run's 2000 calls per round the launch queue overran and the GPU's pace set the number). Prints the medians over
 processes and the ratios; writes cpp_host_cost.json.
 
     python benchmarks/bench_cpp_host_cost.py --bundle DIR [--build-dir build] [--repeats 3]

@@ -1,4 +1,4 @@
-"""Does anything stall a process's first seconds? (issue 19)
+"""Does anything stall a process's first seconds?
 
 Part 1, windows: the tuned ``kgexamples::softmax`` on a bf16 2048 x 32768 input, timed with
 ``triton.testing.do_bench`` (host launches included) and by CUDA-graph replay (GPU time only) in

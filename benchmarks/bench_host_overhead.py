@@ -3,7 +3,7 @@
 (a0) raw Triton launch into a preallocated output; (a) the same with its output allocated
 (what hand-written glue does); (b) (a) wrapped in a plain torch.library.custom_op; (c) the
 kernelgraft op; (d) the kernelgraft op called as torch.ops.<ns>.<name>.
-Targets (issue 2): (c) <= (a) + 3 us, (c) < (b); under graph replay (c) == (a).
+Targets: (c) <= (a) + 3 us, (c) < (b); under graph replay (c) == (a).
 
     python benchmarks/bench_host_overhead.py [--calls 2000] [--rounds 25]
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import os  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # These measure the kernels' tuner (configs against each other) and the kernels' dispatch: PyTorch
-# competing (issue 18, on by default on CUDA) would add torch:eager/torch:compile winners with no
+# competing (on by default on CUDA) would add torch:eager/torch:compile winners with no
 # config; benchmarks/bench_compete.py measures that. KERNELGRAFT_COMPETE=1 overrides.
 os.environ.setdefault("KERNELGRAFT_COMPETE", "0")
 

@@ -46,9 +46,9 @@ QUICK_EXTRA = {
     "rmsnorm": [(65536, 128), (16384, 8192)],
     "softmax": [(1, 151936), (64, 128256)],
 }
-LIMITS = {"vs_torch": 1.02, "vs_liger": 1.05, "bandwidth": 0.90}  # issue 18's bar
+LIMITS = {"vs_torch": 1.02, "vs_liger": 1.05, "bandwidth": 0.90}  # the bar each shape must meet
 INCONSISTENT = 1.15  # tuned op / its chosen kernel forced, beyond timing noise
-FEW_CALLS = 10  # a graph of fewer calls adds the graph launch's own latency to each (session 8)
+FEW_CALLS = 10  # a graph of fewer calls adds the graph launch's own latency to each (seen in `benchmarks/results/2026-12-01-h200-3/`)
 
 
 def plan(quick: bool, only: Sequence[str] = ()) -> list[tuple[str, str, tuple]]:

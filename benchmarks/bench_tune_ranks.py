@@ -20,7 +20,7 @@ import traceback
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 # These measure the kernels' tuner (configs against each other) and the kernels' dispatch: PyTorch
-# competing (issue 18, on by default on CUDA) would add torch:eager/torch:compile winners with no
+# competing (on by default on CUDA) would add torch:eager/torch:compile winners with no
 # config; benchmarks/bench_compete.py measures that. KERNELGRAFT_COMPETE=1 overrides.
 os.environ.setdefault("KERNELGRAFT_COMPETE", "0")
 from _common import environment, write_json  # noqa: E402

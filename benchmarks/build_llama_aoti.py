@@ -110,7 +110,7 @@ def main() -> int:
         del reference_model
 
         t = time.perf_counter()
-        # Sessions 8-9 failed here: kernelgraft's NVRTC path had written a NUL into CPython's shared
+        # Builds failed here (2026-12-01, runs 3 and 4): kernelgraft's NVRTC path had written a NUL into CPython's shared
         # b" ", so every space Inductor's wrapper encoded became one (fixed in backends/_nvrtc.py).
         report["encoded_space_intact"] = list(" ".encode()) == [32]
         try:

@@ -2,7 +2,7 @@
 # One batched run on the GPU machine: installs carried wheels, runs the selected sections with
 # time limits, and packs every result into $OUT/results.tar.gz (plus the log).
 #   bash benchmarks/gpu_session.sh SECTION...     sections: tests core cute hostcost rmsnorm
-#                                                 examples tune tunequick ranks graft graftc graftck graftdc graftdk graftprofile graftdecode graftdecodecompile aot explore explore5 explore6 explore7 diagsoftmax native devices verify verify2 firstsec diagsmall diagload diagcopies diagdecode aotipre compete llmquick llm suitetests gputests_s7 cpp cppbuild llamaaoti diagsuite test_FILE
+#                                                 examples tune tunequick ranks graft graftc graftck graftdc graftdk graftprofile graftdecode graftdecodecompile aot explore explore5 explore6 explore7 diagsoftmax native devices verify verify2 firstsec diagsmall diagload diagcopies diagdecode aotipre compete llmquick llm suitetests gputests cpp cppbuild llamaaoti diagsuite test_FILE
 # A "0:tests,aot|1:tune,rmsnorm" argument runs lanes side by side, each on its own GPU
 # (CUDA_VISIBLE_DEVICES) with its own kernelgraft cache; the next argument starts when all end.
 set -uo pipefail
@@ -83,7 +83,7 @@ run_section() {
     aot) step test_gpu_aot 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_aot.py --tb=short
          step aot_startup 150 python3 benchmarks/bench_aot_startup.py --repeats 3 --out "$R" ;;
     verify) step test_verify 480 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_verify.py -rs --tb=short --durations=10 ;;  # checks every example (the GEMM's 30 configs take minutes)
-    llmquick) step llm_suite_quick 280 python3 benchmarks/bench_llm_suite.py --quick --out "$R" --time-limit 240 ;;  # issue 18
+    llmquick) step llm_suite_quick 280 python3 benchmarks/bench_llm_suite.py --quick --out "$R" --time-limit 240 ;;  # the LLM shape suite, short
     llm) limit=$(( SESSION_END - $(date +%s) - 60 )); [ "$limit" -gt 500 ] && limit=500  # ends writing its tables in time
          if [ "$limit" -lt 30 ]; then echo "[llm_suite] skipped: the session's budget is spent"
          else step llm_suite 560 python3 benchmarks/bench_llm_suite.py --out "$R" --time-limit "$limit" ${LLM_ARGS:-}; fi ;;
@@ -93,27 +93,27 @@ run_section() {
             mkdir -p "$R/old1" "$R/new1"
             step host_cost_old_1 90 env PYTHONPATH="${PYTHONPATH/$ROOT\/src/$ROOT/.carry/old/src}" python3 .carry/old/benchmarks/bench_backend_host_cost.py --out "$R/old1"
             step host_cost_new_1 90 python3 benchmarks/bench_backend_host_cost.py --out "$R/new1" ;;
-    gputests_s7) step gpu_tests_s7 300 python3 -m pytest -q -s -p no:cacheprovider -m gpu -rs --tb=short ${GPU_TESTS:-tests/test_bad_input.py tests/test_fuzz.py tests/test_tune_gpu.py tests/test_compete.py tests/test_bench_suite.py tests/test_check_isolation.py tests/test_graft_pattern_generic.py tests/test_replace.py tests/test_gpu_core.py tests/test_gpu_runtime.py} ;;
-    cppbuild)  # issue 17: the runtime, examples/cpp and host_cost built with CMake; run_bundle
+    gputests) step gpu_tests 300 python3 -m pytest -q -s -p no:cacheprovider -m gpu -rs --tb=short ${GPU_TESTS:-tests/test_bad_input.py tests/test_fuzz.py tests/test_tune_gpu.py tests/test_compete.py tests/test_bench_suite.py tests/test_check_isolation.py tests/test_graft_pattern_generic.py tests/test_replace.py tests/test_gpu_core.py tests/test_gpu_runtime.py} ;;
+    cppbuild)  # the runtime, examples/cpp and host_cost built with CMake; run_bundle
       step cpp_build 300 bash -c 'cmake -S benchmarks/cpp -B /tmp/cppbuild -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$(python3 -c "import torch; print(torch.utils.cmake_prefix_path)")" >/dev/null && cmake --build /tmp/cppbuild -j"$(nproc)" 2>&1 | tail -5'
       step run_bundle 60 env KERNELGRAFT_BUNDLE_ALLOW_NATIVE=1 /tmp/cppbuild/examples/run_bundle "${KERNELGRAFT_TEST_BUNDLE:-.carry/bundle}" ;;
     cpp)  # cppbuild, then the host cost from C++
       run_section cppbuild
       step cpp_host_cost 240 python3 benchmarks/bench_cpp_host_cost.py --build-dir /tmp/cppbuild --out "$R" ;;
     diagcopies) step diag_decode_copies 300 python3 research/diag_decode_copies.py ;;  # why copies of one compiled decode read apart
-    diagdecode) step diag_decode_compile 150 python3 research/diag_decode_compile.py ;;  # session 10's decode under compile
+    diagdecode) step diag_decode_compile 150 python3 research/diag_decode_compile.py ;;  # the compiled grafted decode's host time
     aotipre) step aoti_preflight 300 python3 research/aoti_preflight.py --fstring --llama ;;
-    llamaaoti)  # issue 17: the grafted Llama as an AOTInductor package run by examples/cpp/run_aoti (after cppbuild; aotipre first where Inductor's AOT path is in doubt)
+    llamaaoti)  # the grafted Llama as an AOTInductor package run by examples/cpp/run_aoti (after cppbuild; aotipre first where Inductor's AOT path is in doubt)
       step build_llama_aoti 260 python3 benchmarks/build_llama_aoti.py --out-dir /tmp/llama_aoti
       step llama_python_warm_start 90 python3 benchmarks/build_llama_aoti.py --out-dir /tmp/llama_aoti --cold-start-only
       step run_aoti 60 /tmp/cppbuild/examples/run_aoti /tmp/llama_aoti/bundle /tmp/llama_aoti/llama.pt2 /tmp/llama_aoti/io.pt --atol 5e-2 --rtol 5e-2 --runs 20 --allow-native
       cp /tmp/llama_aoti/report.json "$R/llama_aoti_report.json" 2>/dev/null ;;
     firstfresh) step first_seconds_fresh 80 python3 benchmarks/bench_first_seconds.py --modes fresh --seconds 30 --gap 2 --skip-decisions --out "$R/fresh30" ;;  # past the moment the extension loads
     diagsmall) step diag_small_shapes 120 python3 research/diag_small_shapes.py ;;
-    diagload) step diag_runtime_load 240 python3 research/diag_runtime_load.py "${KERNELGRAFT_TEST_BUNDLE:-.carry/bundle}" ;;  # session 9's crash
+    diagload) step diag_runtime_load 240 python3 research/diag_runtime_load.py "${KERNELGRAFT_TEST_BUNDLE:-.carry/bundle}" ;;  # the runtime's load crash of 2026-12-01
     diagsuite) step diag_suite_tuned 150 python3 research/diag_suite_tuned.py ;;  # the suite's small-shape rows
     compete) step bench_compete 240 python3 benchmarks/bench_compete.py --out "$R" ${COMPETE_ARGS:---limit 2} ;;
-    firstsec) step first_seconds 420 python3 benchmarks/bench_first_seconds.py --out "$R" ;;  # issue 19; 2 GPUs: decisions side by side
+    firstsec) step first_seconds 420 python3 benchmarks/bench_first_seconds.py --out "$R" ;;  # 2 GPUs: decisions side by side
     verify2) step test_verify_2gpu 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_verify.py -k not_the_current_one -rs --tb=short ;;  # needs 2 GPUs
     devices) step gpu_devices 300 python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/test_gpu_devices.py -rs --tb=short ;;  # needs 2 GPUs
     test_*) step "$1" 150 python3 -m pytest -q -p no:cacheprovider -m gpu "tests/$1.py" -rs --tb=short ;;  # one GPU test file

@@ -4,7 +4,7 @@
 
 Several reports (e.g. two runs over different examples) are merged; ceilings come from the first.
 
-Checks (issue 7), each printed as PASS/FAIL with the numbers:
+Checks, each printed as PASS/FAIL with the numbers:
 1. memory-bound ops (flops/byte < 1, every example but the GEMM) reach >= 85% of the measured
    copy bandwidth at their largest shape (best of the tuned op and the best backend);
 2. the tuned op is at least as fast as the best single backend on every shape (2% noise allowance);

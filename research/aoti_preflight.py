@@ -1,10 +1,10 @@
 """Does AOTInductor on this machine compile a model whose graph has an Inductor-generated Triton
-kernel, with no kernelgraft op in it? (Session 8: the grafted Llama's package failed to compile on
+kernel, with no kernelgraft op in it? (`benchmarks/results/2026-12-01-h200-3/`: the grafted Llama's package failed to compile on
 the H200 machine's torch 2.11: the generated wrapper declared ``CUfunctiontriton_...{nullptr};``,
 the space between type and name missing.) Compiles two tiny packages, plain and with a
 kernelgraft op, and prints which compile.
 
-Session 9: both tiny ones compile; the grafted Llama still fails, and every failing line is an
+`benchmarks/results/2026-12-01-h200-4/`: both tiny ones compile; the grafted Llama still fails, and every failing line is an
 f-string of Inductor's whose single space between two replacement fields is gone
 (``f"{device_ptr_type} {var_name} = ..."`` came out ``CUdeviceptrvar_5 = ...``), though the
 torch 2.11.0 wheel's source has the spaces. ``--llama`` adds the Llama as written, with no

@@ -1,5 +1,5 @@
 """Why do copies of one compiled one-token Llama decode read a few percent apart, run after run
-(2026-12-02 s15 run 1: the original and its first copy 1.02x the other six copies, every round;
+(`benchmarks/results/2026-12-02-h200-5/`, run 1: the original and its first copy 1.02x the other six copies, every round;
 grafted copies 1.01-1.04x)? Builds plain copies before and after the grafts (with and without
 Inductor's FX graph cache) and grafted copies, then per variant: the paired ratio of its calls
 taken in turn (GPU events), its host time per call, and a CPU profile of its forward (which
@@ -7,7 +7,7 @@ region the extra time sits in, and which compiled graph serves it).
 
     python research/diag_decode_copies.py
 
-Result (H200, 2026-12-02, s15 run 2): P0-P3 and F1 read 0.967-1.000x of P2, each the same in all
+Result (H200, `benchmarks/results/2026-12-02-h200-5/`, run 2): P0-P3 and F1 read 0.967-1.000x of P2, each the same in all
 5 rounds; G1-G3 0.986-1.000x; host time in turn gives the same ratios. P4, P5 and F2 were compiled
 while the grafted copies' SwiGLU pattern was active, so Inductor rewrote them: they are not plain.
 The profile ran variant after variant, not in turn, so its columns carry the host's drift."""

@@ -1,5 +1,5 @@
 """Where does a compiled grafted Llama spend more host time per forward than the compiled plain
-one? (Session 11, H200: 1.017x prefill, 1.027x decode with every op site inlined and equal GPU
+one? (`benchmarks/results/2026-12-02-h200-1/`, H200: 1.017x prefill, 1.027x decode with every op site inlined and equal GPU
 time.) CPU, tiny Llama, one token. Three copies compiled with fullgraph=True: plain; RMSNorm
 grafted by type (the grafted class, as kg.graft does now); RMSNorm grafted with the forward set on
 each instance (kg.graft before the fix, forced here). Prints per copy: graphs, graph breaks,

@@ -1,5 +1,5 @@
 """Why did ``torch.ops.kernelgraft.load_bundle(path, None, None)`` crash the pytest process on the
-GPU machine (session 9, run 1: tests/test_gpu_runtime.py's ``served`` fixture, a bundle holding
+GPU machine (`benchmarks/results/2026-12-01-h200-4/`, run 1: tests/test_gpu_runtime.py's ``served`` fixture, a bundle holding
 CuTe DSL candidates, native code not allowed)? The same call passes on the CPU machine with
 arch='sm_90', and the C++ examples load the same bundle with native code allowed.
 
@@ -72,7 +72,7 @@ print("library:", open_library("library", library), flush=True)
 
 
 def facts(so: str, bundle: Path, tmp: Path) -> None:
-    """What the crash and the CuTe DSL library's failed load (session 9, run 2) may depend on: the
+    """What the crash and the CuTe DSL library's failed load (`benchmarks/results/2026-12-01-h200-4/`, run 2) may depend on: the
     compiler, glibc, the libstdc++ symbols the runtime library defines, the kernel (gVisor or not),
     and glibc's own account of resolving a bundled library's DT_NEEDED on the dialect runtime."""
     print("LDFLAGS:", os.environ.get("LDFLAGS"), "CXXFLAGS:", os.environ.get("CXXFLAGS"))

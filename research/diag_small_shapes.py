@@ -1,6 +1,6 @@
 """Why does the llm suite time tiny shapes of tuned ops (rmsnorm 1x4096, rmsnorm_residual 1x4096,
-add_relu 4096, swiglu 1x14336) well above their kernels? (s7 quick suite: 5.6-27 us by graph
-replay against 1.9 us measured for the rmsnorm kernel in s6.) Profiles one replay of a graph of 10
+add_relu 4096, swiglu 1x14336) well above their kernels? (the quick suite of `benchmarks/results/2026-12-01-h200-2/`: 5.6-27 us by
+graph replay against 1.9 us measured for the rmsnorm kernel in `benchmarks/results/2026-12-01-h200-1/`.) Profiles one replay of a graph of 10
 op calls and lists the GPU kernels it ran, per op, with the plan and the tuner's decision."""
 
 from __future__ import annotations

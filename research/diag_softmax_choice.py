@@ -1,6 +1,6 @@
 """Why the tuner and the bench ranked softmax kernels differently at bf16[2048, 32768].
 
-Until s5 run 4 the tuner's cold-L2 mode replayed a CUDA graph of back-to-back launches over
+Until run 4 of `benchmarks/results/2026-11-30-h200-5/` the tuner's cold-L2 mode replayed a CUDA graph of back-to-back launches over
 rotated input copies, while ``kernelgraft bench`` times one launch at a time after an L2 flush;
 the tuner now times cold the way the bench does. Prints the tuner's ranking
 (``kg.tune.decision``) for the vocab-wide shape next to per-launch and graph-replay timings of the

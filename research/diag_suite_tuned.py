@@ -1,4 +1,4 @@
-"""Why does bench_llm_suite time the tuned op at one-row shapes far above its kernel? (Session 8,
+"""Why does bench_llm_suite time the tuned op at one-row shapes far above its kernel? (`benchmarks/results/2026-12-01-h200-3/`,
 run 5: rmsnorm 1 x 4096 19.7 us per call by graph replay in the suite, 1.68 us in
 diag_small_shapes.py a minute before; softmax 32 x 4096 9.6 us; add_relu 4096 5.1 us.)
 
@@ -6,7 +6,7 @@ Replays the suite's sequence for each shape (eager reference, torch.compile(dyna
 then the op under kg.tune("on") timed by kernelgraft.bench.measure with the suite's settings), then
 profiles replays of a graph captured the way the bench captures it (capture_calls, 20 calls) and
 lists the GPU kernels one call runs, with their times. Each timing prints its calls per graph:
-the hypothesis of session 9 is that the suite's graphs held one or two calls (an eager estimate
+the hypothesis tested in `benchmarks/results/2026-12-01-h200-4/` is that the suite's graphs held one or two calls (an eager estimate
 inflated by the first calls' host work), adding the graph launch's latency to every call; the
 bench and tuner timers now correct the count by a timed replay (_timing._capture.replay_graph)."""
 

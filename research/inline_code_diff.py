@@ -1,5 +1,5 @@
 """Is a compiled grafted model whose op sites Inductor's in-graph choice inlined the same program as
-the compiled model as written? (Session 11: on the H200 it took 1.017x the time with equal GPU time.)
+the compiled model as written? (`benchmarks/results/2026-12-02-h200-1/`: on the H200 it took 1.017x the time with equal GPU time.)
 CPU, tiny Llama, fake timer (so the decision inlines RMSNorm): writes both Inductor outputs to
 /tmp/inline_code_{plain,grafted}.py and prints the in-graph choices and Dynamo's guard counts.
 Run with TRITON_INTERPRET=1. Result (2026-12-02): the `call` wrappers are identical, kernels differ

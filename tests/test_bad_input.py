@@ -1,4 +1,4 @@
-"""Bad input never reaches a kernel (issue 16): inputs that require grad on an op without a
+"""Bad input never reaches a kernel: inputs that require grad on an op without a
 backward, shape mismatches, outputs too large to allocate, bf16 GEMM on the interpreter,
 arguments that overlap a mutated one (or themselves), NaN/Inf, out-of-range indices.
 

@@ -474,7 +474,7 @@ def test_measure_times_the_kernel_not_a_slow_host_launch():
 
 @pytest.mark.gpu
 def test_graph_timing_is_not_inflated_by_slow_first_calls():
-    # Session 8's suite timed a 1.7 us RMSNorm at 19.7 us by graph replay: the calls per graph came
+    # The LLM suite once timed a 1.7 us RMSNorm at 19.7 us by graph replay: the calls per graph came
     # from an eager estimate of the first calls, which host work had inflated, and a graph of one
     # or two calls adds the graph launch's latency to each. replay_graph corrects the count by a
     # timed replay, so slow first calls leave the per-call time of a tiny kernel as it is.

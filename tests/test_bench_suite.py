@@ -16,7 +16,7 @@ from kernelgraft.bench._run import EAGER, PEER, TUNED
 from kernelgraft.bench._suite import check_shapes
 from kernelgraft.examples import MODULES
 
-# the regimes issue 18 asks each example to cover in the llm suite
+# the regimes each example must cover in the llm suite
 REQUIRED = {
     "rmsnorm": {"decode", "prefill", "narrow", "wide"},
     "rmsnorm_residual": {"decode", "prefill", "wide"},

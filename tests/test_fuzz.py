@@ -1,4 +1,4 @@
-"""Bad input never reaches a kernel: a seeded fuzz run over every example op (issue 16).
+"""Bad input never reaches a kernel: a seeded fuzz run over every example op.
 
 The cases (``_fuzz_cases.py``) run in a child process, so a crash (a kernel writing out of bounds,
 an abort) fails the test with the case that caused it instead of killing pytest. Every call must

@@ -1,4 +1,4 @@
-"""Every example op, every backend it has, on a GPU that is not the current one (issue 14).
+"""Every example op, every backend it has, on a GPU that is not the current one.
 
 Tensors on ``cuda:1`` while the current device is 0, and on ``cuda:0`` while it is 1, alternating:
 eager through the Python path (every supported candidate forced with ``op.run``), through the
@@ -6,7 +6,7 @@ native replay (one op per impl, called several times per signature), tuned (``kg
 with a fresh cache), and captured in a CUDA graph on ``cuda:1`` and replayed. Every output is
 compared with the op's reference run on CPU copies (float64 where the reference accepts it; in the
 inputs' own dtypes, and exactly, for ops with integer or 8-bit outputs). Run with ``-s``: each test
-prints one line per op and backend, the evidence the issue asks to commit.
+prints one line per op and backend, the evidence kept with a run's results.
 
     pytest -m gpu -s tests/test_gpu_devices.py      # needs two GPUs
 """

@@ -1,6 +1,6 @@
 """The C++ runtime on a GPU: bundled ops launched by the runtime equal the Python ops, inside CUDA
 graphs too, and in a process where neither kernelgraft nor triton imports; cuTile and CuTe DSL
-kernels too, and every example op once per backend in such a process (issue 17).
+kernels too, and every example op once per backend in such a process.
 
 Run on the GPU machine: ``pytest -m gpu tests/test_gpu_runtime.py`` (TRITON_INTERPRET unset).
 A GPU machine without tileiras builds no cuTile kernels: build the bundle on a machine that has it
@@ -197,7 +197,7 @@ print(json.dumps(report))
 
 
 def test_every_backend_serves_every_example_op_where_kernelgraft_and_triton_do_not_import(so, bundle, tmp_path):
-    """Issue 17: each example op from one bundle, once per backend (Triton, CUDA C++, cuTile, CuTe
+    """Each example op from one bundle, once per backend (Triton, CUDA C++, cuTile, CuTe
     DSL), in a process where neither kernelgraft nor triton imports, equals the reference."""
     paths = {}
     for backend in ("triton", "cuda", "cutile", "cutedsl"):

@@ -1,5 +1,5 @@
 """Every example op from one bundle, served by the C++ runtime in a process where neither
-kernelgraft nor triton imports (issue 17): each op's sample inputs (what ``kernelgraft check`` and
+kernelgraft nor triton imports: each op's sample inputs (what ``kernelgraft check`` and
 ``kernelgraft aot`` use) run through a copy of the bundle per backend (Triton, CUDA C++, cuTile,
 CuTe DSL: only that backend's candidates), and what the runtime produced (returned tensors and
 mutated arguments) is judged by kernelgraft's oracle against the reference, here in the parent.

@@ -1,4 +1,4 @@
-"""The must-hold case: a Hugging Face Llama (small config, random weights) with RMSNorm grafted by
+"""The end-to-end case: a Hugging Face Llama (small config, random weights) with RMSNorm grafted by
 module type and the SwiGLU gate grafted by pattern, in eager, torch.compile and torch.export."""
 
 from __future__ import annotations

@@ -815,7 +815,7 @@ def test_the_fd_a_library_was_loaded_from_stays_open_so_the_next_memfd_library_i
     # The dynamic loader matches a library by the path it came from before it looks at the file:
     # when the native replay's fd closed after loading from /proc/self/fd/<n> and a bundle's CuTe
     # DSL runtime then got fd <n> in memory, its dlopen returned the replay extension instead
-    # (session 9 on the H200), and the kernel library that needs the runtime did not load.
+    # (seen on an H200), and the kernel library that needs the runtime did not load.
     import os
 
     from kernelgraft import runtime

@@ -503,7 +503,7 @@ def test_the_cuda_kernel_plans_each_signature_once(so, bundle, tmp_path):
 
 def test_the_runtime_library_exports_no_copy_of_libstdcxx(so):
     # The GPU machine's toolchain linked libstdc++ statically into the runtime and exported that
-    # copy; a TORCH_WARN with a number then crashed the process inside std::ostream (session 9).
+    # copy; a TORCH_WARN with a number then crashed the process inside std::ostream.
     # Symbols from static archives are kept local (-Wl,--exclude-libs,ALL): whatever the toolchain,
     # the library defines none of libstdc++'s own.
     import shutil

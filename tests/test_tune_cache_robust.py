@@ -1,5 +1,5 @@
 """A tuning cache file that cannot be used is a miss with one warning and is set aside; it never
-raises from an op call, kg.tune.decision or the CLI, and reading it stays fast (issue 16)."""
+raises from an op call, kg.tune.decision or the CLI, and reading it stays fast."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
 //   queued: a spin kernel (at::cuda::sleep) keeps the GPU busy for CALLS x COVERED_US before the
 //           round, so every timed call only queues its launch: the host's own cost. A round whose
 //           spin ended before its last call is dropped and counted.
-//   idle:   the GPU idle at the round's start, as session 8 measured (its 2000 calls per round
+//   idle:   the GPU idle at the round's start, as benchmarks/results/2026-12-01-h200-3 measured (its 2000 calls per round
 //           overran the launch queue, so the GPU's pace per tiny launch set the number).
 // Two floors are timed beside them: a bare kernel launch and an output allocation.
 // Prints one JSON object: the median microseconds per call of each variant and mode.

@@ -31,7 +31,7 @@ _RECORD_LIMIT = 4096  # bytes: a record is a few lines; anything larger is not o
 # A toolchain that links libstdc++ statically into shared objects (the GPU machine's did: the
 # runtime library defined 4685 std:: symbols and needed no libstdc++.so) exports that copy's
 # symbols, and a process then runs a mix of two libstdc++ copies: formatting a number into a
-# TORCH_WARN message crashed in std::ostream (session 9). Symbols from static archives stay local.
+# TORCH_WARN message crashed in std::ostream. Symbols from static archives stay local.
 LDFLAGS = ["-Wl,--exclude-libs,ALL"]
 
 
@@ -144,7 +144,7 @@ def keep(fd: int) -> None:
     """Keep ``fd`` open for the process: a library was loaded from ``/proc/self/fd/<fd>``. The
     dynamic loader matches a library by the path it was loaded from before it looks at the file,
     so once ``fd`` closed and its number came back for another file, a ``dlopen`` of that path
-    would return the library loaded before (session 9: a bundled CuTe DSL runtime opened from a
+    would return the library loaded before (it happened: a bundled CuTe DSL runtime opened from a
     memfd got the native replay extension, loaded through the same fd number, in its place)."""
     _LOADED_FDS.append(fd)
 

@@ -320,11 +320,12 @@ def triton(
 ) -> TritonImpl:
     """Describe a Triton kernel: ``launch(*inputs, *outputs, **config)`` issues the launch.
 
-    >>> import kernelgraft as kg
-    >>> def launch(x, out, *, BLOCK): ...
-    >>> spec = kg.triton(launch, configs=[{"BLOCK": 256}, {"BLOCK": 1024}])
-    >>> [c.as_dict() for c in spec.configs]
-    [{'BLOCK': 256}, {'BLOCK': 1024}]
+    Examples:
+        >>> import kernelgraft as kg
+        >>> def launch(x, out, *, BLOCK): ...
+        >>> spec = kg.triton(launch, configs=[{"BLOCK": 256}, {"BLOCK": 1024}])
+        >>> [c.as_dict() for c in spec.configs]
+        [{'BLOCK': 256}, {'BLOCK': 1024}]
     """
     return TritonImpl(
         launch=launch,

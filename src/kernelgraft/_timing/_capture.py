@@ -84,8 +84,8 @@ def replay_graph(call: Callable[[int], object], estimate_ms: float, target_ms: f
     timed replay: an eager estimate of a short call measures its host launch gaps, not its GPU
     time, and a first call that does host work (recording a native replay, a GC pass) can inflate
     it a hundredfold. A graph of one or two calls then adds the graph launch's own GPU latency (a
-    few microseconds) to each call's time: session 8's LLM suite timed a 1.7 us RMSNorm at 19.7 us
-    that way."""
+    few microseconds) to each call's time: the LLM suite once timed a 1.7 us RMSNorm at 19.7 us
+    that way (``benchmarks/results/2026-12-01-h200-3``)."""
     calls = max(1, min(max_calls, int(target_ms / max(estimate_ms, 1e-4))))
     made: "tuple[torch.cuda.CUDAGraph, int] | None" = None
     for attempt in range(2):

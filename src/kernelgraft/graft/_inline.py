@@ -191,7 +191,7 @@ def inline_pass(graph: fx.Graph) -> int:
 
     if V.aot_compilation:
         # An AOTInductor package keeps every op call: its deployment is the kernels' bundle,
-        # served by kernelgraft's runtime with the decisions the bundle holds (issue 17).
+        # served by kernelgraft's runtime with the decisions the bundle holds.
         return 0
     done = 0
     own = _compete.compiling_references()

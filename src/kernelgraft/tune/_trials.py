@@ -47,7 +47,7 @@ WARM_MS = 30.0  # GPU busy time before the first timing, every key (see the modu
 # Finalists re-timed one after the other (where they cannot be timed together): first-pass times
 # within 3% of the fastest (three times the tuner's tie margin), where noise, not the kernels,
 # would decide; the two fastest are re-timed once more each. Kept
-# small: every extra timing costs tuning wall time, which pruning is meant to cut (issue 3: >= 5x).
+# small: every extra timing costs tuning wall time, which pruning is meant to cut (by 5x or more).
 FINAL_MARGIN = 0.03
 MAX_FINALISTS = 2
 FINAL_ROUNDS = 1
