@@ -27,12 +27,12 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from .. import backends
-from .._errors import FallbackWarning, InputError, LaunchError, UnsupportedError, describe
+from .._errors import FallbackWarning, InputError, LaunchError, SpecError, UnsupportedError, describe
 from .._native._attach import attach
 from ..backends._triton import interpreting
 from ..tune._modes import scope as current_scope
 from ..tune._modes import settings as current_settings
-from . import _compete, _select
+from . import _compete, _probe, _select
 from ._candidates import LAYOUT, Candidate, evaluate, evaluate_one
 from ._limits import check_allocatable, quiet_fake_tensor_errors
 from ._plan import Plan, kernel_plan, reference_plan, torch_plan
@@ -132,7 +132,8 @@ class Dispatcher:
         # (Replay, scope, epoch) of the signature called last, or None (read by KernelOp.__call__).
         self.replay: tuple | None = None
         self.epoch = -1
-        self.accepted: dict[tuple, None] = {}  # (device type, *tensor dtypes) the reference accepted
+        # (device type, *tensor dtypes) -> why the reference refused zeros of those dtypes, or None
+        self.accepted: dict[tuple, str | None] = {}
         self.warned: set[Any] = set()
         self._lock = threading.Lock()
         # The reference under torch.compile (the torch:compile candidate), compiled once per op.
@@ -394,53 +395,39 @@ class Dispatcher:
         return guard
 
     def _accept_dtypes(self, args: tuple, tensors: Sequence[tuple[str, torch.Tensor]]) -> None:
-        """Without ``dtypes=``, a kernel runs only on dtypes the reference accepts.
+        """Before a kernel runs on a new signature, the reference's verdict on it, judged without
+        the call's values (``_probe``), so every call with this signature gets the same treatment.
 
-        The first call with a new combination of tensor dtypes (per device type) runs the
-        reference once on these very arguments (mutated ones cloned): a reference that raises
-        refuses the call, which becomes an ``InputError`` naming the op, the dtypes and the
-        reference's own message instead of a kernel running on data the reference rejects. An
-        accepted combination is remembered; a refused one is tried again next time (the refusal
-        may be about values, such as an index out of range, rather than dtypes). Not judged: a
-        call made while a CUDA graph is captured (the reference must not land in the graph), and
-        a reference that runs out of memory (a naive reference may not fit where the kernel does).
-        """
+        An op that returns None has no output shapes that would run its reference on fake
+        tensors (``output_specs``): its reference runs on fake tensors here, once per plan, and a
+        shape it refuses is the call's ``InputError``. Without ``dtypes=``, a kernel runs only on
+        dtypes the reference accepts: the first call with a new combination of tensor dtypes (per
+        device type) runs the reference once on zero-filled tensors of the same layout, and its
+        verdict, either way, holds for every later call with those dtypes. Not judged: a call made
+        while a CUDA graph is captured (the reference must not land in the graph) and a reference
+        that runs out of memory (a naive reference may not fit where the kernel does)."""
         op = self.op
-        if op._dtypes or not tensors or getattr(op.reference, "kernelgraft_stub", False):
+        if not tensors or getattr(op.reference, "kernelgraft_stub", False):
+            return
+        if op.signature.returns == "none":
+            _probe.fake_probe(op, args)
+        if op._dtypes:
             return
         device = tensors[0][1].device
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return  # the reference must not be recorded into the user's graph: judged on a later call
         combo = (device.type,) + tuple(t.dtype for _, t in tensors) + tuple(
             a for a in args if isinstance(a, torch.dtype))
-        if combo not in self.accepted:  # only acceptances are kept: a refusal may be about values
-            mutated = set(op.signature.mutated)
-            probe = tuple(
-                (a.clone() if isinstance(a, torch.Tensor) else [t.clone() for t in a])
-                if i in mutated and a is not None else a
-                for i, a in enumerate(args)
-            )
-            try:
-                with torch.no_grad():
-                    op.reference(*probe)
-                why = None
-            except (torch.cuda.OutOfMemoryError, MemoryError):
-                # The naive reference may not fit where the kernel does (attention at long
-                # context): that says nothing about dtypes. Accepted, and asked again next time.
+        if combo not in self.accepted:
+            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                return  # the reference must not be recorded into the user's graph: judged on a later call
+            judged, why = _probe.zeros_probe(op, args)
+            if not judged:
                 return
-            except Exception as exc:  # the reference's own verdict on these dtypes
-                why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            else:
-                self.accepted[combo] = None
-        else:
-            why = None
+            self.accepted[combo] = why  # values play no part: the verdict holds for these dtypes
+        why = self.accepted[combo]
         if why is not None:
-            dtypes = ", ".join(f"{name}={str(t.dtype).removeprefix('torch.')}" for name, t in tensors)
-            raise InputError(
-                f"{op.name}: the reference does not accept these inputs ({dtypes}): it raised {why}. "
-                "The op declares no dtypes=, so it accepts what its reference accepts; declare "
-                "dtypes= to state what the kernels take"
-            )
+            error = _probe.refusal(op, args, why, " (judged once for these dtypes, on zero-filled tensors)")
+            raise InputError(f"{error}. The op declares no dtypes=, so it accepts what its reference accepts; "
+                             "declare dtypes= to state what the kernels take")
 
     def _no_candidate(self, candidates: Sequence[Candidate], device: torch.device) -> None:
         op = self.op
@@ -511,9 +498,11 @@ class Dispatcher:
                         for a in args
                     )
                     outs = op._fake(*fake_args)
-        except InputError:
+        except (InputError, SpecError):
             raise
         except Exception as exc:
+            if _probe.data_dependent(exc):
+                raise _probe.meta_error(op, exc, "has data-dependent shapes") from exc
             shapes = ", ".join(describe(a) for a in args)
             if _is_shape_error(exc):
                 raise InputError(

@@ -107,7 +107,7 @@ def trace(op, impl, config, args: Sequence[Any], record: Callable[[Context, tupl
                 for d, s in enumerate(f.shape):
                     if isinstance(s, torch.SymInt):
                         symbols.setdefault(s.node.expr, f"{name}.shape[{d}]")
-        outs = op._meta_fn(*fakes)
+        outs = op.meta(*fakes)  # None for an op that returns None: nothing to trace
         outs = () if outs is None else (outs,) if isinstance(outs, torch.Tensor) else tuple(outs)
         outs = tuple(torch.empty(o.shape, dtype=o.dtype) for o in outs)
         ctx = Context(names + [f"out{i}" for i in range(len(outs))], list(fakes) + list(outs),
