@@ -350,14 +350,15 @@ def _produced(op: Any, result: Any, args: Sequence[Any]) -> list[tuple[str, str,
         returned = [result]
     else:
         returned = list(result)
-    named = [(f"output {i}", t) for i, t in enumerate(returned)]
+    names = produced_names(op, len(returned), args)
+    # a declared output name says more than its position
+    named = [(f"output {i}" if names[i] == f"out{i}" else f"output {names[i]!r}", t) for i, t in enumerate(returned)]
     for index in op.signature.mutated:
         name = op.signature.params[index].name
         if isinstance(args[index], torch.Tensor):
             named.append((f"mutated argument {name!r}", args[index]))
         else:
             named.extend((f"mutated argument {name!r}[{k}]", t) for k, t in enumerate(tensors(args[index])))
-    names = produced_names(op, len(returned), args)
     return [(what, name, t) for (what, t), name in zip(named, names)]
 
 

@@ -32,7 +32,7 @@ from .._native._attach import attach
 from ..backends._triton import interpreting
 from ..tune._modes import scope as current_scope
 from ..tune._modes import settings as current_settings
-from . import _compete, _probe, _select
+from . import _compete, _overlap, _probe, _select
 from ._candidates import LAYOUT, Candidate, evaluate, evaluate_one
 from ._limits import check_allocatable, quiet_fake_tensor_errors
 from ._plan import Plan, kernel_plan, reference_plan, torch_plan
@@ -332,67 +332,9 @@ class Dispatcher:
         return guarded(reference_plan(op), self.overlap_guard(args)), None
 
     def overlap_guard(self, args: tuple) -> Callable[[tuple], None] | None:
-        """The per-call check that no tensor argument shares memory with one the op mutates, or
-        None when the op has nothing to check (no mutated argument, ``allow_overlap=True``, or no
-        other non-empty tensor).
-
-        A kernel that writes an argument while reading another that overlaps it reads its own
-        writes in an order no one chose (the fuzz run saw 130-923 wrong bytes in the fp8 scatter),
-        so such calls are refused. Outputs are freshly allocated and cannot overlap anything.
-
-        Why per call: which tensors overlap depends on their data pointers, and the plan's key holds
-        only ``data_ptr() & 15`` (a key on full pointers would make a plan per buffer). What the
-        signature does fix is decided here, once per plan: which pairs to compare and each tensor's
-        extent in bytes (from its shape, strides and element size), so the call itself reads one
-        ``data_ptr()`` per tensor involved and compares intervals: O(1) in the tensors' sizes, and
-        zero cost for every op that mutates nothing. Overlap is judged on extents
-        ``[data_ptr, data_ptr + span)``: two interleaved views (even and odd columns of one
-        buffer) count as overlapping; give such an op ``allow_overlap=True``. The native replay runs
-        the same comparisons in C++ (``guard.native``: argument pairs and spans) and hands an
-        overlapping call back to this path, which raises; a guard over list elements has no native
-        form (``guard.native`` is None) and keeps its plan on the Python path.
-        """
-        op = self.op
-        mutated = set(op.signature.mutated)
-        if op.allow_overlap or not mutated:
-            return None
-        items = []  # (name, arg index, list index or None, mutated, extent in bytes)
-        for index, (param, value) in enumerate(zip(op.signature.params, args)):
-            if value is None or param.kind not in ("tensor", "tensor_list"):
-                continue
-            listed = [(param.name, None, value)] if param.kind == "tensor" else [
-                (f"{param.name}[{j}]", j, t) for j, t in enumerate(value)]
-            for name, j, t in listed:
-                if t.numel() == 0:
-                    continue
-                span = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) + 1
-                items.append((name, index, j, index in mutated, span * t.element_size()))
-        pairs = tuple((a, b) for a in range(len(items)) for b in range(len(items))
-                      if a < b and (items[a][3] or items[b][3]))
-        if not pairs:
-            return None
-        where = tuple((index, j) for _, index, j, _, _ in items)
-        spans = tuple(item[4] for item in items)
-        names = tuple(item[0] for item in items)
-        writes = tuple(item[3] for item in items)
-        name = op.name
-
-        def guard(args: tuple) -> None:
-            ptrs = [(args[i] if j is None else args[i][j]).data_ptr() for i, j in where]
-            for a, b in pairs:
-                if ptrs[a] < ptrs[b] + spans[b] and ptrs[b] < ptrs[a] + spans[a]:
-                    first, second = (a, b) if writes[a] else (b, a)
-                    raise InputError(
-                        f"{name}: argument {names[second]!r} overlaps the memory of argument "
-                        f"{names[first]!r}, which the op mutates (bytes {ptrs[second]:#x}+{spans[second]} "
-                        f"and {ptrs[first]:#x}+{spans[first]}); pass a separate tensor (.clone()), "
-                        "or declare the op with kg.op(..., allow_overlap=True) if its kernels "
-                        "handle overlapping arguments"
-                    )
-
-        guard.native = (None if any(j is not None for _, j in where) else  # type: ignore[attr-defined]
-                        tuple((where[a][0], where[b][0], spans[a], spans[b]) for a, b in pairs))
-        return guard
+        """The per-call check that no tensor argument shares an element with one the op mutates,
+        decided once per plan (``_overlap``); None when the op has nothing to check."""
+        return _overlap.overlap_guard(self.op, args)
 
     def _accept_dtypes(self, args: tuple, tensors: Sequence[tuple[str, torch.Tensor]]) -> None:
         """Before a kernel runs on a new signature, the reference's verdict on it, judged without
