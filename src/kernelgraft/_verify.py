@@ -342,7 +342,7 @@ def produced_names(op: Any, n_returned: int, args: Sequence[Any]) -> list[str]:
     return names
 
 
-def _produced(op: Any, result: Any, args: Sequence[Any]) -> list[tuple[str, str, torch.Tensor]]:
+def _produced_named(op: Any, result: Any, args: Sequence[Any]) -> list[tuple[str, str, torch.Tensor]]:
     """Everything an op produces, described and named: returned tensors, then mutated arguments."""
     if result is None:
         returned: list[torch.Tensor] = []
@@ -362,18 +362,23 @@ def _produced(op: Any, result: Any, args: Sequence[Any]) -> list[tuple[str, str,
     return [(what, name, t) for (what, t), name in zip(named, names)]
 
 
+def _produced(op: Any, result: Any, args: Sequence[Any]) -> list[tuple[str, torch.Tensor]]:
+    """Everything an op produces, described: returned tensors, then mutated arguments."""
+    return [(what, t) for what, _, t in _produced_named(op, result, args)]
+
+
 def reference(op: Any, args: Sequence[Any]) -> Reference:
     """Run ``op.reference`` at native precision and in float64 (see the module docstring). The
     caller's arguments are never written. A reference that fails at native precision raises."""
     rules = bind_rules(op, args, clone)  # before any run: hooks see the arguments as given
     native_args = clone(tuple(args))
     with torch.no_grad():
-        native = _produced(op, op.reference(*native_args), native_args)
+        native = _produced_named(op, op.reference(*native_args), native_args)
     wide_args = upcast(clone(tuple(args)))
     note = ""
     try:
         with torch.no_grad():
-            wide = _produced(op, op.reference(*wide_args), wide_args)
+            wide = _produced_named(op, op.reference(*wide_args), wide_args)
     except Exception as exc:
         wide, note = None, f"the float64 reference failed ({type(exc).__name__}: {str(exc)[:120]})"
     if wide is not None and [tuple(t.shape) for *_, t in wide] != [tuple(t.shape) for *_, t in native]:

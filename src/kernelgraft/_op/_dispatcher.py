@@ -367,7 +367,8 @@ class Dispatcher:
             self.accepted[combo] = why  # values play no part: the verdict holds for these dtypes
         why = self.accepted[combo]
         if why is not None:
-            error = _probe.refusal(op, args, why, " (judged once for these dtypes, on zero-filled tensors)")
+            error = _probe.refusal(op, args, why, " (judged once for these dtypes, on zero-filled tensors)",
+                                   shapes=False)
             raise InputError(f"{error}. The op declares no dtypes=, so it accepts what its reference accepts; "
                              "declare dtypes= to state what the kernels take")
 

@@ -36,7 +36,7 @@ from torch.fx.experimental.symbolic_shapes import (
     ShapeEnv,
 )
 
-from .._errors import InputError, SpecError, describe, out_of_memory
+from .._errors import InputError, SpecError, out_of_memory
 from ._limits import quiet_fake_tensor_errors
 
 if TYPE_CHECKING:
@@ -87,10 +87,12 @@ def reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
 
 
-def refusal(op: "KernelOp", args: Sequence[Any], why: str, how: str = "") -> InputError:
-    """The call's ``InputError`` for a reference that refused its inputs, saying ``why``."""
-    shown = ", ".join(f"{p.name}={describe(a)}" for p, a in zip(op.signature.params, args)
-                      if isinstance(a, torch.Tensor))
+def refusal(op: "KernelOp", args: Sequence[Any], why: str, how: str = "", *, shapes: bool = True) -> InputError:
+    """The call's ``InputError`` for a reference that refused its inputs, saying ``why``; the
+    tensors shown as ``name=dtype[shape]`` (``shapes=False``: ``name=dtype``)."""
+    shown = ", ".join(
+        f"{p.name}={str(a.dtype).removeprefix('torch.')}{list(a.shape) if shapes else ''}"
+        for p, a in zip(op.signature.params, args) if isinstance(a, torch.Tensor))
     return InputError(f"{op.name}: the reference does not accept these inputs ({shown}){how}: it raised {why}")
 
 
