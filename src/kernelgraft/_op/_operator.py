@@ -324,7 +324,7 @@ class KernelOp:
             hook(self, args)
         if self.signature.returns == "none":
             return None  # nothing to allocate: running the reference here would trace its data
-        return self._fresh_outputs(_meta_outputs(self, args), empty=True, args=args)
+        return self._fresh_outputs(_probe.meta_outputs(self, args), empty=True, args=args)
 
     def _fresh_outputs(self, outs: Any, *, empty: bool, args: tuple) -> Any:
         """Outputs as the op promises them: new, contiguous tensors (None for mutate-only ops)."""
@@ -479,29 +479,6 @@ class KernelOp:
 
     def __repr__(self) -> str:
         return f"<kernelgraft op {self.name}{self.signature.schema} impls={list(self.impls)}>"
-
-
-def _meta_outputs(op: KernelOp, args: tuple) -> Any:
-    """The meta function's outputs under the tracer's fake mode, or a ``SpecError`` naming
-    ``register_meta`` where it depends on data: a data-dependent size would otherwise surface
-    as a Dynamo internal error (an unbacked symbol not in the outputs) with no hint to the op."""
-    from torch._guards import detect_fake_mode
-
-    mode = detect_fake_mode(tuple(tensors(args)))
-    shape_env = getattr(mode, "shape_env", None)
-    pending = shape_env.pending_fresh_unbacked_symbols if shape_env is not None else None
-    before = len(pending) if pending is not None else 0
-    try:
-        outs = op.meta(*args)
-    except Exception as exc:
-        if _probe.data_dependent(exc):
-            raise _probe.meta_error(op, exc, "has data-dependent shapes") from exc
-        raise
-    if pending is not None and len(pending) > before:
-        del pending[before:]  # the trace stops here: leave the environment as it was
-        raise _probe.meta_error(op, None, "computes sizes from the data of its inputs (a boolean mask, "
-                                "nonzero or .item())")
-    return outs
 
 
 class _RetiredOp(KernelOp):

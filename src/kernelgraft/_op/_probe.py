@@ -14,8 +14,9 @@ the kernel afterwards. So the reference is asked only questions whose answer the
   the reference on zero-filled tensors of the same layout, because fake tensors skip most dtype
   checks (``F.gelu`` on int64 runs on fake tensors). Zero is a valid value for every index.
 
-``data_dependent`` recognises torch's errors for a data-dependent shape, which the meta function
-turns into a ``SpecError`` naming ``register_meta``.
+``meta_outputs`` runs the meta function under a tracer's fake mode (``torch.compile``, export) and
+turns a data-dependent shape (``data_dependent``: torch's errors for one, or an unbacked size the
+meta left behind) into a ``SpecError`` naming ``register_meta``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
@@ -37,12 +39,14 @@ from torch.fx.experimental.symbolic_shapes import (
 )
 
 from .._errors import InputError, SpecError, out_of_memory
+from .._verify import tensors
 from ._limits import quiet_fake_tensor_errors
 
 if TYPE_CHECKING:
     from ._operator import KernelOp
 
-__all__ = ["data_dependent", "meta_error", "fake_probe", "zeros_probe", "reason", "refusal", "shape_error"]
+__all__ = ["data_dependent", "meta_error", "meta_outputs", "fake_probe", "zeros_probe", "reason", "refusal",
+           "shape_error"]
 
 log = logging.getLogger(__name__)
 
@@ -141,3 +145,24 @@ def zeros_probe(op: "KernelOp", args: Sequence[Any]) -> tuple[bool, str | None]:
             return False, None
         return True, reason(exc)
     return True, None
+
+
+def meta_outputs(op: "KernelOp", args: tuple) -> Any:
+    """The meta function's outputs under the tracer's fake mode, or a ``SpecError`` naming
+    ``register_meta`` where it depends on data: a data-dependent size would otherwise surface
+    as a Dynamo internal error (an unbacked symbol not in the outputs) with no hint to the op."""
+    mode = detect_fake_mode(tuple(tensors(args)))
+    shape_env = getattr(mode, "shape_env", None)
+    pending = shape_env.pending_fresh_unbacked_symbols if shape_env is not None else None
+    before = len(pending) if pending is not None else 0
+    try:
+        outs = op.meta(*args)
+    except Exception as exc:
+        if data_dependent(exc):
+            raise meta_error(op, exc, "has data-dependent shapes") from exc
+        raise
+    if pending is not None and len(pending) > before:
+        del pending[before:]  # the trace stops here: leave the environment as it was
+        raise meta_error(op, None, "computes sizes from the data of its inputs (a boolean mask, nonzero "
+                         "or .item())")
+    return outs
