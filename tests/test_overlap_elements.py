@@ -79,6 +79,11 @@ def _random_view(buf: torch.Tensor, rng: random.Random) -> torch.Tensor:
     return buf[:1]
 
 
+def _extent(t: torch.Tensor) -> tuple[int, int]:
+    span = sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1
+    return t.data_ptr(), t.data_ptr() + span * t.element_size()
+
+
 def test_the_rule_never_accepts_views_that_share_a_byte(acc_op):
     """Random strided views of one buffer (also of different element sizes): whenever two share
     a byte the guard refuses; the disjoint ones it accepts are counted."""
@@ -98,9 +103,7 @@ def test_the_rule_never_accepts_views_that_share_a_byte(acc_op):
             refused = True
         assert refused or not shared, (x.shape, x.stride(), x.storage_offset(), acc.shape, acc.stride(),
                                        acc.storage_offset())
-        ends = lambda t: (t.data_ptr(), t.data_ptr() + (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1)  # noqa: E731
-                          * t.element_size())
-        (a0, a1), (b0, b1) = ends(x), ends(acc)
+        (a0, a1), (b0, b1) = _extent(x), _extent(acc)
         if not refused and a0 < b1 and b0 < a1:
             accepted_inside_extents += 1
     assert accepted_inside_extents > 50  # the rule does prove interleaved views disjoint

@@ -194,9 +194,9 @@ def test_a_dtype_the_reference_refuses_is_refused_on_every_call():
 
     a = torch.arange(6, dtype=torch.int64)
     for _ in range(3):  # the verdict is kept: the same words each time, without running again
-        with pytest.raises(kg.InputError, match=r"ttrace::gelu_mul: the reference does not accept these inputs "
-                                                r"\(x=int64, y=int64\) \(judged once for these dtypes, on zero-filled tensors\): it raised "
-                                                r"NotImplementedError"):
+        with pytest.raises(kg.InputError, match=r"ttrace::gelu_mul: the reference does not accept these "
+                                                r"inputs \(x=int64, y=int64\) \(judged once for these dtypes, on "
+                                                r"zero-filled tensors\): it raised NotImplementedError"):
             gelu_mul(a, a)
 
 
@@ -210,7 +210,8 @@ def test_shape_mismatches_of_a_mutating_op_are_input_errors():
     # the reference serving the call (no kernel): torch's broadcast error becomes an InputError
     plain = _user_kv_append("ttrace::kv_shapes_ref", impls=[])
     with pytest.raises(kg.InputError, match=r"ttrace::kv_shapes_ref: the reference does not accept these "
-                                            r"inputs \(k=float32\[5, 2, 16\], .*it raised RuntimeError: shape mismatch"):
+                                            r"inputs \(k=float32\[5, 2, 16\], .*it raised RuntimeError: "
+                                            r"shape mismatch"):
         plain(k, v, k_cache[..., :8], v_cache[..., :8], slots)
 
 
