@@ -39,7 +39,8 @@ sys.path.insert(0, str(HERE))
 from kernelgraft.bench import Row, shape_plan  # noqa: E402
 from kernelgraft.bench._run import COMPILE, EAGER, PEER, TUNED  # noqa: E402
 
-MODULES = ("rmsnorm", "rmsnorm_residual", "softmax", "swiglu", "fp8_kcache_scatter", "add_relu", "gemm")
+MODULES = ("rmsnorm", "rmsnorm_residual", "softmax", "swiglu", "fp8_kcache_scatter", "kv_append", "topk_router",
+           "add_relu", "gemm")
 COMPUTE_BOUND = {"kgexamples::gemm"}
 # shapes --quick adds to the first of each regime: the gaps measured before the suite existed
 QUICK_EXTRA = {

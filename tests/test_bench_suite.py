@@ -24,6 +24,8 @@ REQUIRED = {
     "swiglu": {"decode", "prefill", "wide"},
     "gemm": {"skinny", "gemm"},
     "fp8_kcache_scatter": {"decode", "prefill"},
+    "kv_append": {"decode", "prefill"},
+    "topk_router": {"decode", "prefill", "narrow"},
     "add_relu": {"elementwise"},
 }
 GB = 1e9

@@ -353,7 +353,8 @@ def test_tuner_never_chooses_a_candidate_check_fails(fresh_tuner):
 
 
 # ------------------------------------------------------------------------------ on a GPU
-EXAMPLES = ["add_relu", "rmsnorm", "rmsnorm_residual", "softmax", "swiglu", "gemm", "fp8_kcache_scatter"]
+EXAMPLES = ["add_relu", "rmsnorm", "rmsnorm_residual", "softmax", "swiglu", "gemm", "fp8_kcache_scatter",
+            "kv_append", "topk_router"]
 
 
 @pytest.mark.gpu

@@ -24,6 +24,7 @@ from ._errors import (
     VerificationError,
 )
 from ._op._operator import KernelOp, op, unregister
+from ._compare import ties_by
 from .aot import Bundle, load_bundle
 from ._spec import Config, ImplSpec, triton
 from .graft import GraftReport, graft, lower_as, ungraft
@@ -35,6 +36,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "op",
+    "ties_by",
     "triton",
     "cutile",
     "cutedsl",

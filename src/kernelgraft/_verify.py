@@ -38,6 +38,12 @@ TF32 rounds every GEMM input to 10 mantissa bits (u = 2^-11), which puts the lar
 error of a large product near 2e-3 of rms; an op whose float32 kernels use TF32 declares it with
 ``tolerances={torch.float32: 5e-3}`` (torch's own float32 matmul does not use TF32 by default).
 float64 allows 1e-9, float64 reductions in any order.
+
+Output semantics. An op may replace the rule for some outputs (``kg.op(..., compare=...)``, see
+``kernelgraft._compare``): index outputs with ties judged by the values they select
+(``kg.ties_by``), or a hook of its own. The rules are bound to the inputs when the reference runs
+(``reference``) and applied by ``verify`` and ``compare_trees``, so check, the gate and graft
+verification apply the same ones.
 """
 
 from __future__ import annotations
@@ -50,13 +56,14 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from ._compare import Rules, bind_rules
 from ._errors import SpecError, describe
 
 __all__ = [
     "RTOL", "NATIVE_WIDEN", "is_exact", "rtol_for", "check_tolerances",
     "poison", "poisoned", "clone", "upcast", "sync", "tensors",
     "Outcome", "Expected", "Reference", "Verdict",
-    "compare", "reference", "verify", "compare_trees",
+    "compare", "reference", "verify", "compare_trees", "op_rules", "produced_names",
 ]
 
 RTOL: dict[torch.dtype, float] = {
@@ -303,56 +310,84 @@ class Expected:
     what: str  # "output 0", "mutated argument 'cache'"
     native: torch.Tensor  # the reference at the inputs' precision
     wide: torch.Tensor | None  # the float64 reference; None when it did not run
+    name: str = ""  # the op's name for it (``out0``, a declared output name, the parameter's name)
 
 
 @dataclasses.dataclass(frozen=True)
 class Reference:
     expected: tuple[Expected, ...]
     note: str = ""  # why the float64 reference did not run, when it did not
+    rules: Rules | None = None  # the op's own rules for some outputs (``kernelgraft._compare``)
 
     @property
     def precise(self) -> bool:
         return not self.note
 
 
-def _produced(op: Any, result: Any, args: Sequence[Any]) -> list[tuple[str, torch.Tensor]]:
-    """Everything an op produces, named: returned tensors, then mutated arguments."""
+def _returned_names(op: Any, n_returned: int) -> list[str]:
+    declared = tuple(getattr(op, "output_names", ()) or ())
+    return [declared[i] if i < len(declared) else f"out{i}" for i in range(n_returned)]
+
+
+def produced_names(op: Any, n_returned: int, args: Sequence[Any]) -> list[str]:
+    """The op's names for what it produces (returned tensors, then mutated arguments; list
+    elements ``name[k]``), in the order ``verify`` takes them."""
+    names = _returned_names(op, n_returned)
+    for index in op.signature.mutated:
+        name = op.signature.params[index].name
+        if isinstance(args[index], torch.Tensor):
+            names.append(name)
+        else:
+            names.extend(f"{name}[{k}]" for k, _ in enumerate(tensors(args[index])))
+    return names
+
+
+def _produced_named(op: Any, result: Any, args: Sequence[Any]) -> list[tuple[str, str, torch.Tensor]]:
+    """Everything an op produces, described and named: returned tensors, then mutated arguments."""
     if result is None:
         returned: list[torch.Tensor] = []
     elif isinstance(result, torch.Tensor):
         returned = [result]
     else:
         returned = list(result)
-    named = [(f"output {i}", t) for i, t in enumerate(returned)]
+    names = produced_names(op, len(returned), args)
+    # a declared output name says more than its position
+    named = [(f"output {i}" if names[i] == f"out{i}" else f"output {names[i]!r}", t) for i, t in enumerate(returned)]
     for index in op.signature.mutated:
         name = op.signature.params[index].name
         if isinstance(args[index], torch.Tensor):
             named.append((f"mutated argument {name!r}", args[index]))
         else:
             named.extend((f"mutated argument {name!r}[{k}]", t) for k, t in enumerate(tensors(args[index])))
-    return named
+    return [(what, name, t) for (what, t), name in zip(named, names)]
+
+
+def _produced(op: Any, result: Any, args: Sequence[Any]) -> list[tuple[str, torch.Tensor]]:
+    """Everything an op produces, described: returned tensors, then mutated arguments."""
+    return [(what, t) for what, _, t in _produced_named(op, result, args)]
 
 
 def reference(op: Any, args: Sequence[Any]) -> Reference:
     """Run ``op.reference`` at native precision and in float64 (see the module docstring). The
     caller's arguments are never written. A reference that fails at native precision raises."""
+    rules = bind_rules(op, args, clone)  # before any run: hooks see the arguments as given
     native_args = clone(tuple(args))
     with torch.no_grad():
-        native = _produced(op, op.reference(*native_args), native_args)
+        native = _produced_named(op, op.reference(*native_args), native_args)
     wide_args = upcast(clone(tuple(args)))
     note = ""
     try:
         with torch.no_grad():
-            wide = _produced(op, op.reference(*wide_args), wide_args)
+            wide = _produced_named(op, op.reference(*wide_args), wide_args)
     except Exception as exc:
         wide, note = None, f"the float64 reference failed ({type(exc).__name__}: {str(exc)[:120]})"
-    if wide is not None and [tuple(t.shape) for _, t in wide] != [tuple(t.shape) for _, t in native]:
+    if wide is not None and [tuple(t.shape) for *_, t in wide] != [tuple(t.shape) for *_, t in native]:
         wide, note = None, "the float64 reference gave other shapes"
     if note:
         note += f"; compared at native precision with rtol x{NATIVE_WIDEN:g}"
-    expected = tuple(Expected(what, t.detach(), None if wide is None else wide[i][1].detach())
-                     for i, (what, t) in enumerate(native))
-    return Reference(expected, note)
+    expected = tuple(Expected(what, t.detach(), None if wide is None else wide[i][2].detach(), name)
+                     for i, (what, name, t) in enumerate(native))
+    return Reference(expected, note, rules)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -388,7 +423,15 @@ def verify(ref: Reference, produced: Sequence[torch.Tensor],
                                 f"outputs: {len(produced)} tensors, the reference gives {len(ref.expected)}"),),
                        ref.note)
     outcomes = []
+    rules = ref.rules
+    if rules is not None:  # the op's own rules judge their outputs; the default rule the rest
+        got_by = {exp.name: got for got, exp in zip(produced, ref.expected)}
+        want_by = {exp.name: exp.native for exp in ref.expected}
+        outcomes.extend(Outcome(what, 0.0 if problem is None else math.inf, 0.0, problem)
+                        for what, problem in rules.judge(got_by, want_by))
     for got, exp in zip(produced, ref.expected):
+        if rules is not None and rules.judges(exp.name):
+            continue
         if got.dtype != exp.native.dtype:
             outcomes.append(Outcome(exp.what, math.inf, 0.0, f"{exp.what}: dtype {_name(got.dtype)}, "
                                     f"expected {_name(exp.native.dtype)}"))
@@ -404,16 +447,33 @@ def verify(ref: Reference, produced: Sequence[torch.Tensor],
 
 
 # --------------------------------------------------------------- two native computations
+def op_rules(op: Any, args: Sequence[Any]) -> Rules | None:
+    """The op's own rules (``compare=``) bound to ``args``, for ``compare_trees`` of the op's
+    outputs computed two ways (graft verification); None when it has none."""
+    return bind_rules(op, args, clone)
+
+
 def compare_trees(expected: Any, got: Any, *, tolerances: Mapping[torch.dtype, float] | None = None,
-                  what: str = "output") -> str | None:
+                  what: str = "output", rules: tuple[Any, Rules] | None = None) -> str | None:
     """None when ``got`` matches ``expected`` leaf by leaf (nested tuples, dicts, model outputs),
     else the first mismatch. Both sides are native-precision computations (a model and its grafted
-    copy), so non-exact dtypes get ``rtol * NATIVE_WIDEN``, as a reference that refuses float64."""
+    copy), so non-exact dtypes get ``rtol * NATIVE_WIDEN``, as a reference that refuses float64.
+    ``rules``: ``(op, op_rules(op, inputs))`` when the two sides are that op's outputs: its own
+    rules then judge the outputs they name."""
     exp_leaves, exp_spec = pytree.tree_flatten(expected)
     got_leaves, got_spec = pytree.tree_flatten(got)
     if len(exp_leaves) != len(got_leaves):
         return f"{what} structure differs: expected {exp_spec}, got {got_spec}"
+    skip: set[int] = set()
+    if rules is not None and rules[1] is not None and all(isinstance(t, torch.Tensor) for t in exp_leaves + got_leaves):
+        names = _returned_names(rules[0], len(exp_leaves))
+        for _, problem in rules[1].judge(dict(zip(names, got_leaves)), dict(zip(names, exp_leaves))):
+            if problem is not None:
+                return problem
+        skip = {i for i, name in enumerate(names) if rules[1].judges(name)}
     for i, (e, g) in enumerate(zip(exp_leaves, got_leaves)):
+        if i in skip:
+            continue
         where = f"{what} leaf {i}" if len(exp_leaves) > 1 else what
         if isinstance(e, torch.Tensor) != isinstance(g, torch.Tensor):
             return f"{where}: expected {type(e).__name__}, got {type(g).__name__}"

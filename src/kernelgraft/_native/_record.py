@@ -141,8 +141,9 @@ def map_pointers(pointers: Sequence[tuple[int, int]], tensors: Sequence[torch.Te
 def replay_for(native: Any, args: tuple, outs: Sequence[torch.Tensor], out_kind: int,
                recorder: _Recorder, plain: tuple, disjoint: tuple = ()) -> Any:
     """A native Replay of the recorded call with arguments ``args`` and outputs ``outs``, or a str
-    saying why the call cannot be replayed. ``disjoint``: (arg a, arg b, span a, span b) pairs the
-    replay checks do not overlap (the plan's overlap guard, see ``Dispatcher.overlap_guard``)."""
+    saying why the call cannot be replayed. ``disjoint``: (arg a, arg b, span a, span b, modulus,
+    width a, width b) pairs the replay checks share no element (the plan's overlap guard, see
+    ``kernelgraft._op._overlap``)."""
     if recorder.refused:
         return recorder.refused[0]
     if recorder.triton_launches > recorder.triton_described:

@@ -75,11 +75,15 @@ struct Patch {
   int64_t delta;   // bytes added to the tensor's data pointer
 };
 
-// Two tensor arguments whose byte extents [data_ptr, data_ptr + span) must not overlap (one of
-// them is mutated by the op): an overlapping call is handed back to Python, which raises.
+// Two tensor arguments that must not share an element (one of them is mutated by the op): their
+// byte extents [data_ptr, data_ptr + span) are disjoint, or (modulus != 0) their pointer
+// difference d satisfies width_a <= d mod modulus <= modulus - width_b, which proves strided views
+// of one buffer disjoint element by element (kernelgraft/_op/_overlap.py). A call that is neither
+// is handed back to Python, which raises.
 struct Disjoint {
   size_t a, b;
   uint64_t span_a, span_b;
+  uint64_t modulus, width_a, width_b;
 };
 
 struct Replay {
@@ -293,11 +297,13 @@ int replay_init(Replay* self, PyObject* a, PyObject* kw) {
   Py_DECREF(fast);
   self->disjoint->clear();
   if (disjoint != Py_None) {
-    PyObject* pairs = PySequence_Fast(disjoint, "disjoint is a sequence of (a, b, span_a, span_b)");
+    PyObject* pairs = PySequence_Fast(
+        disjoint, "disjoint is a sequence of (a, b, span_a, span_b, modulus, width_a, width_b)");
     if (!pairs) return -1;
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(pairs); ++i) {
-      unsigned long long a, b, span_a, span_b;
-      if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(pairs, i), "KKKK", &a, &b, &span_a, &span_b)) {
+      unsigned long long a, b, span_a, span_b, modulus, width_a, width_b;
+      if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(pairs, i), "KKKKKKK", &a, &b, &span_a, &span_b, &modulus,
+                            &width_a, &width_b)) {
         Py_DECREF(pairs);
         return -1;
       }
@@ -307,7 +313,8 @@ int replay_init(Replay* self, PyObject* a, PyObject* kw) {
         PyErr_SetString(PyExc_ValueError, "a disjoint pair names an argument that is not a tensor");
         return -1;
       }
-      self->disjoint->push_back(Disjoint{static_cast<size_t>(a), static_cast<size_t>(b), span_a, span_b});
+      self->disjoint->push_back(Disjoint{static_cast<size_t>(a), static_cast<size_t>(b), span_a, span_b, modulus,
+                                         width_a, width_b});
     }
     Py_DECREF(pairs);
   }
@@ -426,7 +433,12 @@ PyObject* replay_call(PyObject* obj, PyObject* const* argv, size_t nargsf, PyObj
   for (const Disjoint& d : *self->disjoint) {
     uint64_t pa = reinterpret_cast<uint64_t>(slots[d.a].const_data_ptr());
     uint64_t pb = reinterpret_cast<uint64_t>(slots[d.b].const_data_ptr());
-    if (pa < pb + d.span_b && pb < pa + d.span_a) return miss(self);  // Python raises InputError
+    if (pa < pb + d.span_b && pb < pa + d.span_a) {
+      if (d.modulus == 0) return miss(self);  // Python raises InputError
+      // (pb - pa) mod modulus, non-negative, as Python's % computes it
+      const uint64_t r = pb >= pa ? (pb - pa) % d.modulus : (d.modulus - (pa - pb) % d.modulus) % d.modulus;
+      if (r < d.width_a || r > d.modulus - d.width_b) return miss(self);
+    }
   }
   // Switch to the recorded device before allocating and launching, only if it is not current.
   const c10::impl::DeviceGuardImplInterface* impl = nullptr;

@@ -27,12 +27,12 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from .. import backends
-from .._errors import FallbackWarning, InputError, LaunchError, UnsupportedError, describe
+from .._errors import FallbackWarning, InputError, LaunchError, SpecError, UnsupportedError, describe
 from .._native._attach import attach
 from ..backends._triton import interpreting
 from ..tune._modes import scope as current_scope
 from ..tune._modes import settings as current_settings
-from . import _compete, _select
+from . import _compete, _overlap, _probe, _select
 from ._candidates import LAYOUT, Candidate, evaluate, evaluate_one
 from ._limits import check_allocatable, quiet_fake_tensor_errors
 from ._plan import Plan, kernel_plan, reference_plan, torch_plan
@@ -132,7 +132,8 @@ class Dispatcher:
         # (Replay, scope, epoch) of the signature called last, or None (read by KernelOp.__call__).
         self.replay: tuple | None = None
         self.epoch = -1
-        self.accepted: dict[tuple, None] = {}  # (device type, *tensor dtypes) the reference accepted
+        # (device type, *tensor dtypes) -> why the reference refused zeros of those dtypes, or None
+        self.accepted: dict[tuple, str | None] = {}
         self.warned: set[Any] = set()
         self._lock = threading.Lock()
         # The reference under torch.compile (the torch:compile candidate), compiled once per op.
@@ -331,116 +332,45 @@ class Dispatcher:
         return guarded(reference_plan(op), self.overlap_guard(args)), None
 
     def overlap_guard(self, args: tuple) -> Callable[[tuple], None] | None:
-        """The per-call check that no tensor argument shares memory with one the op mutates, or
-        None when the op has nothing to check (no mutated argument, ``allow_overlap=True``, or no
-        other non-empty tensor).
-
-        A kernel that writes an argument while reading another that overlaps it reads its own
-        writes in an order no one chose (the fuzz run saw 130-923 wrong bytes in the fp8 scatter),
-        so such calls are refused. Outputs are freshly allocated and cannot overlap anything.
-
-        Why per call: which tensors overlap depends on their data pointers, and the plan's key holds
-        only ``data_ptr() & 15`` (a key on full pointers would make a plan per buffer). What the
-        signature does fix is decided here, once per plan: which pairs to compare and each tensor's
-        extent in bytes (from its shape, strides and element size), so the call itself reads one
-        ``data_ptr()`` per tensor involved and compares intervals: O(1) in the tensors' sizes, and
-        zero cost for every op that mutates nothing. Overlap is judged on extents
-        ``[data_ptr, data_ptr + span)``: two interleaved views (even and odd columns of one
-        buffer) count as overlapping; give such an op ``allow_overlap=True``. The native replay runs
-        the same comparisons in C++ (``guard.native``: argument pairs and spans) and hands an
-        overlapping call back to this path, which raises; a guard over list elements has no native
-        form (``guard.native`` is None) and keeps its plan on the Python path.
-        """
-        op = self.op
-        mutated = set(op.signature.mutated)
-        if op.allow_overlap or not mutated:
-            return None
-        items = []  # (name, arg index, list index or None, mutated, extent in bytes)
-        for index, (param, value) in enumerate(zip(op.signature.params, args)):
-            if value is None or param.kind not in ("tensor", "tensor_list"):
-                continue
-            listed = [(param.name, None, value)] if param.kind == "tensor" else [
-                (f"{param.name}[{j}]", j, t) for j, t in enumerate(value)]
-            for name, j, t in listed:
-                if t.numel() == 0:
-                    continue
-                span = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) + 1
-                items.append((name, index, j, index in mutated, span * t.element_size()))
-        pairs = tuple((a, b) for a in range(len(items)) for b in range(len(items))
-                      if a < b and (items[a][3] or items[b][3]))
-        if not pairs:
-            return None
-        where = tuple((index, j) for _, index, j, _, _ in items)
-        spans = tuple(item[4] for item in items)
-        names = tuple(item[0] for item in items)
-        writes = tuple(item[3] for item in items)
-        name = op.name
-
-        def guard(args: tuple) -> None:
-            ptrs = [(args[i] if j is None else args[i][j]).data_ptr() for i, j in where]
-            for a, b in pairs:
-                if ptrs[a] < ptrs[b] + spans[b] and ptrs[b] < ptrs[a] + spans[a]:
-                    first, second = (a, b) if writes[a] else (b, a)
-                    raise InputError(
-                        f"{name}: argument {names[second]!r} overlaps the memory of argument "
-                        f"{names[first]!r}, which the op mutates (bytes {ptrs[second]:#x}+{spans[second]} "
-                        f"and {ptrs[first]:#x}+{spans[first]}); pass a separate tensor (.clone()), "
-                        "or declare the op with kg.op(..., allow_overlap=True) if its kernels "
-                        "handle overlapping arguments"
-                    )
-
-        guard.native = (None if any(j is not None for _, j in where) else  # type: ignore[attr-defined]
-                        tuple((where[a][0], where[b][0], spans[a], spans[b]) for a, b in pairs))
-        return guard
+        """The per-call check that no tensor argument shares an element with one the op mutates,
+        decided once per plan (``_overlap``); None when the op has nothing to check."""
+        return _overlap.overlap_guard(self.op, args)
 
     def _accept_dtypes(self, args: tuple, tensors: Sequence[tuple[str, torch.Tensor]]) -> None:
-        """Without ``dtypes=``, a kernel runs only on dtypes the reference accepts.
+        """Before a kernel runs on a new signature, the reference's verdict on it, judged without
+        the call's values (``_probe``), so every call with this signature gets the same treatment.
 
-        The first call with a new combination of tensor dtypes (per device type) runs the
-        reference once on these very arguments (mutated ones cloned): a reference that raises
-        refuses the call, which becomes an ``InputError`` naming the op, the dtypes and the
-        reference's own message instead of a kernel running on data the reference rejects. An
-        accepted combination is remembered; a refused one is tried again next time (the refusal
-        may be about values, such as an index out of range, rather than dtypes). Not judged: a
-        call made while a CUDA graph is captured (the reference must not land in the graph), and
-        a reference that runs out of memory (a naive reference may not fit where the kernel does).
-        """
+        An op that returns None has no output shapes that would run its reference on fake
+        tensors (``output_specs``): its reference runs on fake tensors here, once per plan, and a
+        shape it refuses is the call's ``InputError``. Without ``dtypes=``, a kernel runs only on
+        dtypes the reference accepts: the first call with a new combination of tensor dtypes (per
+        device type) runs the reference once on zero-filled tensors of the same layout, and its
+        verdict, either way, holds for every later call with those dtypes. Not judged: a call made
+        while a CUDA graph is captured (the reference must not land in the graph) and a reference
+        that runs out of memory (a naive reference may not fit where the kernel does)."""
         op = self.op
-        if op._dtypes or not tensors or getattr(op.reference, "kernelgraft_stub", False):
+        if not tensors or getattr(op.reference, "kernelgraft_stub", False):
+            return
+        if op.signature.returns == "none":
+            _probe.fake_probe(op, args)
+        if op._dtypes:
             return
         device = tensors[0][1].device
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return  # the reference must not be recorded into the user's graph: judged on a later call
         combo = (device.type,) + tuple(t.dtype for _, t in tensors) + tuple(
             a for a in args if isinstance(a, torch.dtype))
-        if combo not in self.accepted:  # only acceptances are kept: a refusal may be about values
-            mutated = set(op.signature.mutated)
-            probe = tuple(
-                (a.clone() if isinstance(a, torch.Tensor) else [t.clone() for t in a])
-                if i in mutated and a is not None else a
-                for i, a in enumerate(args)
-            )
-            try:
-                with torch.no_grad():
-                    op.reference(*probe)
-                why = None
-            except (torch.cuda.OutOfMemoryError, MemoryError):
-                # The naive reference may not fit where the kernel does (attention at long
-                # context): that says nothing about dtypes. Accepted, and asked again next time.
+        if combo not in self.accepted:
+            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                return  # the reference must not be recorded into the user's graph: judged on a later call
+            judged, why = _probe.zeros_probe(op, args)
+            if not judged:
                 return
-            except Exception as exc:  # the reference's own verdict on these dtypes
-                why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            else:
-                self.accepted[combo] = None
-        else:
-            why = None
+            self.accepted[combo] = why  # values play no part: the verdict holds for these dtypes
+        why = self.accepted[combo]
         if why is not None:
-            dtypes = ", ".join(f"{name}={str(t.dtype).removeprefix('torch.')}" for name, t in tensors)
-            raise InputError(
-                f"{op.name}: the reference does not accept these inputs ({dtypes}): it raised {why}. "
-                "The op declares no dtypes=, so it accepts what its reference accepts; declare "
-                "dtypes= to state what the kernels take"
-            )
+            error = _probe.refusal(op, args, why, " (judged once for these dtypes, on zero-filled tensors)",
+                                   shapes=False)
+            raise InputError(f"{error}. The op declares no dtypes=, so it accepts what its reference accepts; "
+                             "declare dtypes= to state what the kernels take")
 
     def _no_candidate(self, candidates: Sequence[Candidate], device: torch.device) -> None:
         op = self.op
@@ -511,9 +441,11 @@ class Dispatcher:
                         for a in args
                     )
                     outs = op._fake(*fake_args)
-        except InputError:
+        except (InputError, SpecError):
             raise
         except Exception as exc:
+            if _probe.data_dependent(exc):
+                raise _probe.meta_error(op, exc, "has data-dependent shapes") from exc
             shapes = ", ".join(describe(a) for a in args)
             if _is_shape_error(exc):
                 raise InputError(

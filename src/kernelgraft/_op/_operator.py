@@ -25,10 +25,11 @@ import torch
 
 from .._errors import InputError, RegistrationError, SpecError, UnsupportedError, describe
 from .._spec import Config, ImplSpec
+from .._compare import compare_identity, normalize_compare, output_names
 from .._verify import check_tolerances
 from ..tune._key import normalize_buckets
 from ..tune._modes import scope as _scope
-from . import _autograd, _compete, _registry, _select
+from . import _autograd, _compete, _probe, _registry, _select
 from ._candidates import Candidate, evaluate
 from ._dispatcher import ANY_TENSOR, Dispatcher
 from ._schema import Signature, parse_signature
@@ -71,6 +72,8 @@ class KernelOp:
         buckets: Any = None,
         allow_overlap: bool = False,
         compete: Any = True,
+        outputs: Sequence[str] | None = None,
+        compare: Any = None,
     ) -> None:
         where = f"kg.op({name or getattr(fn, '__qualname__', fn)!r})"
         if not callable(fn):
@@ -111,6 +114,12 @@ class KernelOp:
             p.name for p in self.signature.params if p.kind in ("tensor", "tensor_list")])
         self._dtypes = self._normalize_dtypes(dtypes, where)
         self._ndim = self._normalize_ndim(ndim, where)
+        params = self.signature.params
+        # the names check, the gate and compare= use for what the op produces (kernelgraft._compare)
+        self.output_names = output_names(outputs, self.signature.n_returns, params, where)
+        self._outputs_declared = outputs is not None
+        self.compare = normalize_compare(
+            compare, self.output_names + tuple(params[i].name for i in self.signature.mutated), params, where)
         self.fingerprint = self._compute_fingerprint()
         self.name = name or _registry.default_name(fn, self.fingerprint)
         _registry.split_name(self.name)
@@ -226,6 +235,10 @@ class KernelOp:
             identity["allow_overlap"] = True
         if self.compete != _compete.NAMES:
             identity["compete"] = list(self.compete)
+        if self._outputs_declared:
+            identity["outputs"] = list(self.output_names)
+        if self.compare:
+            identity["compare"] = compare_identity(self.compare, source)
         return identity
 
     def _bind_overload(self, overload: Any, lib: Any) -> None:
@@ -302,8 +315,9 @@ class KernelOp:
     def _fake(self, *args: Any) -> Any:
         for hook in TRACE_HOOKS:
             hook(self, args)
-        outs = self._meta_fn(*args)
-        return self._fresh_outputs(outs, empty=True, args=args)
+        if self.signature.returns == "none":
+            return None  # nothing to allocate: running the reference here would trace its data
+        return self._fresh_outputs(_probe.meta_outputs(self, args), empty=True, args=args)
 
     def _fresh_outputs(self, outs: Any, *, empty: bool, args: tuple) -> Any:
         """Outputs as the op promises them: new, contiguous tensors (None for mutate-only ops)."""
@@ -363,6 +377,19 @@ class KernelOp:
         self._meta_fn = fn
         self._d.reset()  # every plan, op.run's included, holds output shapes from the old meta
         return fn
+
+    def meta(self, *args: Any) -> Any:
+        """The output tensors the meta function gives for (fake) arguments, as the reference
+        returns them; None for an op that returns None, whose meta function never runs (its
+        reference may depend on data that fake tensors do not have)."""
+        if self.signature.returns == "none":
+            return None
+        return self._meta_fn(*args)
+
+    @property
+    def has_meta(self) -> bool:
+        """Whether ``register_meta`` gave the op a meta function (else the reference serves)."""
+        return self._meta_fn is not self.reference
 
     def register_autograd(
         self, backward: Callable[..., Any], *, setup_context: Callable[..., Any] | None = None
@@ -560,6 +587,8 @@ def op(
     allow_overlap: bool = False,
     replace: bool = False,
     compete: Any = True,
+    outputs: Sequence[str] | None = None,
+    compare: Any = None,
     **unknown: Any,
 ) -> Any:
     """Turn a PyTorch reference function into an operator backed by kernels.
@@ -581,6 +610,11 @@ def op(
     where PyTorch is faster runs PyTorch (never a PyTorch run that cannot be captured in a CUDA
     graph); False turns that off, ``("eager",)`` or ``("compile",)`` keeps one (None is refused:
     ``kg.tune(compete=False)`` / ``KERNELGRAFT_COMPETE=0`` turn it off for all ops).
+    ``outputs=("weights", "indices")`` names the returned tensors (default ``out0``, ``out1``, ...;
+    a mutated argument is named by its parameter); ``compare={name: rule}`` replaces the rule the
+    oracle judges that output by: ``kg.ties_by("logits")`` for indices that may pick any of tied
+    values, or a hook ``fn(got, want, inputs) -> None | str``; ``compare=fn`` judges the whole op
+    (see ``kernelgraft._compare``).
 
     Declaring the same op again (the same fingerprint: reference, impls, options) returns the op
     already registered, so re-importing a module or re-running a notebook cell is harmless. A
@@ -605,7 +639,7 @@ def op(
     options = dict(
         impls=impls, mutates_args=mutates_args, sample_inputs=sample_inputs, dtypes=dtypes,
         ndim=ndim, fallback=fallback, tolerances=tolerances, cost=cost, prune=prune,
-        buckets=buckets, allow_overlap=allow_overlap, compete=compete,
+        buckets=buckets, allow_overlap=allow_overlap, compete=compete, outputs=outputs, compare=compare,
     )
 
     def wrap(fn: Callable[..., Any], qualname: str | None) -> KernelOp:

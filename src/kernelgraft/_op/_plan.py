@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from . import _probe
 from ._candidates import Candidate
 from .._errors import KernelgraftError, LaunchError, LaunchOutOfMemoryError, out_of_memory
 
@@ -25,7 +26,19 @@ _empty = torch.empty
 
 def _fail(op: "KernelOp", candidate: Candidate, exc: Exception) -> LaunchError:
     error = LaunchOutOfMemoryError if out_of_memory(exc) else LaunchError
-    return error(f"{op.name}: {candidate.label} failed: {type(exc).__name__}: {exc}")
+    return error(f"{op.name}: {candidate.label} failed: {type(exc).__name__}: {exc}{_unpack_hint(op, exc)}")
+
+
+def _unpack_hint(op: "KernelOp", exc: Exception) -> str:
+    """A launch function that unpacks a shape (``n, e = x.shape``) fails this way on a tensor of
+    another rank: say how to refuse such calls before any kernel sees them."""
+    if not (isinstance(exc, ValueError) and "values to unpack" in str(exc)):
+        return ""
+    tensors = [p.name for p in op.signature.params if p.kind == "tensor"]
+    example = tensors[0] if tensors else "x"
+    return (f". A launch function that unpacks a tensor's shape takes one rank: declare it with "
+            f"kg.op(..., ndim={{{example!r}: 2}}), and a call with another rank becomes an InputError naming "
+            "the argument")
 
 
 def _named(op: "KernelOp", exc: KernelgraftError) -> KernelgraftError:
@@ -113,7 +126,17 @@ def reference_plan(op: "KernelOp") -> Plan:
     reference, fresh = op.reference, op._fresh_outputs
 
     def plan(args: tuple) -> Any:
-        return fresh(reference(*args), empty=False, args=args)
+        try:
+            out = reference(*args)
+        except KernelgraftError:
+            raise
+        except (RuntimeError, IndexError, ValueError) as exc:
+            # torch's own shape and index checks inside the reference: the inputs do not fit
+            # together, which the call should say in kernelgraft's words (the cause is chained)
+            if out_of_memory(exc) or not _probe.shape_error(exc):
+                raise
+            raise _probe.refusal(op, args, _probe.reason(exc)) from exc
+        return fresh(out, empty=False, args=args)
 
     plan.candidate = None  # type: ignore[attr-defined]
     return plan

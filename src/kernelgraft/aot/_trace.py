@@ -150,7 +150,7 @@ def trace(op, impl, config, args: Sequence[Any], record: Callable[[Context, tupl
     with mode:
         dense = [torch.empty(f.shape, dtype=f.dtype, device=f.device)
                  if isinstance(f, torch.Tensor) and n not in required else f for n, f in zip(names, fakes)]
-        outs = op._meta_fn(*dense)
+        outs = op.meta(*dense)  # None for an op that returns None: nothing to trace
         outs = () if outs is None else (outs,) if isinstance(outs, torch.Tensor) else tuple(outs)
         outs = tuple(torch.empty(o.shape, dtype=o.dtype) for o in outs)
         ctx = Context(names + [f"out{i}" for i in range(len(outs))], list(fakes) + list(outs),

@@ -4,4 +4,5 @@ Each module defines one op with a PyTorch reference, kernels in one or more back
 ``sample_inputs`` for ``kernelgraft check``. Import a module to register its op.
 """
 
-MODULES = ("add_relu", "rmsnorm", "rmsnorm_residual", "softmax", "swiglu", "gemm", "fp8_kcache_scatter")
+MODULES = ("add_relu", "rmsnorm", "rmsnorm_residual", "softmax", "swiglu", "gemm", "fp8_kcache_scatter",
+           "kv_append", "topk_router")

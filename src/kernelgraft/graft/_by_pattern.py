@@ -81,7 +81,7 @@ def _check_pattern_vs_op(pattern: _pattern.Pattern, tolerance) -> None:
         expected = pattern.fn(*_verify.clone_inputs(sample))
         with _verify.kernels_only():
             got = op(*_verify.clone_inputs(sample))
-        problem = _verify.compare(expected, got, ops=[op], override=tolerance)
+        problem = _verify.compare(expected, got, ops=[op], override=tolerance, inputs=sample)
         if problem is not None:
             raise VerificationError(
                 f"kg.graft: the pattern {getattr(pattern.fn, '__qualname__', pattern.fn)} and "

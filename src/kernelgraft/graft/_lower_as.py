@@ -156,7 +156,7 @@ class lower_as:  # noqa: N801 (used as a decorator, like torch.no_grad)
                 log.debug("%s: sample skipped: %s", where, exc)
                 continue
             got = op(*sample)
-            problem = _verify.compare(expected, got, ops=[op], override=self.tolerance)
+            problem = _verify.compare(expected, got, ops=[op], override=self.tolerance, inputs=sample)
             if problem is not None:
                 raise VerificationError(
                     f"{where}: on sample {[describe(a) for a in sample]} the op differs from the "
