@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 import kernelgraft as kg
 
 from ._sources import library, unavailable
@@ -27,9 +29,10 @@ _GEMMA = 1  # Liger's _CASTING_MODE_GEMMA
 # What in a kernel Triton's CPU interpreter (3.9) does not run; such a kernel stays out on CPU tensors
 # under TRITON_INTERPRET=1 (kernelgraft aot compiles it, a GPU runs it)
 _NO_INTERPRETER = {
-    "rmsnorm": "calls libdevice's rsqrt and converts its float arguments with .to",
-    "softmax_multi": "calls tl.float32(...) as a constructor",
-    "swiglu": "converts its float argument with .to",
+    "rmsnorm": "calls libdevice's rsqrt and converts float arguments with .to, which the interpreter does not run",
+    "softmax_multi": "calls tl.float32(...) as a constructor, which the interpreter does not run",
+    "swiglu": "converts a float argument with .to, which the interpreter does not run",
+    "rope": "gets NaN from the interpreter's bfloat16 arithmetic (float16 and float32 match)",
 }
 
 
@@ -46,7 +49,7 @@ def _width(cols: int) -> str | None:
 
 def _interpreted(x, kernel: str) -> str | None:
     if x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
-        return f"Liger's {kernel} kernel {_NO_INTERPRETER[kernel]}, which Triton's CPU interpreter does not run"
+        return f"Liger's {kernel} kernel {_NO_INTERPRETER[kernel]}: Triton's CPU interpreter cannot check it"
     return None
 
 
@@ -137,6 +140,8 @@ if LIGER is not None:
         want = (q.shape[1], q.shape[3])
         if cos.dim() != 3 or cos.shape != sin.shape or tuple(cos.shape[1:]) != want or cos.shape[0] not in (1, q.shape[0]):
             return f"cos and sin must be (1 or batch, seq, head_dim) = (.., {want[0]}, {want[1]})"
+        if q.dtype == torch.bfloat16:
+            return _interpreted(q, "rope") or True
         return True
 
     rmsnorm_row = kg.triton(launch_liger_rmsnorm, supports=_rms_fits, name="liger_rmsnorm")

@@ -35,7 +35,7 @@ def bench_inputs(device: str = "cuda", suite: str = "short"):
 
 
 @kg.op("kglib::cross_entropy", impls=IMPLS, sample_inputs=sample_inputs,
-       dtypes=(torch.float32, torch.float16, torch.bfloat16))
+       dtypes={"logits": (torch.float32, torch.float16, torch.bfloat16), "target": (torch.int64, torch.int32)})
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """loss[i] = logsumexp(logits[i]) - logits[i, target[i]] in float32; 0 where target is -100."""
     return torch.nn.functional.cross_entropy(logits.float(), target, reduction="none", ignore_index=-100)
