@@ -29,6 +29,8 @@ pytest.importorskip("cutlass.cute")
 if not (shutil.which("gcc") or shutil.which("cc")):
     pytest.skip("no C compiler to link CuTe DSL libraries with", allow_module_level=True)
 
+# the DSL's runtime library: libcuda_dialect_runtime.so in 4.3, libcute_dsl_runtime.so from 4.4 on
+RUNTIME = __import__("kernelgraft.aot._cutedsl_so", fromlist=["runtime_library"]).runtime_library().name
 OPS = {"kgexamples::add_relu": add_relu.add_relu, "kgexamples::rmsnorm": rmsnorm.rmsnorm}
 SHIM = {"kg_cutedsl_abi", "kg_cutedsl_kinds", "kg_cutedsl_launch", "kg_cutedsl_num_args"}
 
@@ -92,12 +94,12 @@ def test_libraries_export_only_the_shim_and_need_the_dialect_runtime(bundle):
         assert {line.split()[-1] for line in defined.splitlines() if line.strip()} == SHIM, name
         dynamic = subprocess.run([_tool("readelf"), "-d", str(bundle / name)], capture_output=True, text=True,
                                  check=True).stdout
-        assert "Shared library: [libcuda_dialect_runtime.so]" in dynamic
+        assert f"Shared library: [{RUNTIME}]" in dynamic
         assert "libcuda.so" not in dynamic  # the driver comes through the runtime, not linked here
     runtime = next(iter(_native(manifest)))[2]["images"]["runtime"]
     dynamic = subprocess.run([_tool("readelf"), "-d", str(bundle / runtime["file"])], capture_output=True,
                              text=True, check=True).stdout
-    assert "Library soname: [libcuda_dialect_runtime.so]" in dynamic
+    assert f"Library soname: [{RUNTIME}]" in dynamic
 
 
 # A child (the stub driver must not leak into this process): a libcuda.so.1 whose every entry point

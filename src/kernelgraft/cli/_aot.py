@@ -66,7 +66,7 @@ def _run(args) -> int:
     manifest = build_bundle(ops, args.out, archs=args.arch or ["sm_90"], dynamic=not args.static,
                             progress=lambda line: print("  " + line, flush=True), sign=args.sign,
                             decisions=args.decisions)
-    total = dropped = 0
+    total = dropped = skipped = 0
     for entry in manifest["ops"]:
         kernels = sum(len(c["kernels"]) for c in entry["candidates"])
         total += kernels
@@ -76,6 +76,7 @@ def _run(args) -> int:
         failed = {d["candidate"] for d in entry.get("dropped", ())}
         for s in entry["skipped"]:
             if s["candidate"] not in failed:  # its dropped signatures say why, one by one
+                skipped += 1
                 print(f"  skipped {s['candidate']}: {s['reason']}")
         for d in entry.get("dropped", ()):
             dropped += 1
@@ -90,8 +91,10 @@ def _run(args) -> int:
                   f"kernels only, so the bundle serves {kernel} there")
     print(f"wrote {args.out}/manifest.json ({total} kernels for {', '.join(manifest['archs'])}, "
           f"{manifest['build_seconds']} s{', signed' if args.sign else ''})")
-    print(f"kernelgraft aot: built {total} kernels, dropped {dropped} (candidate, signature) pairs"
-          + (" (--allow-partial)" if dropped and args.allow_partial else ""))
+    # a skipped candidate (no toolchain for its backend here, no AOT path) is not in the bundle
+    # either: the summary counts it, so "dropped 0" never hides candidates that were left out
+    print(f"kernelgraft aot: built {total} kernels, dropped {dropped} (candidate, signature) pairs, "
+          f"skipped {skipped} candidates" + (" (--allow-partial)" if dropped and args.allow_partial else ""))
     if dropped and not args.allow_partial:
         print("kernelgraft aot: the bundle is partial: fix the errors above, or pass --allow-partial "
               "to accept it (dropped calls run JIT or the reference at run time)")
