@@ -18,19 +18,22 @@ import pytest
 import torch
 
 import kernelgraft as kg
-from kernelgraft.aot import _manifest
+from kernelgraft.aot import _cutedsl_so, _manifest
 from kernelgraft.aot._load import reset_bundles
 from kernelgraft.aot._sign import sign_bundle
 from kernelgraft.examples import add_relu, rmsnorm  # registered before the per-test registry snapshot
 
 from _runtime_helpers import json_child, so, variant  # noqa: F401 (so: a fixture)
 
+pytestmark = pytest.mark.cutedsl  # rerun under the oldest supported release: scripts/compat.sh
+
 pytest.importorskip("cutlass.cute")
 if not (shutil.which("gcc") or shutil.which("cc")):
     pytest.skip("no C compiler to link CuTe DSL libraries with", allow_module_level=True)
 
 # the DSL's runtime library: libcuda_dialect_runtime.so in 4.3, libcute_dsl_runtime.so from 4.4 on
-RUNTIME = __import__("kernelgraft.aot._cutedsl_so", fromlist=["runtime_library"]).runtime_library().name
+RUNTIME = _cutedsl_so.runtime_library().name
+
 OPS = {"kgexamples::add_relu": add_relu.add_relu, "kgexamples::rmsnorm": rmsnorm.rmsnorm}
 SHIM = {"kg_cutedsl_abi", "kg_cutedsl_kinds", "kg_cutedsl_launch", "kg_cutedsl_num_args"}
 
@@ -356,6 +359,7 @@ subprocess.run(["gcc", "-shared", "-fPIC", "-o", stub_dir + "/libcuda.so.1", stu
 ctypes.CDLL(stub_dir + "/libcuda.so.1", mode=ctypes.RTLD_GLOBAL)
 import kernelgraft as kg
 import kernelgraft.driver
+
 kernelgraft.driver.current_stream = lambda device: 0  # no CUDA torch here
 loaded = kg.load_bundle(bundle, arch="sm_90", allow_native=True)
 report = []

@@ -16,6 +16,8 @@ import kernelgraft as kg
 from _graphs import check_graph_replay
 from kernelgraft import SpecError
 
+pytestmark = pytest.mark.cutedsl  # rerun under the oldest supported release: scripts/compat.sh
+
 HAS_CUTILE = importlib.util.find_spec("cuda") is not None and importlib.util.find_spec("cuda.tile") is not None
 HAS_CUTE = importlib.util.find_spec("cutlass") is not None
 needs_cutile = pytest.mark.skipif(not HAS_CUTILE, reason="cuda-tile not installed (pip install 'kernelgraft[cutile]')")

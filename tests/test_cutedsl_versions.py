@@ -14,6 +14,8 @@ import torch
 
 from kernelgraft.aot import _cutedsl_so
 
+pytestmark = pytest.mark.cutedsl  # rerun under the oldest supported release: scripts/compat.sh
+
 # Headers as export_to_c writes them (trimmed to what the shim reads), prefix "kg_abc".
 HEADER_4_8 = """
 typedef struct {
