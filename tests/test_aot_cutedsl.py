@@ -18,16 +18,21 @@ import pytest
 import torch
 
 import kernelgraft as kg
-from kernelgraft.aot import _manifest
+from kernelgraft.aot import _cutedsl_so, _manifest
 from kernelgraft.aot._load import reset_bundles
 from kernelgraft.aot._sign import sign_bundle
 from kernelgraft.examples import add_relu, rmsnorm  # registered before the per-test registry snapshot
 
 from _runtime_helpers import json_child, so, variant  # noqa: F401 (so: a fixture)
 
+pytestmark = pytest.mark.cutedsl  # rerun under the oldest supported release: scripts/compat.sh
+
 pytest.importorskip("cutlass.cute")
 if not (shutil.which("gcc") or shutil.which("cc")):
     pytest.skip("no C compiler to link CuTe DSL libraries with", allow_module_level=True)
+
+# the DSL's runtime library: libcuda_dialect_runtime.so in 4.3, libcute_dsl_runtime.so from 4.4 on
+RUNTIME = _cutedsl_so.runtime_library().name
 
 OPS = {"kgexamples::add_relu": add_relu.add_relu, "kgexamples::rmsnorm": rmsnorm.rmsnorm}
 SHIM = {"kg_cutedsl_abi", "kg_cutedsl_kinds", "kg_cutedsl_launch", "kg_cutedsl_num_args"}
@@ -92,12 +97,12 @@ def test_libraries_export_only_the_shim_and_need_the_dialect_runtime(bundle):
         assert {line.split()[-1] for line in defined.splitlines() if line.strip()} == SHIM, name
         dynamic = subprocess.run([_tool("readelf"), "-d", str(bundle / name)], capture_output=True, text=True,
                                  check=True).stdout
-        assert "Shared library: [libcuda_dialect_runtime.so]" in dynamic
+        assert f"Shared library: [{RUNTIME}]" in dynamic
         assert "libcuda.so" not in dynamic  # the driver comes through the runtime, not linked here
     runtime = next(iter(_native(manifest)))[2]["images"]["runtime"]
     dynamic = subprocess.run([_tool("readelf"), "-d", str(bundle / runtime["file"])], capture_output=True,
                              text=True, check=True).stdout
-    assert "Library soname: [libcuda_dialect_runtime.so]" in dynamic
+    assert f"Library soname: [{RUNTIME}]" in dynamic
 
 
 # A child (the stub driver must not leak into this process): a libcuda.so.1 whose every entry point
@@ -155,7 +160,7 @@ def test_libraries_load_and_call_through_to_the_driver(bundle, tmp_path, mode):
                             "kinds": [p["kind"] for p in k["params"]]})
     report, _ = json_child(tmp_path, CHILD, bundle, tmp_path, json.dumps(kernels), mode, isolated=False)
     # the library names the runtime by soname: the loaders must open the bundle's copy first
-    assert "libcuda_dialect_runtime.so" in report["without_runtime"]
+    assert RUNTIME in report["without_runtime"]
     for want, got in zip(kernels, report["kernels"]):
         assert got["abi"] == 1 and got["n"] == len(want["kinds"]) and got["kinds"] == ",".join(want["kinds"])
         if mode == "no_device":
@@ -354,6 +359,7 @@ subprocess.run(["gcc", "-shared", "-fPIC", "-o", stub_dir + "/libcuda.so.1", stu
 ctypes.CDLL(stub_dir + "/libcuda.so.1", mode=ctypes.RTLD_GLOBAL)
 import kernelgraft as kg
 import kernelgraft.driver
+
 kernelgraft.driver.current_stream = lambda device: 0  # no CUDA torch here
 loaded = kg.load_bundle(bundle, arch="sm_90", allow_native=True)
 report = []

@@ -16,6 +16,8 @@ stream, and swap JIT for an AOT cubin without the user's code changing:
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib.metadata
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -38,9 +40,30 @@ def _inner_function(obj: Any) -> Callable | None:
     return obj if inspect.isfunction(obj) else None
 
 
+@functools.cache
+def _distributions() -> Mapping[str, list[str]]:
+    return importlib.metadata.packages_distributions()
+
+
+def _library_version(cls: type) -> str | None:
+    """``"quack-kernels 0.6.5"`` for a class of an installed distribution other than the DSLs,
+    torch and the standard library (their versions are in the compile keys already), else None."""
+    top = str(getattr(cls, "__module__", "")).split(".")[0]
+    if not top or top in ("builtins", "cutlass", "cuda", "torch", "triton", "kernelgraft"):
+        return None
+    dists = _distributions().get(top)
+    if not dists:
+        return None
+    try:
+        return f"{dists[0]} {importlib.metadata.version(dists[0])}"
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def kernel_sources(fn: Callable, depth: int = 3) -> str:
     """Source of ``fn`` and of the functions/kernels it names, ``depth`` levels down, so a change in
-    a ``@ct.kernel`` or ``@cute.kernel`` called through a host function changes the fingerprint."""
+    a ``@ct.kernel`` or ``@cute.kernel`` called through a host function changes the fingerprint;
+    a kernel class from an installed library (quack's ``RMSNorm``) counts by its release."""
     seen: set[int] = set()
     parts: list[str] = []
 
@@ -59,7 +82,12 @@ def kernel_sources(fn: Callable, depth: int = 3) -> str:
         cells = dict(zip(code.co_freevars, (c.cell_contents for c in inner.__closure__ or ())))
         for ref in sorted(set(code.co_names) | set(cells)):
             target = cells.get(ref, namespace.get(ref))
-            if target is None or inspect.ismodule(target) or isinstance(target, type):
+            if isinstance(target, type):
+                library = _library_version(target)
+                if library:  # a kernel class of an installed library (quack's RMSNorm): its release
+                    parts.append(f"{ref}:{target.__module__}.{target.__qualname__} from {library}")
+                continue
+            if target is None or inspect.ismodule(target):
                 continue
             inner_target = _inner_function(target)
             if inner_target is None or str(getattr(inner_target, "__module__", "")).startswith(

@@ -1,12 +1,20 @@
 """One compiled CuTe DSL host function as a shared library with a uniform C entry point.
 
-``cute.export``'s ``export_to_c`` (nvidia-cutlass-dsl 4.3) gives a header and an object file: the
-host function (grid, block, argument structs compiled in) with its cubin embedded. Its library
-check calls ``cuInit`` first, so this module does what ``export_to_c`` does without that check: the
-header from ``CuteCHeaderGenerator``, the object from the MLIR execution engine's object dump. On a
-machine without ``libcuda.so.1`` the engine cannot resolve the host code's calls into the CUDA
-dialect runtime (``_cudaLaunchKernelEx`` ...), but the object is dumped when it is compiled, before
-that link step, so the object is complete; those calls stay undefined in it.
+The DSL's AOT export gives a C header and an object file: the host function (grid, block, argument
+structs compiled in) with its cubin embedded, calling into the DSL's runtime library. Two layouts:
+
+- nvidia-cutlass-dsl 4.4 and later: the public ``compiled.export_to_c(dir, name, function_prefix)``
+  (position-independent object; header ``cute_dsl_<prefix>_wrapper(<prefix>_Kernel_Module_t *, ...)``),
+  linked against the runtime library the DSL names (``cute.runtime.find_runtime_libraries``, what
+  ``python -m cutlass.cute.export.aot_config --libs`` prints: ``libcute_dsl_runtime.so`` in 4.8).
+  On a machine without a GPU ``cute.compile`` builds no JIT engine, so nothing has loaded that
+  runtime when the export's JIT link resolves the host code's calls (``_cudaLaunchKernelEx`` ...):
+  the runtime is opened with ``RTLD_GLOBAL`` first (it loads without a driver).
+- 4.3: ``cute.export.export_to_c`` checks for a driver (``cuInit``) first, so this module does what
+  it does without that check: the header from ``CuteCHeaderGenerator``, the object from the MLIR
+  execution engine's object dump (dumped when compiled, before the link that needs the runtime).
+  The object is of LLVM's large code model with absolute relocations: the library has text
+  relocations that the dynamic loader patches when it loads it.
 
 Then a small generated C shim is linked with the object (``gcc``, no CUDA headers, no libcuda at
 link time) into one ``.so`` that exports only::
@@ -21,19 +29,18 @@ link time) into one ``.so`` that exports only::
 as ``cuLaunchKernel``'s parameter array does. The call runs in ``device``'s context (its primary
 context is made current for the call when the current one is another device's). The first launch on
 a device loads the embedded cubin (once per process) and the kernels on that device, as the
-library's own JIT executor does (``cuda_init``, then ``cuda_load_to_device`` per device; the header's
-``Kernel_Metadata_Load`` does the same for one device but calls ``exit`` on an error). The library needs ``libcuda_dialect_runtime.so`` (a ``DT_NEEDED`` by soname, shipped in the
-wheel and in the bundle; the loaders open the bundle's verified copy first), and through it
-``libcuda.so.1``, which also resolves the shim's own driver calls.
-
-LLVM's JIT emits code of the large code model with absolute relocations, not position-independent
-code, so the library has text relocations: the dynamic loader patches its code when it loads it (a
-system that forbids text relocations refuses it, and says so).
+library's own JIT executor does (``cuda_init``, then ``cuda_load_to_device`` per device, whose first
+argument is the library handle in 4.3 and a pointer to it from 4.4 on: read off the header that
+came with the object). The library needs the DSL's runtime library (a ``DT_NEEDED`` by soname,
+shipped in the wheel and in the bundle; the loaders open the bundle's verified copy first), and
+through it ``libcuda.so.1``, which also resolves the shim's own driver calls.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import os
 import re
 import shutil
@@ -44,11 +51,12 @@ from typing import Any
 
 from ._expr import Unsupported
 
-__all__ = ["ABI", "ENTRY", "RUNTIME_SONAME", "runtime_library", "export_object", "build_library", "toolchain"]
+__all__ = ["ABI", "ENTRY", "RUNTIME_SONAMES", "runtime_library", "export_object", "build_library", "toolchain"]
 
 ABI = 1
 ENTRY = "kg_cutedsl_launch"
-RUNTIME_SONAME = "libcuda_dialect_runtime.so"
+# the DSL runtime library by version: 4.4 on (libs wheel), 4.3
+RUNTIME_SONAMES = ("libcute_dsl_runtime.so", "libcuda_dialect_runtime.so")
 # The C type of each argument kind the shim passes through (the manifest's kinds, as the other backends').
 C_TYPES = {"ptr": "void *", "i8": "int8_t", "i16": "int16_t", "i32": "int32_t", "i64": "int64_t",
            "u8": "uint8_t", "u16": "uint16_t", "u32": "uint32_t", "u64": "uint64_t", "f32": "float",
@@ -59,14 +67,29 @@ _HEADER_TYPES = {"void *": "ptr", "int8_t": "i8", "int16_t": "i16", "int32_t": "
 
 
 def runtime_library() -> Path:
-    """The CUDA dialect runtime shipped in the nvidia-cutlass-dsl wheel (the host code calls it)."""
+    """The DSL's runtime library that exported host code calls (``libcute_dsl_runtime.so`` in 4.8,
+    ``libcuda_dialect_runtime.so`` in 4.3), as the DSL itself finds it."""
     import cutlass
 
-    for base in Path(cutlass.__file__).resolve().parents:
-        path = base / "lib" / RUNTIME_SONAME
-        if path.is_file():
-            return path
-    raise RuntimeError(f"{RUNTIME_SONAME} is not in the nvidia-cutlass-dsl installation beside {cutlass.__file__}")
+    try:
+        from cutlass.cute.runtime import find_runtime_libraries
+    except ImportError:  # pragma: no cover - every supported version has it
+        find_runtime_libraries = None
+    if find_runtime_libraries is not None:
+        for path in find_runtime_libraries(enable_tvm_ffi=False):
+            if Path(path).is_file():
+                return Path(path)
+    raise RuntimeError(f"the CuTe DSL runtime library ({' or '.join(RUNTIME_SONAMES)}) is not in the "
+                       f"nvidia-cutlass-dsl installation beside {cutlass.__file__}")
+
+
+@functools.cache
+def _runtime_visible() -> None:
+    """Opens the runtime library with ``RTLD_GLOBAL``, where the export's JIT link looks for the
+    host code's calls (the DSL opens it itself only when it builds a JIT engine: on a GPU)."""
+    import ctypes
+
+    ctypes.CDLL(str(runtime_library()), mode=os.RTLD_NOW | os.RTLD_GLOBAL)
 
 
 def _compiler() -> str:
@@ -115,8 +138,48 @@ def _shared_libs(dsl) -> list[str]:
     return list(dsl.get_shared_libs())
 
 
+def _public_export(compiled: Any) -> Any:
+    """``compiled.export_to_c`` where it is the DSL's public AOT export (4.4 on: it takes a
+    ``function_prefix``), else None."""
+    method = getattr(compiled, "export_to_c", None)
+    if not callable(method):
+        return None
+    try:
+        return method if "function_prefix" in inspect.signature(method).parameters else None
+    except (TypeError, ValueError):
+        return None
+
+
 def export_object(compiled: Any, prefix: str) -> tuple[str, bytes]:
     """(header text, object bytes) of a ``cute.compile`` result, symbols prefixed with ``prefix``."""
+    export = _public_export(compiled)
+    if export is not None:
+        _runtime_visible()
+        with tempfile.TemporaryDirectory(prefix="kg-cute-") as tmp, _quiet_stderr():
+            export(tmp, "kernel", function_prefix=prefix)
+            header = Path(tmp, "kernel.h").read_text()
+            obj = Path(tmp, "kernel.o").read_bytes()
+    else:
+        header, obj = _export_object_4_3(compiled, prefix)
+    if not obj.startswith(b"\x7fELF"):
+        raise RuntimeError(f"the CuTe DSL export wrote no object file for {prefix}")
+    return header, obj
+
+
+def _shared_libs(dsl) -> list[str]:
+    """The runtime library when it loads here (a GPU machine), else none: the object is dumped
+    before the engine links it, so unresolved calls do not stop the export."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return []
+    return list(dsl.get_shared_libs())
+
+
+def _export_object_4_3(compiled: Any, prefix: str) -> tuple[str, bytes]:
+    """What 4.3's ``export_to_c`` does, without its driver check (the module docstring says why)."""
     from cutlass.cute.export import CuteCHeaderGenerator, get_export_module
     from cutlass.cutlass_dsl import CuTeDSL
 
@@ -134,41 +197,50 @@ def export_object(compiled: Any, prefix: str) -> tuple[str, bytes]:
         path = os.path.join(tmp, "host.o")
         engine.dump_to_object_file(path)
         obj = Path(path).read_bytes() if os.path.exists(path) else b""
-    if not obj.startswith(b"\x7fELF"):
-        raise RuntimeError(f"the CuTe DSL execution engine dumped no object file for {prefix}")
     return header, obj
 
 
-_WRAPPER = re.compile(r"static inline int32_t (\w+)_wrapper\((\w+)_Kernel_Metadata_t \*metadata((?:, [^,)]+)*)\)")
 _CIFACE = re.compile(r"void (_mlir_\w+__mlir_ciface_\w+)\(void \*\*args, int32_t num_args\);")
+# 4.4 on: cuda_load_to_device's first argument points at the library handle (the header says so)
+_LOAD_INDIRECT = re.compile(r"struct \{\s*\w+ \*\*library;\s*int32_t \*device_id;\s*\w+ \*ret;\s*\} "
+                            r"loadArgs = \{&libraryPtr, &device_id, &ret\};")
 
 
-def header_signature(header: str, prefix: str) -> tuple[str, list[str]]:
-    """(the packed entry symbol, the runtime arguments' kinds without the stream) from the header
-    ``export_to_c`` writes; Unsupported if its layout is not the one this shim was written for."""
-    wrapper = _WRAPPER.search(header)
+def header_signature(header: str, prefix: str) -> tuple[str, list[str], bool]:
+    """(the packed entry symbol, the runtime arguments' kinds without the stream, whether
+    ``cuda_load_to_device`` takes a pointer to the library handle) from the header the export
+    wrote; Unsupported if its layout is not one this shim was written for."""
+    p = re.escape(prefix)
+    wrapper = re.search(rf"static inline int32_t (?:cute_dsl_)?{p}_wrapper\({p}_Kernel_(?:Metadata|Module)_t "
+                        rf"\*\w+((?:, [^,)]+)*)\)", header)
     ciface = _CIFACE.search(header)
     init, load = f"_mlir_{prefix}_cuda_init", f"_mlir_{prefix}_cuda_load"
-    if wrapper is None or ciface is None or wrapper.group(1) != prefix or init not in header or load not in header:
+    if wrapper is None or ciface is None or init not in header or load not in header:
         raise Unsupported("the header export_to_c wrote is not laid out as kernelgraft's shim expects "
-                          "(a <prefix>_wrapper(metadata, ..., CUstream) over _mlir_<prefix>_cuda_init/"
+                          "(a <prefix>_wrapper(module, ..., stream) over _mlir_<prefix>_cuda_init/"
                           "_cuda_load and one packed entry); this nvidia-cutlass-dsl version is not supported")
-    params = [p.strip() for p in wrapper.group(3).split(",") if p.strip()]
-    if not params or not params[-1].startswith("CUstream "):
+    indirect = False
+    if f"{load}_to_device(" in header:  # the header documents cuda_load_to_device's arguments
+        indirect = _LOAD_INDIRECT.search(header) is not None
+        if not indirect:
+            raise Unsupported("the header export_to_c wrote calls cuda_load_to_device with arguments kernelgraft's "
+                              "shim does not know; this nvidia-cutlass-dsl version is not supported")
+    params = [q.strip() for q in wrapper.group(1).split(",") if q.strip()]
+    if not params or not params[-1].startswith(("CUstream ", "cudaStream_t ")):
         raise Unsupported("the exported host function's last parameter is not the stream")
     kinds = []
-    for p in params[:-1]:
-        ctype = "void *" if "*" in p else p.rsplit(" ", 1)[0].strip()
+    for q in params[:-1]:
+        ctype = "void *" if "*" in q else q.rsplit(" ", 1)[0].strip()
         if ctype not in _HEADER_TYPES:
-            raise Unsupported(f"exported host parameter {p!r}: kernelgraft passes pointers and integer/float scalars")
+            raise Unsupported(f"exported host parameter {q!r}: kernelgraft passes pointers and integer/float scalars")
         kinds.append(_HEADER_TYPES[ctype])
-    return ciface.group(1), kinds
+    return ciface.group(1), kinds, indirect
 
 
 _SHIM = r"""
 /* Generated by kernelgraft: the uniform entry point of one exported CuTe DSL host function.
-   The driver calls resolve through libcuda.so.1, which the CUDA dialect runtime (a DT_NEEDED of
-   this library) needs in turn; no CUDA header is used. */
+   The driver calls resolve through libcuda.so.1, which the DSL's runtime library (a DT_NEEDED of
+   this library) loads in turn; no CUDA header is used. */
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -259,7 +331,7 @@ static int prepare(int32_t device, char *error, size_t size) {
     loaded = 1;
   }
   int32_t dev = device;
-  struct { CUlibrary *library; int32_t *device; int32_t *ret; } load_args = {&library, &dev, &ret};
+  @LOAD_ARGS@
   @LOAD@((void **)&load_args);
   if (ret != 0) return fail_runtime(error, size, "loading the kernels on the device (cuda_load_to_device)", ret);
   ready[device] = 1;
@@ -304,11 +376,19 @@ int32_t kg_cutedsl_launch(int32_t device, void *stream, void **args, int32_t num
 _EXPORTS = "{ global: kg_cutedsl_abi; kg_cutedsl_num_args; kg_cutedsl_kinds; kg_cutedsl_launch; local: *; };\n"
 
 
-def shim_source(prefix: str, entry: str, kinds: list[str]) -> str:
+# cuda_load_to_device's arguments: the library handle itself (4.3) or a pointer to it (4.4 on)
+_LOAD_ARGS = {
+    False: "struct { CUlibrary *library; int32_t *device; int32_t *ret; } load_args = {&library, &dev, &ret};",
+    True: "CUlibrary *handle = &library;\n  "
+          "struct { CUlibrary **library; int32_t *device; int32_t *ret; } load_args = {&handle, &dev, &ret};",
+}
+
+
+def shim_source(prefix: str, entry: str, kinds: list[str], indirect: bool = False) -> str:
     for k in kinds:
         if k not in C_TYPES:
             raise Unsupported(f"argument kind {k}")
-    values = {"NUM_ARGS": str(len(kinds)), "INIT": f"_mlir_{prefix}_cuda_init",
+    values = {"LOAD_ARGS": _LOAD_ARGS[indirect], "NUM_ARGS": str(len(kinds)), "INIT": f"_mlir_{prefix}_cuda_init",
               "LOAD": f"_mlir_{prefix}_cuda_load_to_device",
               "ENTRY": entry, "ABI": str(ABI), "KINDS": ",".join(kinds)}
     return re.sub(r"@(\w+)@", lambda m: values[m.group(1)], _SHIM)
@@ -317,7 +397,7 @@ def shim_source(prefix: str, entry: str, kinds: list[str]) -> str:
 def build_library(header: str, obj: bytes, prefix: str, kinds: list[str]) -> bytes:
     """The linked ``.so`` of one exported host function; ``kinds``: its runtime arguments as
     kernelgraft recorded them (checked against the header's)."""
-    entry, declared = header_signature(header, prefix)
+    entry, declared, indirect = header_signature(header, prefix)
     for symbol in (entry, f"_mlir_{prefix}_cuda_init", f"_mlir_{prefix}_cuda_load_to_device"):
         if symbol.encode() + b"\0" not in obj:
             raise Unsupported(f"the exported object does not define {symbol}; this nvidia-cutlass-dsl version "
@@ -328,7 +408,7 @@ def build_library(header: str, obj: bytes, prefix: str, kinds: list[str]) -> byt
     with tempfile.TemporaryDirectory(prefix="kg-cute-link-") as tmp:
         d = Path(tmp)
         (d / "host.o").write_bytes(obj)
-        (d / "shim.c").write_text(shim_source(prefix, entry, kinds))
+        (d / "shim.c").write_text(shim_source(prefix, entry, kinds, indirect))
         (d / "exports.map").write_text(_EXPORTS)
         command = [
             _compiler(), "-shared", "-fPIC", "-O2", "-o", str(d / "lib.so"), str(d / "shim.c"), str(d / "host.o"),

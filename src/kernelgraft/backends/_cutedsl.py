@@ -217,13 +217,23 @@ _SLOT_TYPES = {"Int8": ctypes.c_int8, "Int16": ctypes.c_int16, "Int32": ctypes.c
                "Boolean": ctypes.c_bool}
 
 
+def _runtime_parameters(compiled: Any) -> list[tuple[str, Any]]:
+    """(name, annotation) of each runtime parameter of a compiled host function (constexprs left
+    out), as the compiled function describes them: ``execution_args.signature`` from 4.4 on,
+    ``args_spec`` in 4.3."""
+    execution = getattr(compiled, "execution_args", None)
+    signature = getattr(execution, "signature", None)
+    if isinstance(signature, inspect.Signature):
+        return [(p.name, p.annotation) for p in signature.parameters.values()]
+    spec = compiled.args_spec.args_spec
+    return [(name, spec.annotations.get(name)) for name in spec.args + spec.kwonlyargs]
+
+
 def slot_kinds(compiled: Any) -> list[tuple[str, type]]:
     """(name, ctypes type) of each runtime argument of a compiled host function, stream last:
     pointers and the stream are ``c_void_p``, numbers their C type."""
-    spec = compiled.args_spec.args_spec
     out = []
-    for name in spec.args + spec.kwonlyargs:
-        ann = spec.annotations.get(name)
+    for name, ann in _runtime_parameters(compiled):
         label = getattr(ann, "__name__", str(ann)).rsplit(".", 1)[-1]
         if label in ("Pointer", "CUstream"):
             out.append((name, ctypes.c_void_p))

@@ -133,9 +133,16 @@ class Compiler:
         return "the cuTile kernel"
 
     def _cutedsl(self, candidate: Candidate, args: tuple, out_specs, arch: str) -> str:
+        from ..aot._cutedsl_aot import target_arch
         from ..backends._cutedsl import compile_for
 
+        impl, config = candidate.impl, candidate.config
+        if impl.supports is not None:  # as the AOT path does: a refused sample is not compiled
+            verdict = impl.supports(*args, **config.as_dict())
+            if verdict is not True:
+                raise NotCompiled(f"supports() refused this sample: {verdict or 'supports() returned False'}")
         tensors = self._fresh(args, out_specs)
-        # compile_for keeps its own cache, keyed on everything that changes the code
-        compile_for(candidate.impl, candidate.config, tensors, arch)
+        # compile_for keeps its own cache, keyed on everything that changes the code; the target
+        # is the one JIT and bundles compile for (sm_90a for sm_90)
+        compile_for(impl, config, tensors, target_arch(impl, arch))
         return "the CuTe DSL host function"
