@@ -30,7 +30,7 @@ from ..tune._key import normalize_buckets
 from ..tune._modes import scope as _scope
 from . import _autograd, _compete, _registry, _select
 from ._candidates import Candidate, evaluate
-from ._dispatcher import ANY_TENSOR, Dispatcher
+from ._dispatcher import ANY_TENSOR, Dispatcher, shape_error
 from ._schema import Signature, parse_signature
 
 __all__ = ["KernelOp", "op", "unregister"]
@@ -309,7 +309,13 @@ class KernelOp:
             _autograd.ensure(self)
         for hook in TRACE_HOOKS:
             hook(self, args)
-        outs = self._meta_fn(*args)
+        try:
+            outs = self._meta_fn(*args)
+        except Exception as exc:  # shapes that do not fit: named here, also under torch.compile
+            error = shape_error(self, args, exc)
+            if error is None:
+                raise
+            raise error from exc
         return self._fresh_outputs(outs, empty=True, args=args)
 
     def _fresh_outputs(self, outs: Any, *, empty: bool, args: tuple) -> Any:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .. import _admit
 from .._errors import RegistrationError
 from . import _autograd
 
@@ -182,6 +183,10 @@ def _define(op: "KernelOp") -> None:
         lib.define(f"{name}{op.signature.schema}")
         for key in ("CPU", "CUDA"):
             lib.impl(name, op._dispatcher_kernel, key)
+        # tensors no kernel may read as they are (sparse, nested, negative bit...): refused or
+        # resolved before the kernel above sees them
+        for key, kernel, with_keyset in _admit.dispatcher_kernels(op.name, op.signature.params, lambda: op.overload):
+            lib.impl(name, kernel, key, with_keyset=with_keyset)
         torch.library.register_fake(op.name, op._fake, lib=lib)
         _autograd.install(op, lib)  # the op's backward (kept when it is defined again), or a refusal
     except BaseException:
