@@ -36,11 +36,12 @@ from . import _compete, _select
 from ._candidates import LAYOUT, Candidate, evaluate, evaluate_one
 from ._limits import check_allocatable, quiet_fake_tensor_errors
 from ._plan import Plan, kernel_plan, meta_plan, reference_plan, torch_plan
+from ._shape_error import named, shape_error
 
 if TYPE_CHECKING:
     from ._operator import KernelOp
 
-__all__ = ["Dispatcher", "PLAIN", "ANY_TENSOR", "shape_error"]
+__all__ = ["Dispatcher", "PLAIN", "ANY_TENSOR"]
 
 log = logging.getLogger(__name__)
 
@@ -81,33 +82,6 @@ class _AnyTensor:
 
 
 ANY_TENSOR = _AnyTensor()
-
-
-def _is_shape_error(exc: Exception) -> bool:
-    """Whether the reference failed on fake tensors because the inputs' shapes do not fit (a
-    broadcast or size check in torch), rather than because it cannot run on fake tensors."""
-    text = str(exc)
-    return isinstance(exc, (RuntimeError, IndexError, ValueError)) and any(
-        phrase in text for phrase in ("broadcast", "must match the size", "shapes cannot be multiplied",
-                                      "size mismatch", "does not match the shape", "Expected size"))
-
-
-def _named(op: "KernelOp", args: Sequence[Any]) -> str:
-    """The arguments by parameter name (``x=Tensor(shape=(3,), ...), eps=float 1e-06``)."""
-    return ", ".join(f"{p.name}={describe(a)}" for p, a in zip(op.signature.params, args))
-
-
-def shape_error(op: "KernelOp", args: Sequence[Any], exc: Exception) -> InputError | None:
-    """The ``InputError`` for a reference (or meta function) that failed on fake tensors because
-    the arguments' shapes do not fit together, naming the op and each argument; None for any
-    other failure. Raised in eager planning and inside ``torch.compile``'s tracing alike (where
-    torch wraps it in its own ``TorchRuntimeError``, which carries this message)."""
-    if not _is_shape_error(exc):
-        return None
-    return InputError(
-        f"{op.name}: the reference cannot compute output shapes for these inputs ({_named(op, args)}): "
-        f"their shapes do not fit together: {str(exc).splitlines()[0]}"
-    )
 
 
 def guarded(plan: Plan, guard: Callable[[tuple], None] | None) -> Plan:
@@ -573,7 +547,7 @@ class Dispatcher:
         except InputError:
             raise
         except Exception as exc:
-            shapes = _named(op, args)
+            shapes = named(op, args)
             error = shape_error(op, args, exc)
             if error is not None:
                 raise error from exc

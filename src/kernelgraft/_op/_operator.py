@@ -30,7 +30,8 @@ from ..tune._key import normalize_buckets
 from ..tune._modes import scope as _scope
 from . import _autograd, _compete, _registry, _select
 from ._candidates import Candidate, evaluate
-from ._dispatcher import ANY_TENSOR, Dispatcher, shape_error
+from ._dispatcher import ANY_TENSOR, Dispatcher
+from ._shape_error import shape_error
 from ._schema import Signature, parse_signature
 
 __all__ = ["KernelOp", "op", "unregister"]
@@ -575,6 +576,11 @@ def op(
     An op that mutates an argument refuses, with an ``InputError``, a call where another tensor
     argument shares memory with the mutated one; ``allow_overlap=True`` declares that its kernels
     handle that (they read each element before writing it, or the overlap is intended).
+    Kernels get dense strided tensors read as stored (``kernelgraft._admit``, on every route: eager,
+    ``torch.ops``, ``op.run``, ``torch.compile``): a view with the negative or conjugate bit
+    (``z.conj()``, ``z.conj().imag``) that the op only reads is materialized first, at the cost of one
+    copy, so the result is the reference's; one it mutates is an ``InputError``, as are sparse, mkldnn,
+    nested and quantized tensors. On meta tensors the op returns its meta function's outputs.
     ``compete`` (default True): the reference itself, eager (``torch:eager``) and under
     ``torch.compile`` (``torch:compile``), competes with the kernels in tuning on CUDA, so a shape
     where PyTorch is faster runs PyTorch (never a PyTorch run that cannot be captured in a CUDA
