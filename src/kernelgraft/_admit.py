@@ -92,8 +92,7 @@ def check(op_name: str, name: str, t: torch.Tensor, mutated: bool) -> bool:
     if kind is not None:
         fix = next((f for prefix, f in _FIX.items() if kind.startswith(prefix)), "pass a dense tensor")
         raise InputError(
-            f"{op_name}: argument {name!r} expected a dense strided tensor, got {kind} "
-            f"(shape {tuple(t.shape) if not t.is_nested else 'nested'}, dtype {t.dtype}, on {t.device}); "
+            f"{op_name}: argument {name!r} expected a dense strided tensor, got {kind}, {describe(t)}; "
             f"kernels read a tensor through its data pointer and strides: {fix}"
         )
     why = deferred(t)
