@@ -147,11 +147,11 @@ class Dispatcher:
         (tensor subclasses, autograd, anything unusual).
 
         Per tensor: dtype, device, shape, strides, ``data_ptr() & 15`` when plans depend on
-        alignment (else whether the pointer is null), the negative bit, and the conjugate bit when
-        the op can take complex tensors: every property of the admission rule (``kernelgraft._admit``)
-        that a call can change without changing the rest. A null pointer with elements is a
-        ZeroTensor; sparse and mkldnn tensors have no data pointer and nested ones no strides: they
-        raise here, and the None sends them to the checks that refuse them."""
+        alignment (else whether the pointer is null), the negative bit, and a complex tensor's
+        conjugate bit when the op can take complex tensors: every property of the admission rule
+        (``kernelgraft._admit``) that a call can change without changing the rest. A null pointer
+        with elements is a ZeroTensor; sparse and mkldnn tensors have no data pointer and nested
+        ones no strides: they raise here, and the None sends them to the checks that refuse them."""
         parts = []
         align = self.align
         conj = self.complex
@@ -162,8 +162,9 @@ class Dispatcher:
                     if grad and a.requires_grad:
                         return None
                     p = a.data_ptr()
-                    parts.append((a.dtype, a.device, a.shape, a.stride(), (p & 15 if align else 16) if p else -1,
-                                  _is_neg(a), conj and _is_conj(a)))
+                    dt = a.dtype
+                    parts.append((dt, a.device, a.shape, a.stride(), (p & 15 if align else 16) if p else -1,
+                                  _is_neg(a), conj and dt.is_complex and _is_conj(a)))
                 elif t in _SCALAR_TYPES or a is None or t is torch.dtype:
                     parts.append((t, a))
                 elif t is list or t is tuple:
@@ -172,8 +173,9 @@ class Dispatcher:
                         if type(item) not in plain or (grad and item.requires_grad):
                             return None
                         p = item.data_ptr()
-                        sub.append((item.dtype, item.device, item.shape, item.stride(),
-                                    (p & 15 if align else 16) if p else -1, _is_neg(item), conj and _is_conj(item)))
+                        dt = item.dtype
+                        sub.append((dt, item.device, item.shape, item.stride(), (p & 15 if align else 16) if p else -1,
+                                    _is_neg(item), conj and dt.is_complex and _is_conj(item)))
                     parts.append(tuple(sub))
                 else:
                     return None
