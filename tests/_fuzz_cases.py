@@ -55,6 +55,16 @@ KINDS = {
     "slot_out_of_range": "refuse", "slots_length": "refuse", "bad_scale_fmt": "refuse",
     "bad_quant_block": "refuse",
 }
+# Tensors a kernel may not read as stored (kernelgraft/_admit.py): views with the negative bit that
+# the op only reads are resolved (their values match), one it mutates is refused, and so are sparse,
+# nested, quantized and mkldnn tensors, naming the argument.
+ADMISSION_KINDS = {
+    "neg_view": "match", "conj_imag": "match", "neg_mutated": "refuse", "sparse": "refuse",
+    "sparse_csr": "refuse", "nested": "refuse", "quantized": "refuse",
+}
+if torch.backends.mkldnn.is_available():
+    ADMISSION_KINDS["mkldnn"] = "refuse"
+KINDS.update(ADMISSION_KINDS)
 # Not a kind: negative strides (torch cannot make such a view; as_strided refuses them).
 # Good kinds whose layout may be refused by every kernel (an InputError that says so).
 LAYOUT_KINDS = {"strided", "transposed", "expanded"}
@@ -261,6 +271,8 @@ def mutate(kind: str, name: str, op, rng: random.Random, g: torch.Generator):
         else:
             args[i] = rng.choice((None, [1.0], object()))
         return args, _pname(op, i), _pname(op, i)
+    if kind in ADMISSION_KINDS:
+        return _admission_case(kind, op, args, rng)
     # ------------------------------------------------------------------ the fp8 scatter's own
     if name != "fp8_kcache_scatter":
         return None
@@ -295,6 +307,40 @@ def mutate(kind: str, name: str, op, rng: random.Random, g: torch.Generator):
         args[3] = rng.choice((0, -qbs, qbs + 1, 3, 2**40))
         return args, "quant_block_size", str(args[3])
     return None
+
+
+def _admission_case(kind: str, op, args: list, rng: random.Random):
+    """A tensor argument replaced by one the admission rule resolves or refuses (see
+    ``ADMISSION_KINDS``); None when no argument fits."""
+    if kind == "neg_mutated":
+        idx = _tensor_params(op, args, mutated=True)
+    elif kind in ("neg_view", "conj_imag"):
+        idx = [i for i in _tensor_params(op, args, floating=True, mutated=False) if args[i].numel()]
+    else:
+        idx = [i for i in _tensor_params(op, args) if args[i].dim() >= (2 if kind == "sparse_csr" else 1)
+               and (args[i].is_floating_point() or kind not in ("quantized", "mkldnn"))]
+    if not idx:
+        return None
+    i = rng.choice(idx)
+    t = args[i]
+    if kind in ("neg_view", "neg_mutated"):
+        args[i] = torch._neg_view(t.neg())  # the same values, the negation in memory
+    elif kind == "conj_imag":  # z.conj().imag: float32 values whose memory holds their negation
+        for j in _tensor_params(op, args, floating=True):
+            args[j] = args[j].float()
+        t = args[i]
+        args[i] = torch.complex(torch.randn_like(t), -t).conj().imag
+    elif kind == "sparse":
+        args[i] = t.to_sparse()
+    elif kind == "sparse_csr":
+        args[i] = t.reshape(-1, t.shape[-1]).to_sparse_csr() if t.dim() > 2 else t.to_sparse_csr()
+    elif kind == "nested":
+        args[i] = torch.nested.nested_tensor([t, t])
+    elif kind == "quantized":
+        args[i] = torch.quantize_per_tensor(t.float(), 0.05, 10, torch.quint8)
+    else:
+        args[i] = t.float().to_mkldnn()
+    return args, None if KINDS[kind] == "match" else _pname(op, i), _pname(op, i)
 
 
 # ----------------------------------------------------------------------------- judging
@@ -404,6 +450,11 @@ def _judge_meta(op, args) -> dict:
         want_error = None
     except Exception as exc:
         want, want_error = None, exc
+        try:  # an op's registered meta function answers where its reference cannot run on meta tensors
+            with torch.no_grad():
+                want, want_error = op.overload(*_verify.clone(tuple(args))), None
+        except Exception:
+            pass
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -461,6 +512,13 @@ def to_device(args: list, device: str) -> list:
     def move(t):
         if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
             return t
+        if t.layout != torch.strided or t.is_nested or t.is_quantized:
+            try:
+                return t.to(device)
+            except Exception:  # no such tensor there (mkldnn): the refusal names it on CPU too
+                return t
+        if t.is_neg():  # the memory moved as it is, the bit kept
+            return torch._neg_view(move(torch._neg_view(t)))
         storage = t.untyped_storage()
         raw = copies.get(storage.data_ptr())
         if raw is None:

@@ -71,6 +71,19 @@ def test_runtime_ops_equal_the_python_ops(served, short):
         torch.testing.assert_close(got, want, **tol, msg=f"{short} {shape} {dtype}")
 
 
+def test_views_with_deferred_values_are_resolved_and_other_layouts_refused(served):
+    """The admission rule (runtime/csrc/admit.h) on the GPU: a view with the negative bit is read as
+    its values (not its memory), a sparse tensor is refused by name."""
+    x, y = _inputs("add_relu", (3000,), torch.float32)
+    z = torch.randn(3000, dtype=torch.complex64, device="cuda")
+    torch.testing.assert_close(served.add_relu(torch._neg_view(x), y), torch.relu(y - x), rtol=0, atol=0)
+    torch.testing.assert_close(served.add_relu(z.conj().imag, y), torch.relu(y - z.imag), rtol=0, atol=0)
+    torch.testing.assert_close(served.add_relu(x, y), torch.relu(x + y), rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match=r"kgrt_gpu::add_relu: argument x expected a dense strided tensor, got a "
+                                           r"sparse COO tensor"):
+        served.add_relu(x.to_sparse(), y)
+
+
 def test_runtime_ops_replay_in_a_cuda_graph(served):
     x, y = _inputs("add_relu", (4096,), torch.float32)
     served.add_relu(x, y)  # loads the module on this device before capture

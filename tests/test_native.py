@@ -187,6 +187,18 @@ def test_recording_refuses_what_it_cannot_replay(native):
     assert _record.active() is None
 
 
+def test_recording_refuses_arguments_a_kernel_may_not_read_as_stored(native):
+    """A replay recorded from a view with the negative or conjugate bit would serve later calls
+    by the view's memory: such a call is never recorded (plans only run admitted tensors)."""
+    kernel = HostKernel()
+    x, y = torch.randn(8), torch.randn(8)
+    out = torch.empty(8)
+    for view in (torch._neg_view(x), torch.randn(8, dtype=torch.complex64).conj().imag):
+        rec = kernel.record(view.data_ptr(), y.data_ptr(), out.data_ptr(), 8, 2.0)
+        why = _record.replay_for(native, (view, y, 2.0), (out,), 1, rec, PLAIN)
+        assert isinstance(why, str) and "negative bit" in why, why
+
+
 def test_bad_specs_are_refused(native):
     kernel = HostKernel()
     good = dict(tensor_types=PLAIN, args=(("v", 1),), outs=(), out_kind=0, launch_kind=1,

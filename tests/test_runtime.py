@@ -298,6 +298,50 @@ def test_cpu_tensors_are_refused_naming_the_argument(served):
         torch.ops.kgrt_test.add_relu(x, x)
 
 
+def _unreadable(x: torch.Tensor) -> dict:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nested and quantized tensors warn that they are prototypes
+        kinds = {"a sparse COO tensor": x.to_sparse(), "a sparse CSR tensor": x.to_sparse_csr(),
+                 "a nested tensor": torch.nested.nested_tensor(list(x)),
+                 "a quantized tensor": torch.quantize_per_tensor(x, 0.05, 10, torch.quint8)}
+    if torch.backends.mkldnn.is_available():
+        kinds["an mkldnn tensor"] = x.to_mkldnn()
+    return kinds
+
+
+def test_tensors_no_kernel_may_read_are_refused_naming_the_argument(served):
+    """The admission rule of kernelgraft/_admit.py, in C++: sparse, mkldnn, nested and quantized
+    tensors never reach a kernel (the dispatcher's own error would list its backends instead)."""
+    x = torch.randn(4, 8)
+    for kind, t in _unreadable(x).items():
+        with pytest.raises(RuntimeError, match=rf"kgrt_test::add_relu: argument y expected a dense strided tensor, "
+                                               rf"got {kind} .*: pass "):
+            torch.ops.kgrt_test.add_relu(x, t)
+
+
+def test_a_mutated_view_with_deferred_values_is_refused(so, bundle, tmp_path):
+    """A view with the negative bit that the op would write is refused (resolving it would write a
+    copy); one it only reads is resolved and goes on to the op's kernel (here on CPU: its refusal
+    of CPU tensors)."""
+    def mutate_x(op):
+        if op["name"].endswith("::add_relu"):
+            op["schema"] = op["schema"].replace("(Tensor x,", "(Tensor(a!) x,")
+            op["params"][0]["mutated"] = True
+            op["mutates_args"] = ["x"]
+
+    _load(variant(bundle, tmp_path / "m", "kgrt_mut", edit_op=mutate_x))
+    x, y = torch.randn(8), torch.randn(8)
+    z = torch.randn(8, dtype=torch.complex64)
+    for view in (torch._neg_view(x), z.conj().imag):
+        with pytest.raises(RuntimeError, match=r"kgrt_mut::add_relu: argument x is mutated by the op but is a view "
+                                               r"with the negative bit"):
+            torch.ops.kgrt_mut.add_relu(view, y)
+    with pytest.raises(RuntimeError, match=r"kgrt_mut::add_relu: argument x must be a CUDA tensor"):
+        torch.ops.kgrt_mut.add_relu(x, torch._neg_view(y))
+
+
 def test_meta_error_for_a_dtype_the_bundle_lacks(served):
     x = torch.empty(8, dtype=torch.int32, device="meta")
     with pytest.raises(RuntimeError, match=r"kgrt_test::add_relu: no output rule .*\(x: int32\[8\], y: int32\[8\]\)"):

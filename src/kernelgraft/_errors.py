@@ -98,6 +98,10 @@ class GraftWarning(KernelgraftWarning):
 def describe(value: Any) -> str:
     """A short, stable description of an argument value for error messages."""
     if isinstance(value, torch.Tensor):
+        if value.is_nested:  # no single shape, no strides
+            return f"Tensor(nested, dtype={value.dtype}, device={value.device})"
+        if value.layout is not torch.strided:  # sparse, mkldnn: no strides
+            return f"Tensor(shape={tuple(value.shape)}, dtype={value.dtype}, device={value.device}, {value.layout})"
         layout = "contiguous" if value.is_contiguous() else f"strides {tuple(value.stride())}"
         return (
             f"Tensor(shape={tuple(value.shape)}, dtype={value.dtype}, device={value.device}, {layout})"

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .. import _admit
 from ..driver._observe import Record, active, address_of, launch_record, note, observing
 from . import _triton
 
@@ -157,6 +158,11 @@ def replay_for(native: Any, args: tuple, outs: Sequence[torch.Tensor], out_kind:
     specs = []
     for a in args:
         if type(a) in plain:
+            # Plans run admitted tensors only (kernelgraft._admit); a replay recorded from anything
+            # else would serve it by its memory.
+            why = _admit.refusal(a) or _admit.deferred(a)
+            if why is not None:
+                return f"an argument is {why}"
             spec = _tensor_spec(a)
             if spec is None:
                 return f"a tensor on {a.device}"

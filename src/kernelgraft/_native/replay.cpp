@@ -373,11 +373,18 @@ bool same_ints(c10::IntArrayRef got, const std::vector<int64_t>& want) {
   return true;
 }
 
-// Keys that mean the tensor is not plain data a kernel can read through its pointer.
+// Keys that mean the tensor is not plain data a kernel can read through its pointer: a wrapper
+// (Python subclass, functorch, functionalization), values that are a function of the memory
+// (negative and conjugate bits, ZeroTensor), or a layout other than dense strided (sparse, sparse
+// compressed, mkldnn, quantized, nested). The Python path admits or refuses those
+// (kernelgraft/_admit.py); a replay only ever serves the dense tensors it was recorded from. The
+// per-backend functionality keys (Sparse, Quantized, NestedTensor) match whatever the backend.
 const c10::DispatchKeySet kUnplain = c10::DispatchKeySet({
     c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot, c10::DispatchKey::FuncTorchBatched,
     c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::Functionalize, c10::DispatchKey::Conjugate,
     c10::DispatchKey::Negative, c10::DispatchKey::ZeroTensor, c10::DispatchKey::BatchedNestedTensor,
+    c10::DispatchKey::Sparse, c10::DispatchKey::SparseCsr, c10::DispatchKey::MkldnnCPU,
+    c10::DispatchKey::Quantized, c10::DispatchKey::NestedTensor, c10::DispatchKey::AutogradNestedTensor,
 });
 
 PyObject* replay_call(PyObject* obj, PyObject* const* argv, size_t nargsf, PyObject* kwnames) {
@@ -404,31 +411,38 @@ PyObject* replay_call(PyObject* obj, PyObject* const* argv, size_t nargsf, PyObj
     spill.resize(total);
     slots = spill.data();
   }
-  for (size_t i = 0; i < nargs; ++i) {
-    PyObject* item = PyTuple_GET_ITEM(call, i);
-    const ArgSpec& spec = specs[i];
-    if (!spec.is_tensor) {
-      if (Py_TYPE(item) != Py_TYPE(spec.value)) return miss(self);
-      if (item == spec.value) continue;
-      int eq = PyObject_RichCompareBool(item, spec.value, Py_EQ);
-      if (eq < 0) {
-        PyErr_Clear();
-        return miss(self);
+  // Nothing below may throw through Python: a tensor whose metadata torch refuses to give is
+  // handed back (the Python path names it).
+  try {
+    for (size_t i = 0; i < nargs; ++i) {
+      PyObject* item = PyTuple_GET_ITEM(call, i);
+      const ArgSpec& spec = specs[i];
+      if (!spec.is_tensor) {
+        if (Py_TYPE(item) != Py_TYPE(spec.value)) return miss(self);
+        if (item == spec.value) continue;
+        int eq = PyObject_RichCompareBool(item, spec.value, Py_EQ);
+        if (eq < 0) {
+          PyErr_Clear();
+          return miss(self);
+        }
+        if (!eq) return miss(self);
+        continue;
       }
-      if (!eq) return miss(self);
-      continue;
+      if (!plain_type(self, item)) return miss(self);
+      const at::Tensor& t = THPVariable_Unpack(item);
+      const TensorSpec& want = spec.tensor;
+      // The key set and layout first: sizes() and strides() throw for nested and sparse tensors.
+      if (!t.defined() || (t.key_set() & kUnplain).empty() == false || t.layout() != c10::kStrided ||
+          !t.has_storage() || t.scalar_type() != want.dtype || t.device().type() != want.device_type ||
+          t.device().index() != want.device_index || (grad && t.requires_grad()) ||
+          !same_ints(t.sizes(), want.sizes) || !same_ints(t.strides(), want.strides))
+        return miss(self);
+      if (want.align >= 0 && (reinterpret_cast<uintptr_t>(t.const_data_ptr()) & 15) != static_cast<uintptr_t>(want.align))
+        return miss(self);
+      slots[i] = t;
     }
-    if (!plain_type(self, item)) return miss(self);
-    const at::Tensor& t = THPVariable_Unpack(item);
-    const TensorSpec& want = spec.tensor;
-    if (!t.defined() || t.scalar_type() != want.dtype || t.device().type() != want.device_type ||
-        t.device().index() != want.device_index || (grad && t.requires_grad()) ||
-        (t.key_set() & kUnplain).empty() == false || !t.has_storage() || !same_ints(t.sizes(), want.sizes) ||
-        !same_ints(t.strides(), want.strides))
-      return miss(self);
-    if (want.align >= 0 && (reinterpret_cast<uintptr_t>(t.const_data_ptr()) & 15) != static_cast<uintptr_t>(want.align))
-      return miss(self);
-    slots[i] = t;
+  } catch (const std::exception&) {
+    return miss(self);
   }
   for (const Disjoint& d : *self->disjoint) {
     uint64_t pa = reinterpret_cast<uint64_t>(slots[d.a].const_data_ptr());

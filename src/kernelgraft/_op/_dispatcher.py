@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from .. import backends
+from .. import _admit, backends
 from .._errors import FallbackWarning, InputError, LaunchError, SpecError, UnsupportedError, describe
 from .._native._attach import attach
 from ..backends._triton import interpreting
@@ -35,7 +35,8 @@ from ..tune._modes import settings as current_settings
 from . import _compete, _overlap, _probe, _select
 from ._candidates import LAYOUT, Candidate, evaluate, evaluate_one
 from ._limits import check_allocatable, quiet_fake_tensor_errors
-from ._plan import Plan, kernel_plan, reference_plan, torch_plan
+from ._plan import Plan, kernel_plan, meta_plan, reference_plan, torch_plan
+from ._shape_error import named, shape_error
 
 if TYPE_CHECKING:
     from ._operator import KernelOp
@@ -69,6 +70,8 @@ _SCALAR_TYPES = (int, float, bool, str)
 _MAX_PLANS = 4096  # per scope; a workload with more signatures re-plans (cheap next to tuning)
 _MAX_SCOPES = 64
 _EPOCH = _select._epoch  # a one-element list; read directly on the hot path
+_is_neg = torch.Tensor.is_neg
+_is_conj = torch.Tensor.is_conj
 
 
 class _AnyTensor:
@@ -79,15 +82,6 @@ class _AnyTensor:
 
 
 ANY_TENSOR = _AnyTensor()
-
-
-def _is_shape_error(exc: Exception) -> bool:
-    """Whether the reference failed on fake tensors because the inputs' shapes do not fit (a
-    broadcast or size check in torch), rather than because it cannot run on fake tensors."""
-    text = str(exc)
-    return isinstance(exc, (RuntimeError, IndexError, ValueError)) and any(
-        phrase in text for phrase in ("broadcast", "must match the size", "shapes cannot be multiplied",
-                                      "size mismatch", "does not match the shape", "Expected size"))
 
 
 def guarded(plan: Plan, guard: Callable[[tuple], None] | None) -> Plan:
@@ -142,31 +136,52 @@ class Dispatcher:
         # so then plans are keyed on it too; a single unconditional candidate cannot care.
         impls = op.impls
         self.align = any(i.supports is not None for i in impls) or sum(len(i.configs) for i in impls) > 1
+        # Whether a tensor argument can be complex (then the conjugate bit is part of the key): a
+        # tensor parameter without declared dtypes, or with a complex one among them.
+        self.complex = any(
+            not op._dtypes.get(p.name) or any(d.is_complex for d in op._dtypes[p.name])
+            for p in op.signature.params if p.kind in ("tensor", "tensor_list"))
 
     # ------------------------------------------------------------------ keys and plans
     def key(self, args: tuple, grad: bool, plain: Any = PLAIN) -> tuple | None:
         """A small hashable signature of the call, or None when the dispatcher must handle it
-        (tensor subclasses, autograd, anything unusual)."""
+        (tensor subclasses, autograd, anything unusual).
+
+        Per tensor: dtype, device, shape, strides, ``data_ptr() & 15`` when plans depend on
+        alignment (else whether the pointer is null), the negative bit, and a complex tensor's
+        conjugate bit when the op can take complex tensors: every property of the admission rule
+        (``kernelgraft._admit``) that a call can change without changing the rest. A null pointer
+        with elements is a ZeroTensor; sparse and mkldnn tensors have no data pointer and nested
+        ones no strides: they raise here, and the None sends them to the checks that refuse them."""
         parts = []
         align = self.align
-        for a in args:
-            t = type(a)
-            if t in plain:
-                if grad and a.requires_grad:
-                    return None
-                parts.append((a.dtype, a.device, a.shape, a.stride(), a.data_ptr() & 15 if align else 0))
-            elif t in _SCALAR_TYPES or a is None or t is torch.dtype:
-                parts.append((t, a))
-            elif t is list or t is tuple:
-                sub = []
-                for item in a:
-                    if type(item) not in plain or (grad and item.requires_grad):
+        conj = self.complex
+        try:
+            for a in args:
+                t = type(a)
+                if t in plain:
+                    if grad and a.requires_grad:
                         return None
-                    sub.append((item.dtype, item.device, item.shape, item.stride(),
-                                item.data_ptr() & 15 if align else 0))
-                parts.append(tuple(sub))
-            else:
-                return None
+                    p = a.data_ptr()
+                    dt = a.dtype
+                    parts.append((dt, a.device, a.shape, a.stride(), (p & 15 if align else 16) if p else -1,
+                                  _is_neg(a), conj and dt.is_complex and _is_conj(a)))
+                elif t in _SCALAR_TYPES or a is None or t is torch.dtype:
+                    parts.append((t, a))
+                elif t is list or t is tuple:
+                    sub = []
+                    for item in a:
+                        if type(item) not in plain or (grad and item.requires_grad):
+                            return None
+                        p = item.data_ptr()
+                        dt = item.dtype
+                        sub.append((dt, item.device, item.shape, item.stride(), (p & 15 if align else 16) if p else -1,
+                                    _is_neg(item), conj and dt.is_complex and _is_conj(item)))
+                    parts.append(tuple(sub))
+                else:
+                    return None
+        except RuntimeError:  # no data pointer (sparse, mkldnn) or no strides (nested, sparse CSR)
+            return None
         return tuple(parts)
 
     def _renew(self, epoch: int) -> None:
@@ -302,6 +317,10 @@ class Dispatcher:
         provisional choice (see ``_select.provisional``) after which the call plans again."""
         op = self.op
         tensors = self.check(args)
+        if tensors and tensors[0][1].device.type == "meta":
+            return meta_plan(op), None  # no data to compute on: shapes only, as torch.ops gives them
+        if any(_admit.deferred(t) for _, t in tensors):
+            return self._resolving_plan(), None
         candidates = evaluate(op.impls, tensors, args)
         supported = _compete.offered(op, candidates, tensors, current_settings())
         out_specs = self.output_specs(args)
@@ -330,6 +349,22 @@ class Dispatcher:
             )
         self._no_candidate(candidates, device)
         return guarded(reference_plan(op), self.overlap_guard(args)), None
+
+    def _resolving_plan(self) -> Plan:
+        """The plan of a signature with deferred tensors (negative or conjugate bit, ZeroTensor;
+        see ``kernelgraft._admit``): they are materialized and the call runs the plan of the
+        resolved arguments' own signature. ``check`` has refused mutated ones."""
+        op = self.op
+        name, params = op.name, op.signature.params
+
+        def plan(args: tuple) -> Any:
+            fixed = _admit.resolve(name, params, args)
+            key = self.key(fixed, False, ANY_TENSOR)
+            return self.execute(fixed, key) if key is not None else op.overload(*fixed)
+
+        plan.candidate = None  # type: ignore[attr-defined]
+        plan.resolving = True  # type: ignore[attr-defined]
+        return plan
 
     def overlap_guard(self, args: tuple) -> Callable[[tuple], None] | None:
         """The per-call check that no tensor argument shares an element with one the op mutates,
@@ -446,12 +481,10 @@ class Dispatcher:
         except Exception as exc:
             if _probe.data_dependent(exc):
                 raise _probe.meta_error(op, exc, "has data-dependent shapes") from exc
-            shapes = ", ".join(describe(a) for a in args)
-            if _is_shape_error(exc):
-                raise InputError(
-                    f"{op.name}: the reference cannot compute output shapes for these inputs "
-                    f"({shapes}): their shapes do not fit together: {str(exc).splitlines()[0]}"
-                ) from exc
+            shapes = named(op, args)
+            error = shape_error(op, args, exc)
+            if error is not None:
+                raise error from exc
             raise InputError(
                 f"{op.name}: the {'meta function' if op._meta_fn is not op.reference else 'reference'} "
                 f"cannot compute output shapes for these inputs ({shapes}): {type(exc).__name__}: "
@@ -476,6 +509,12 @@ class Dispatcher:
         plan = forced.get((key, index, frozen)) if key is not None else None
         if plan is None:
             tensors = self.check(args)
+            if tensors and tensors[0][1].device.type == "meta":
+                raise InputError(
+                    f"{op.name}: argument {tensors[0][0]!r} is a meta tensor: it has no data for a kernel "
+                    "to read; call the op itself for output shapes, or op.run(..., impl='reference')")
+            if any(_admit.deferred(t) for _, t in tensors):  # not kept: its plan is the resolved one's
+                return self.run_forced(_admit.resolve(op.name, op.signature.params, args), index, frozen)
             candidate = evaluate_one(index, op.impls[index], frozen, tensors, args)
             if candidate.reason is not None:
                 raise UnsupportedError(

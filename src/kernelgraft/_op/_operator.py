@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from .._errors import InputError, RegistrationError, SpecError, UnsupportedError, describe
+from .._errors import InputError, KernelgraftError, RegistrationError, SpecError, UnsupportedError, describe
 from .._spec import Config, ImplSpec
 from .._compare import compare_identity, normalize_compare, output_names
 from .._verify import check_tolerances
@@ -32,6 +32,7 @@ from ..tune._modes import scope as _scope
 from . import _autograd, _compete, _probe, _registry, _select
 from ._candidates import Candidate, evaluate
 from ._dispatcher import ANY_TENSOR, Dispatcher
+from ._shape_error import shape_error
 from ._schema import Signature, parse_signature
 
 __all__ = ["KernelOp", "op", "unregister"]
@@ -317,7 +318,16 @@ class KernelOp:
             hook(self, args)
         if self.signature.returns == "none":
             return None  # nothing to allocate: running the reference here would trace its data
-        return self._fresh_outputs(_probe.meta_outputs(self, args), empty=True, args=args)
+        try:
+            outs = _probe.meta_outputs(self, args)
+        except KernelgraftError:
+            raise
+        except Exception as exc:  # shapes that do not fit: named here, also under torch.compile
+            error = shape_error(self, args, exc)
+            if error is None:
+                raise
+            raise error from exc
+        return self._fresh_outputs(outs, empty=True, args=args)
 
     def _fresh_outputs(self, outs: Any, *, empty: bool, args: tuple) -> Any:
         """Outputs as the op promises them: new, contiguous tensors (None for mutate-only ops)."""
@@ -605,6 +615,11 @@ def op(
     An op that mutates an argument refuses, with an ``InputError``, a call where another tensor
     argument shares memory with the mutated one; ``allow_overlap=True`` declares that its kernels
     handle that (they read each element before writing it, or the overlap is intended).
+    Kernels get dense strided tensors read as stored (``kernelgraft._admit``, on every route: eager,
+    ``torch.ops``, ``op.run``, ``torch.compile``): a view with the negative or conjugate bit
+    (``z.conj()``, ``z.conj().imag``) that the op only reads is materialized first, at the cost of one
+    copy, so the result is the reference's; one it mutates is an ``InputError``, as are sparse, mkldnn,
+    nested and quantized tensors. On meta tensors the op returns its meta function's outputs.
     ``compete`` (default True): the reference itself, eager (``torch:eager``) and under
     ``torch.compile`` (``torch:compile``), competes with the kernels in tuning on CUDA, so a shape
     where PyTorch is faster runs PyTorch (never a PyTorch run that cannot be captured in a CUDA

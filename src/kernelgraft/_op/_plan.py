@@ -18,7 +18,7 @@ from .._errors import KernelgraftError, LaunchError, LaunchOutOfMemoryError, out
 if TYPE_CHECKING:
     from ._operator import KernelOp
 
-__all__ = ["Plan", "kernel_plan", "reference_plan", "torch_plan"]
+__all__ = ["Plan", "kernel_plan", "meta_plan", "reference_plan", "torch_plan"]
 
 Plan = Callable[[tuple], Any]
 _empty = torch.empty
@@ -137,6 +137,18 @@ def reference_plan(op: "KernelOp") -> Plan:
                 raise
             raise _probe.refusal(op, args, _probe.reason(exc)) from exc
         return fresh(out, empty=False, args=args)
+
+    plan.candidate = None  # type: ignore[attr-defined]
+    return plan
+
+
+def meta_plan(op: "KernelOp") -> Plan:
+    """The plan of a call on meta tensors: the meta function's outputs (new, empty, on meta), as
+    ``torch.ops.<ns>.<name>`` gives them; no kernel and no reference runs (there is no data)."""
+    fresh = op._fresh_outputs
+
+    def plan(args: tuple) -> Any:
+        return fresh(op._meta_fn(*args), empty=True, args=args)
 
     plan.candidate = None  # type: ignore[attr-defined]
     return plan

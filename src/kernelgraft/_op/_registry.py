@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .. import _admit
 from .._errors import RegistrationError
 from . import _autograd, _slot
 
@@ -233,6 +234,11 @@ def _define(op: "KernelOp") -> None:
     lib = torch.library.Library(ns, "FRAGMENT")  # the op's definition: destroyed only for a new schema
     try:
         lib.define(f"{name}{op.signature.schema}")
+        # tensors no kernel may read as they are (sparse, nested, negative bit...): refused or
+        # resolved before the name's kernels see them
+        for key, kernel, with_keyset in _admit.dispatcher_kernels(op.name, op.signature.params,
+                                                                  lambda: slot.overload):
+            lib.impl(name, kernel, key, with_keyset=with_keyset)
     except BaseException:
         slot.serve(previous)
         slot.last = last

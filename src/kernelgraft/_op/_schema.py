@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from .. import _admit
 from .._errors import InputError, SpecError, describe
 
 __all__ = ["Param", "Signature", "parse_signature"]
@@ -67,12 +68,20 @@ class Signature:
         return tuple(values)
 
     def check_types(self, op_name: str, args: Sequence[Any]) -> None:
+        """Every argument is of its parameter's kind, and every tensor is one a kernel may read,
+        or will once resolved (``kernelgraft._admit``): an ``InputError`` naming the argument."""
         for param, value in zip(self.params, args):
             if not _matches(param, value):
                 raise InputError(
                     f"{op_name}: argument {param.name!r} expected {param.expected}, "
                     f"got {describe(value)}"
                 )
+        for param, value in zip(self.params, args):
+            if param.kind == "tensor" and value is not None:
+                _admit.check(op_name, param.name, value, param.mutated)
+            elif param.kind == "tensor_list" and value is not None:
+                for i, item in enumerate(value):
+                    _admit.check(op_name, f"{param.name}[{i}]", item, param.mutated)
 
     def tensors(self, args: Sequence[Any]):
         """(name, tensor) for every tensor argument, list elements named ``name[i]``."""

@@ -46,7 +46,8 @@ if ct is not None:
         a = ct.load(x, index=(bid,), shape=(TILE,), padding_mode=ct.PaddingMode.ZERO)
         b = ct.load(y, index=(bid,), shape=(TILE,), padding_mode=ct.PaddingMode.ZERO)
         s = a.astype(ct.float32) + b.astype(ct.float32)
-        ct.store(out, index=(bid,), tile=ct.maximum(s, 0.0).astype(out.dtype))
+        # relu as torch computes it: NaN and -0.0 pass through (ct.maximum drops NaN by default)
+        ct.store(out, index=(bid,), tile=ct.where(s < 0.0, 0.0, s).astype(out.dtype))
 
     def launch_add_relu_cutile(x, y, out, *, TILE):
         n = x.numel()
@@ -100,7 +101,9 @@ if cute is not None:
         i = bidx * BLOCK + tidx
         if i < n:
             s = gX[i].to(cutlass.Float32) + gY[i].to(cutlass.Float32)
-            gO[i] = cute.arch.fmax(s, cutlass.Float32(0.0)).to(gO.element_type)
+            # relu as torch computes it: NaN and -0.0 pass through (fmax would turn NaN into 0)
+            zero = cutlass.Float32(0.0)
+            gO[i] = cutlass.Float32(zero if s < zero else s).to(gO.element_type)
 
     @cute.jit
     def _cute_add_relu(x: cute.Pointer, y: cute.Pointer, out: cute.Pointer, n: cutlass.Int32,

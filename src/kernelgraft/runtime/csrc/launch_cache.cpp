@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "admit.h"
+
 namespace kgrt {
 namespace {
 
@@ -24,6 +26,7 @@ bool signature(const OpEntry& op, c10::ArrayRef<c10::IValue> args, bool cuda, st
       }
       if (!v.isTensor()) return false;
       const at::Tensor& t = v.toTensor();
+      if (unusual(t)) return false;  // the full path refuses it (admit.h)
       if (cuda ? !t.is_cuda() : t.device().type() != c10::kCPU) return false;
       if (have_device && t.device() != *device) return false;
       if (!have_device) {

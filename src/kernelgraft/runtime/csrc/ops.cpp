@@ -1,8 +1,9 @@
 // The runtime's face to PyTorch: torch.ops.kernelgraft.load_bundle(path, key=None, arch=None, allow_native=False)
 // registers every op of a bundle with the dispatcher under its schema, with a CUDA kernel (choose
 // a kernel, allocate outputs, launch the cubin, or call a CuTe DSL library, on the current stream) and a Meta kernel (output
-// shapes, so fake tensors and export work). Errors are c10::Errors naming the op, the argument,
-// what was expected and what came.
+// shapes, so fake tensors and export work), and the admission rule's kernels (admit.h: sparse,
+// nested, quantized tensors refused, negative and conjugate views resolved). Errors are c10::Errors
+// naming the op, the argument, what was expected and what came.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
@@ -18,6 +19,7 @@
 #include <memory>
 #include <mutex>
 
+#include "admit.h"
 #include "bundle.h"
 #include "driver.h"
 #include "launch_cache.h"
@@ -82,6 +84,7 @@ std::vector<ArgView> views(const OpEntry& op, c10::ArrayRef<c10::IValue> args, b
       if (v.isNone()) continue;
       TORCH_CHECK(v.isTensor(), op.qualified, ": argument ", p.name, " must be a Tensor, got ", v.tagKind());
       const at::Tensor& t = v.toTensor();
+      admit(op.qualified, p.name, t);
       if (!meta) {
         TORCH_CHECK(t.is_cuda() || !require_cuda, op.qualified, ": argument ", p.name, " must be a CUDA tensor, got a tensor on ",
                     t.device(), " (the bundle's kernels run on CUDA devices)");
@@ -380,6 +383,7 @@ bool register_op(const std::shared_ptr<Bundle>& bundle, const OpEntry& op) {
             torch::CppFunction::makeFromBoxedFunctor(std::make_unique<CpuKernel>(loaded)));
   lib->impl(op.name.c_str(), c10::DispatchKey::Meta,
             torch::CppFunction::makeFromBoxedFunctor(std::make_unique<MetaKernel>(loaded)));
+  register_admission(*lib, op.qualified, op.name);  // sparse, nested, negative bit...: never as they are
   s.libraries.push_back(std::move(lib));
   s.ops[op.qualified] = loaded;
   return true;
