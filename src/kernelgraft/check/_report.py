@@ -28,7 +28,7 @@ def summarize(report: CheckReport) -> list[dict]:
     for r in report.results:
         row = rows.setdefault(
             (r.op, r.candidate),
-            dict(op=r.op, candidate=r.candidate, passed=0, failed=0, compiled=0, skipped=0, worst=0.0,
+            dict(op=r.op, candidate=r.candidate, passed=0, failed=0, compiled=0, skipped=0, notrun=0, worst=0.0,
                  note=""),
         )
         if r.status == "pass":
@@ -37,13 +37,17 @@ def summarize(report: CheckReport) -> list[dict]:
             row["failed"] += 1
             if row["failed"] == 1:  # the first failure speaks for the row
                 row["note"] = f"{r.sample} ({r.variant}): {r.note}"
+        elif r.status == "notrun":  # never ran: the candidate is not ok
+            row["notrun"] += 1
+            if not row["failed"] and row["notrun"] == 1:
+                row["note"] = f"{r.sample} ({r.variant}): {r.note}"
         elif r.status == "compiled":
             row["compiled"] += 1
-            if not row["failed"] and (not row["note"] or row["note"].startswith("skipped")):
+            if not row["failed"] and not row["notrun"] and (not row["note"] or row["note"].startswith("skipped")):
                 row["note"] = r.note
         else:
             row["skipped"] += 1
-            if not row["note"] and not row["failed"]:
+            if not row["note"] and not row["failed"] and not row["notrun"]:
                 row["note"] = f"skipped: {r.note}"
         if r.tol:
             row["worst"] = max(row["worst"], r.error / r.tol)
@@ -55,6 +59,8 @@ def summarize(report: CheckReport) -> list[dict]:
 def _status(row: dict) -> str:
     if row["failed"]:
         return "[red]FAIL"
+    if row["notrun"]:
+        return "[red]NOT RUN"
     if row["passed"]:
         return "[green]ok"
     if row["compiled"]:
@@ -81,6 +87,8 @@ def render(report: CheckReport, console: Console | None = None) -> None:
     failed = len(report.failures)
     passed = sum(r.status == "pass" for r in report.results)
     compiled = sum(r.status == "compiled" for r in report.results)
-    skipped = len(report.results) - passed - failed - compiled
+    notrun = sum(r.status == "notrun" for r in report.results)
+    failed -= notrun
+    skipped = len(report.results) - passed - failed - compiled - notrun
     console.print(f"checks: {passed} passed, {failed} failed, {compiled} compiled only (cannot run here), "
-                  f"{skipped} skipped")
+                  f"{skipped} skipped" + (f", {notrun} not run" if notrun else ""))
