@@ -64,6 +64,8 @@ def _load_ops(targets: Sequence[str], names: Sequence[str]) -> list[Any]:
 
 
 def worker(conn, ops, targets, names, options: CheckOptions, plans, prepare) -> None:
+    if ops is not None:  # forked: the parent's OpenMP pool did not survive the fork, and a parallel
+        torch.set_num_threads(1)  # torch op (a fill of a guard, a large sample) would wait for it forever
     if prepare is not None:
         prepare()
     try:
