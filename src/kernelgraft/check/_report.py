@@ -25,6 +25,8 @@ def table_console(table: Table | None = None) -> Console:
 
 def summarize(report: CheckReport) -> list[dict]:
     rows: "OrderedDict[tuple[str, str], dict]" = OrderedDict()
+    first: dict[tuple[str, str], str] = {}
+    also: dict[tuple[str, str], dict[str, None]] = {}
     for r in report.results:
         row = rows.setdefault(
             (r.op, r.candidate),
@@ -37,6 +39,9 @@ def summarize(report: CheckReport) -> list[dict]:
             row["failed"] += 1
             if row["failed"] == 1:  # the first failure speaks for the row
                 row["note"] = f"{r.sample} ({r.variant}): {r.note}"
+                first[(r.op, r.candidate)] = r.variant
+            elif r.variant != first.get((r.op, r.candidate)):  # and the other variants it fails are named
+                also.setdefault((r.op, r.candidate), {})[r.variant] = None
         elif r.status == "notrun":  # never ran: the candidate is not ok
             row["notrun"] += 1
             if not row["failed"] and row["notrun"] == 1:
@@ -53,6 +58,13 @@ def summarize(report: CheckReport) -> list[dict]:
             row["worst"] = max(row["worst"], r.error / r.tol)
         elif r.status == "fail" and r.error:
             row["worst"] = float("inf")
+    for key, variants in also.items():
+        names = [v for v in variants if v not in ("contiguous", "noncontiguous")]
+        if names:
+            more = f" and {len(names) - 4} more" if len(names) > 4 else ""
+            note = rows[key]["note"]
+            note = note if len(note) <= 500 else note[:497] + "..."
+            rows[key]["note"] = f"{note} (also fails on: {'; '.join(names[:4])}{more})"
     return list(rows.values())
 
 
@@ -80,7 +92,7 @@ def render(report: CheckReport, console: Console | None = None) -> None:
         table.add_row(
             escape(row["op"]), escape(row["candidate"]), str(row["passed"]), str(row["failed"]),
             str(row["compiled"]), str(row["skipped"]), f"{row['worst']:.3g}", _status(row),
-            escape(row["note"][:700]),
+            escape(row["note"][:900]),
         )
     console = console or table_console(table)
     console.print(table)
