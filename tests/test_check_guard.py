@@ -47,7 +47,18 @@ class _Op:
 
 
 # ------------------------------------------------------------------------------ the rule itself
-def test_every_write_outside_outputs_and_mutated_elements_is_named():
+@pytest.fixture(params=["mapped", "allocated"])
+def buffers(request, monkeypatch):
+    """Host buffers between inaccessible pages, and plain allocations (as on a GPU)."""
+    if request.param == "allocated":
+        def refuse(nbytes):
+            raise OSError("no mapping")
+
+        monkeypatch.setattr(_guard, "_host_buffer", refuse)
+    return request.param
+
+
+def test_every_write_outside_outputs_and_mutated_elements_is_named(buffers):
     x = torch.randn(4, 6)[:, ::2]  # strided: its gaps are guarded too
     call = _guard.Call(_Op, (x, torch.randn(5)), [((3,), torch.float32, torch.device("cpu"))])
     assert call.args[0].stride() == x.stride() and torch.equal(call.args[0], x)
@@ -66,7 +77,7 @@ def test_every_write_outside_outputs_and_mutated_elements_is_named():
         "wrote 8 bytes past output 0")
 
 
-def test_inputs_are_compared_bit_for_bit_nan_payloads_and_signed_zeros_included():
+def test_inputs_are_compared_bit_for_bit_nan_payloads_and_signed_zeros_included(buffers):
     x = torch.tensor([float("nan"), 0.0, 1.0])
     call = _guard.Call(_Op, (x, torch.randn(2)))
     assert torch.equal(call.args[0].view(torch.int32), x.view(torch.int32))
@@ -175,3 +186,24 @@ def test_graft_verification_fails_a_kernel_that_writes_an_input():
     assert torch.equal(k, before)
     _, clean = call_op(ops.zeroing_second, (k_cache, k, slots))  # its default kernel is the correct one
     assert clean is None
+
+
+# ------------------------------------------------------------------------------ on a GPU
+@pytest.mark.gpu
+def test_gpu_check_fails_exactly_the_unmasked_configs_and_a_broadcast_read():
+    report = check_op(ops.row_double, device="cuda", opcheck=False)
+    assert _failing(report) == BAD_ROWS, report.failures
+    assert all("bytes past output 0" in r.note for r in report.failures)
+    rope = check_op(ops.rope, device="cuda", opcheck=False)
+    assert _failing(rope) == {"triton:launch_rope_rows[BLOCK=32]"}
+    assert any(r.variant.startswith("cos broadcast from [1, 32]") for r in rope.failures)
+
+
+@pytest.mark.gpu
+def test_gpu_gate_never_chooses_a_kernel_that_writes_an_input(fresh_tuner):
+    k_cache, k, slots = next(ops.append_samples("cuda"))
+    before = k.clone()
+    with kg.tune("on", timer=_fastest(ZEROING_APPEND)):
+        ops.zeroing_second(k_cache, k, slots)
+    assert torch.equal(k, before)
+    assert kg.tune.decision(ops.zeroing_second, k_cache, k, slots).winner["config"] == GOOD_APPEND

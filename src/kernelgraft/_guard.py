@@ -1,12 +1,12 @@
 """Guarded memory: the rule that a kernel writes its outputs and mutated arguments, and nothing else.
 
 ``kernelgraft check``, the tuner's gate and graft verification run a kernel on a ``Call``: every
-tensor it sees (inputs and outputs) is a copy placed inside a larger buffer whose other bytes hold
-a known pattern (canaries: NaN payloads for floats, so a kernel that reads them computes NaN).
-Strides, values and the data pointer's alignment (modulo 256 bytes) are the original's. After the
-call, ``Call.damage()`` names every byte changed outside an output's or mutated argument's
-elements (past, before, or between the elements of a strided view) and every element changed in
-an input the op does not declare mutated, compared bit for bit (NaN payloads included).
+tensor it sees is a copy placed inside a larger buffer whose other bytes hold a known pattern
+(canaries: NaN payloads for floats, so a kernel that reads them computes NaN), with the original's
+strides, values and data pointer alignment (modulo 256 bytes). After the call ``Call.damage()``
+names every changed canary byte (past, before, or between the elements of a strided view) and every
+element changed in an input the op does not declare mutated, compared bit for bit with the
+original (NaN payloads included).
 
 Guards hold at least one block of the largest integer in the op's configs (a BLOCK, a TILE: an
 unmasked tail store stays inside), at least ``FLOOR`` and at most ``CAP`` bytes. On the CPU each
@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ._verify import poison
+from ._verify import poison, tensors
 
 __all__ = ["FLOOR", "CAP", "block_of", "Region", "Call"]
 
@@ -45,26 +45,17 @@ def block_of(op: Any) -> int:
     return max(values, default=0)
 
 
-def _width(dtype: torch.dtype) -> int:
-    return dtype.itemsize // 2 if dtype.is_complex else dtype.itemsize
-
-
-def _mprotect_none(address: int, size: int) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    if libc.mprotect(address, size, 0) != 0:
-        raise OSError(ctypes.get_errno(), "mprotect failed")
-
-
 def _host_buffer(nbytes: int) -> torch.Tensor:
     """``nbytes`` (rounded up to pages) of host memory between two inaccessible pages."""
     page = mmap.PAGESIZE
     inner = -(-nbytes // page) * page
-    mapping = mmap.mmap(-1, inner + 2 * page)
-    buf = torch.frombuffer(mapping, dtype=torch.uint8, count=inner, offset=page)  # keeps the mapping
-    try:
-        _mprotect_none(buf.data_ptr() - page, page)
-        _mprotect_none(buf.data_ptr() + inner, page)
+    buf = torch.frombuffer(mmap.mmap(-1, inner + 2 * page), dtype=torch.uint8, count=inner, offset=page)
+    try:  # the tensor keeps the mapping alive; unmapping it frees the protected pages too
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        for address in (buf.data_ptr() - page, buf.data_ptr() + inner):
+            if libc.mprotect(address, page, 0) != 0:
+                raise OSError(ctypes.get_errno(), "mprotect failed")
     except (OSError, AttributeError) as exc:  # no mprotect here: the guards alone still catch writes
         log.debug("guard pages unavailable: %s", exc)
     return buf
@@ -79,14 +70,10 @@ def _buffer(nbytes: int, device: torch.device) -> torch.Tensor:
     return torch.empty(nbytes, dtype=torch.uint8, device=device)
 
 
-def _geometry(shape: Sequence[int], strides: Sequence[int]) -> tuple[list[int], list[int]]:
-    """The same bytes without repeats: a stride-0 (expanded) dim counts once."""
-    return [1 if st == 0 else s for s, st in zip(shape, strides)], list(strides)
-
-
 def _bytes(storage: Any, offset: int, shape, strides, itemsize: int, device) -> torch.Tensor:
-    """The elements' bytes, as uint8 of shape (*shape, itemsize), over ``storage`` from byte ``offset``."""
-    shape, strides = _geometry(shape, strides)
+    """The elements' bytes, uint8 of shape (*shape, itemsize), over ``storage`` from byte ``offset``;
+    a stride-0 (expanded) dim counts once."""
+    shape = [1 if st == 0 else s for s, st in zip(shape, strides)]
     view = torch.empty(0, dtype=torch.uint8, device=device)
     return view.set_(storage, offset, (*shape, itemsize), (*[st * itemsize for st in strides], 1))
 
@@ -99,63 +86,65 @@ class Region:
     def __init__(self, name: str, shape: Sequence[int], strides: Sequence[int], dtype: torch.dtype,
                  device: torch.device, *, writable: bool, source: torch.Tensor | None = None,
                  block: int = 0) -> None:
-        self.name, self.writable = name, writable
-        itemsize = dtype.itemsize
+        self.name, self.writable, self.itemsize = name, writable, dtype.itemsize
         self.shape, self.strides = tuple(int(s) for s in shape), tuple(int(s) for s in strides)
-        numel = 1
+        self.numel = 1
         for size in self.shape:
-            numel *= size
-        self.numel = numel
-        span = 0 if numel == 0 else 1 + sum((s - 1) * st for s, st in zip(self.shape, self.strides))
-        self.nbytes = span * itemsize
-        guard = min(CAP, max(FLOOR, block * itemsize))
-        guard = -(-guard // _ALIGN) * _ALIGN
-        misalign = source.data_ptr() % _ALIGN if source is not None and numel else 0
-        self.start = guard + (misalign if misalign % itemsize == 0 else 0)
-        self.buf = _buffer(self.start + self.nbytes + guard, device)
-        kind, value = _CANARY[_width(dtype)]
-        whole = self.buf.numel() // kind.itemsize * kind.itemsize
-        self.buf[:whole].view(kind).fill_(value)
-        self.buf[whole:].fill_(0xA5)
+            self.numel *= size
+        span = 0 if self.numel == 0 else 1 + sum((s - 1) * st for s, st in zip(self.shape, self.strides))
+        self.nbytes = span * self.itemsize
+        guard = -(-min(CAP, max(FLOOR, block * self.itemsize)) // _ALIGN) * _ALIGN
+        misalign = source.data_ptr() % _ALIGN if source is not None and self.numel else 0
+        self.start = guard + (misalign if misalign % self.itemsize == 0 else 0)
+        self.buf = _buffer(-(-(self.start + self.nbytes + guard) // _ALIGN) * _ALIGN, device)
+        self.canary = _CANARY[dtype.itemsize // 2 if dtype.is_complex else dtype.itemsize]
+        self.buf.view(self.canary[0]).fill_(self.canary[1])  # lengths are multiples of 256 bytes
         self.tensor = torch.empty(0, dtype=dtype, device=device).set_(
-            self.buf.untyped_storage(), self.start // itemsize, self.shape, self.strides)
+            self.buf.untyped_storage(), self.start // self.itemsize, self.shape, self.strides)
+        self.source = None
         if source is not None and span:
             source = source.detach().resolve_neg().resolve_conj()
-            src = _bytes(source.untyped_storage(), source.storage_offset() * itemsize, self.shape, self.strides,
-                         itemsize, device)
-            self._elements(self.buf).copy_(src)  # bytes, so NaN payloads and signed zeros survive
+            self.source = _bytes(source.untyped_storage(), source.storage_offset() * self.itemsize, self.shape,
+                                 self.strides, self.itemsize, device)
+            self._elements(self.buf).copy_(self.source)  # bytes: NaN payloads and signed zeros survive
         elif span:
             poison(self.tensor)
-        self.before = self.buf.clone()
+        distinct = self._elements(self.buf).numel() // max(self.itemsize, 1)
+        # a strided view has bytes between its elements: kept to find writes there
+        self.gaps = self.buf[self.start:self.start + self.nbytes].clone() if span and distinct * self.itemsize \
+            != self.nbytes else None
 
-    def _elements(self, buf: torch.Tensor) -> torch.Tensor:
-        return _bytes(buf.untyped_storage(), buf.storage_offset() + self.start, self.shape, self.strides,
-                      self.tensor.dtype.itemsize, buf.device)
+    def _elements(self, buf: torch.Tensor, start: int | None = None) -> torch.Tensor:
+        return _bytes(buf.untyped_storage(), buf.storage_offset() + (self.start if start is None else start),
+                      self.shape, self.strides, self.itemsize, buf.device)
+
+    def _off_canary(self, lo: int, hi: int) -> int:
+        kind, value = self.canary
+        return int((self.buf[lo:hi].view(kind) != value).sum()) if hi > lo else 0
 
     def damage(self) -> list[str]:
         """What the call did to memory it may not write, one phrase each (empty: nothing)."""
-        changed = self.buf != self.before
-        if not bool(changed.any()):
-            return []
-        problems = []
-        if self.nbytes:
-            elements = self._elements(changed)
-            if not self.writable:
-                hit = int(elements.reshape(-1, elements.shape[-1]).any(-1).sum())
-                if hit:
-                    problems.append(f"changed {hit} of {self.numel} elements of {self.name}, which the op does "
-                                    "not declare mutated (mutates_args)")
-            try:
-                elements.fill_(False)
-            except RuntimeError:  # a view whose elements overlap: its whole span counts as elements
-                changed[self.start:self.start + self.nbytes] = False
         end = self.start + self.nbytes
-        before, inside, past = (int(changed[:self.start].sum()), int(changed[self.start:end].sum()),
-                                int(changed[end:].sum()))
+        problems = []
+        if self.source is not None and not self.writable:
+            hit = int((self._elements(self.buf) != self.source).reshape(-1, self.itemsize).any(-1).sum())
+            if hit:
+                problems.append(f"changed {hit} of {self.numel} elements of {self.name}, which the op does not "
+                                "declare mutated (mutates_args)")
+        past, before = self._off_canary(end, self.buf.numel()), self._off_canary(0, self.start)
+        inside = 0
+        if self.gaps is not None:
+            changed = self.buf[self.start:end] != self.gaps
+            try:
+                self._elements(changed, 0).fill_(False)
+            except RuntimeError:  # elements that overlap: the whole span counts as elements
+                changed.fill_(False)
+            inside = int(changed.sum())
+        width = self.canary[0].itemsize  # canary elements were compared: report bytes
         if past:
-            problems.append(f"wrote {past} bytes past {self.name}")
+            problems.append(f"wrote {past * width} bytes past {self.name}")
         if before:
-            problems.append(f"wrote {before} bytes before {self.name}")
+            problems.append(f"wrote {before * width} bytes before {self.name}")
         if inside:
             problems.append(f"wrote {inside} bytes between the elements of {self.name} (its strided view)")
         return problems
@@ -168,13 +157,12 @@ class Call:
 
     def __init__(self, op: Any, args: Sequence[Any], out_specs: Sequence[tuple] = (), *,
                  block: int | None = None) -> None:
-        signature = op.signature
-        mutated = set(signature.mutated)
+        mutated = set(op.signature.mutated)
         block = block_of(op) if block is None else block
         self.regions: list[Region] = []
         self.mutated: list[torch.Tensor] = []
         placed: list[Any] = []
-        for index, (param, value) in enumerate(zip(signature.params, args)):
+        for index, (param, value) in enumerate(zip(op.signature.params, args)):
             writable = index in mutated
             if isinstance(value, torch.Tensor):
                 value = self._place(f"input {param.name!r}", value, writable, block)
@@ -182,14 +170,16 @@ class Call:
                 value = type(value)(self._place(f"input {param.name!r}[{j}]", t, writable, block)
                                     for j, t in enumerate(value))
             if writable:
-                self.mutated.extend([value] if isinstance(value, torch.Tensor) else
-                                    [t for t in value if isinstance(t, torch.Tensor)] if value is not None else [])
+                self.mutated.extend(tensors(value))
             placed.append(value)
         self.args = tuple(placed)
         self.outs = []
         for k, (shape, dtype, device) in enumerate(out_specs):
-            region = Region(f"output {k}", shape, _contiguous(shape), dtype, torch.device(device),
-                            writable=True, block=block)
+            strides, step = [], 1
+            for size in reversed(tuple(shape)):
+                strides.insert(0, step)
+                step *= max(int(size), 1)
+            region = Region(f"output {k}", shape, strides, dtype, torch.device(device), writable=True, block=block)
             self.regions.append(region)
             self.outs.append(region.tensor)
 
@@ -210,11 +200,3 @@ class Call:
         input 'k', which the op does not declare mutated (mutates_args)")."""
         problems = [p for region in self.regions for p in region.damage()]
         return "; ".join(problems) if problems else None
-
-
-def _contiguous(shape: Sequence[int]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for size in reversed(tuple(shape)):
-        strides.append(step)
-        step *= max(int(size), 1)
-    return tuple(reversed(strides))
