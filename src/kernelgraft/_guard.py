@@ -94,9 +94,10 @@ class Region:
         span = 0 if self.numel == 0 else 1 + sum((s - 1) * st for s, st in zip(self.shape, self.strides))
         self.nbytes = span * self.itemsize
         guard = -(-min(CAP, max(FLOOR, block * self.itemsize)) // _ALIGN) * _ALIGN
-        misalign = source.data_ptr() % _ALIGN if source is not None and self.numel else 0
-        self.start = guard + (misalign if misalign % self.itemsize == 0 else 0)
-        self.buf = _buffer(-(-(self.start + self.nbytes + guard) // _ALIGN) * _ALIGN, device)
+        self.buf = _buffer(-(-(2 * guard + _ALIGN + self.nbytes) // _ALIGN) * _ALIGN, device)
+        want = source.data_ptr() if source is not None and self.numel else 0  # the address modulo _ALIGN
+        shift = (want - self.buf.data_ptr()) % _ALIGN
+        self.start = guard + (shift if shift % self.itemsize == 0 else 0)
         self.canary = _CANARY[dtype.itemsize // 2 if dtype.is_complex else dtype.itemsize]
         self.buf.view(self.canary[0]).fill_(self.canary[1])  # lengths are multiples of 256 bytes
         self.tensor = torch.empty(0, dtype=dtype, device=device).set_(

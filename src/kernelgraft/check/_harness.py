@@ -115,7 +115,7 @@ def _units(op: Any, samples: list[tuple], options: CheckOptions) -> list[tuple[i
     return units
 
 
-def _steps_of(op, index: int, variant: str, candidates, options: CheckOptions) -> list[Key]:
+def _steps_of(index: int, variant: str, candidates, options: CheckOptions) -> list[Key]:
     keys = [(index, variant, c.label, RUN) for c in candidates]
     if any(c.supported for c in candidates) or variant == "contiguous":
         keys.append((index, variant, "meta", RUN))
@@ -173,7 +173,7 @@ def iter_check(
             yield setup, Result(op.name, "-", sample, variant, "fail", note=_steps.exception_note(exc))
             continue
         by_label = {c.label: c for c in candidates}
-        keys = [k for k in _steps_of(op, index, variant, candidates, options) if plan.wants(k)]
+        keys = [k for k in _steps_of(index, variant, candidates, options) if plan.wants(k)]
         now = [k for k in keys if k[3] == RUN and k[2] not in ("opcheck", "trace")]
         alone = plan.only is not None and setup in plan.only  # the reference step re-run by itself
         if now or alone:

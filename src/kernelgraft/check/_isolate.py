@@ -54,6 +54,7 @@ class _OpState:
     done: set[Key] = dataclasses.field(default_factory=set)
     excluded: set[str] = dataclasses.field(default_factory=set)
     planned: dict[Key, tuple[str, str]] = dataclasses.field(default_factory=dict)  # -> (sample, variant)
+    crashes: dict[Key, int] = dataclasses.field(default_factory=dict)  # crashes no step repeats alone
     finished: bool = False
     started: bool = False
     results: list[Result] = dataclasses.field(default_factory=list)
@@ -276,7 +277,11 @@ class _Runner:
             f"earlier candidate crashes alone: a kernel of this op may corrupt memory without crashing{_HINT}"))
         state.results.append(row)
         self.events.result(row)
-        state.done.add(key)
+        state.crashes[key] = state.crashes.get(key, 0) + 1
+        if key in state.done or (label == "reference" and state.crashes[key] < 2):
+            return None  # it ran to its end alone, or the next worker runs it again (once)
+        self._record(index, key, Result(name, label, sample, variant, "notrun", note=(
+            f"not run to its end: the check process died on it ({how}), and it does not crash alone{_HINT}")))
 
     def _crashed(self, index: int, key: Key, what: str) -> None:
         """``key``'s candidate is the culprit: a failure row, and no more runs of it."""
