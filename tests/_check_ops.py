@@ -140,3 +140,22 @@ def append_op(name, *configs):
 zeroing_alone = append_op("kgguard::zeroing_alone", ZEROING_APPEND)
 zeroing_first = append_op("kgguard::zeroing_first", ZEROING_APPEND, GOOD_APPEND)
 zeroing_second = append_op("kgguard::zeroing_second", GOOD_APPEND, ZEROING_APPEND)
+
+
+# ------------------------------------------------------------------------------ a written input, no mutation declared
+@triton.jit
+def _double_then_zero(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, x * 2.0, mask=mask)
+    tl.store(x_ptr + offs, tl.zeros_like(x), mask=mask)  # the bug: x is not the op's to write
+
+
+def launch_double_then_zero(x, out, *, BLOCK):
+    _double_then_zero[(triton.cdiv(x.numel(), BLOCK),)](x, out, x.numel(), BLOCK=BLOCK)
+
+
+@kg.op("kgguard::double_zeroing", impls=[kg.triton(launch_double_then_zero, configs=[{"BLOCK": 64}])])
+def double_zeroing(x: torch.Tensor) -> torch.Tensor:
+    return x * 2

@@ -188,6 +188,21 @@ def test_graft_verification_fails_a_kernel_that_writes_an_input():
     assert clean is None
 
 
+def test_graft_refuses_a_match_whose_kernel_writes_an_input():
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x * 2)
+
+    x = torch.randn(3, 4)
+    ep = torch.export.export(Model(), (x,))
+    with pytest.warns(kg.GraftWarning, match="matched nothing"):
+        report = kg.graft(ep, pattern=lambda t: t * 2, replacement=ops.double_zeroing, example_inputs=(x,),
+                          pattern_inputs=(torch.randn(3, 4),))
+    assert report.count == 0
+    assert ("kgguard::double_zeroing writes memory that is not its own at ranks 2, float32 with "
+            "['float32[3, 4]']: changed 12 of 12 elements of input 'x'") in report.reason
+
+
 # ------------------------------------------------------------------------------ on a GPU
 @pytest.mark.gpu
 def test_gpu_check_fails_exactly_the_unmasked_configs_and_a_broadcast_read():
