@@ -3,13 +3,15 @@ without it the first supported candidate runs."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ._candidates import Candidate
 
-__all__ = ["choose", "set_chooser", "epoch", "bump_epoch", "provisional", "take_provisional"]
+__all__ = ["choose", "set_chooser", "epoch", "bump_epoch", "provisional", "take_provisional", "pinned"]
 
 Chooser = Callable[[Any, Sequence[Candidate], tuple], Candidate]
 
@@ -30,10 +32,38 @@ _epoch = [0]
 _local = threading.local()
 
 
-def choose(op: Any, candidates: Sequence[Candidate], args: tuple) -> Candidate:
-    """The chooser's pick; read ``take_provisional()`` right after (nested ops choose in between)."""
+# (op, candidate or None) pinned for this thread or task; see ``pinned``.
+_pin: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("kernelgraft_pin", default=None)
+
+
+def choose(op: Any, candidates: Sequence[Candidate], args: tuple) -> Candidate | None:
+    """The chooser's pick (None: the reference); read ``take_provisional()`` right after
+    (nested ops choose in between)."""
     _local.until = None
-    return _chooser(op, candidates, args)
+    pin = _pin.get()
+    if pin is None or pin[0] is not op:
+        return _chooser(op, candidates, args)
+    want = pin[1]
+    chosen = None if want is None else next(
+        (c for c in candidates if c.index == want.index and c.config == want.config), None)
+    if want is not None and chosen is None:  # it does not take this call: what the op would run
+        chosen = _chooser(op, candidates, args)
+    _local.until = 0.0  # a pinned plan serves this call only: the op keeps none
+    return chosen
+
+
+@contextlib.contextmanager
+def pinned(op: Any, candidate: Candidate | None) -> Iterator[None]:
+    """Inside the block, on this thread or task, a call of ``op`` that plans runs ``candidate``
+    (the reference when None) wherever that candidate supports the call. For checks that reach
+    the op only through ``torch.ops`` (``torch.library.opcheck``, tracing) and must see each
+    candidate. Plans made under the pin are not kept; a plan kept from before the block still
+    serves its signature, so call ``op.dispatcher.reset()`` inside the block first."""
+    token = _pin.set((op, candidate))
+    try:
+        yield
+    finally:
+        _pin.reset(token)
 
 
 def provisional(until: float = 0.0) -> None:

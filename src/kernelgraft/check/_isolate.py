@@ -18,9 +18,15 @@ context unusable is caught in the worker: it reports the candidate and exits, so
 candidate gets a fresh context.
 
 Blame is checked, not assumed: memory corrupted by one kernel may bring the process down only in
-a later step. So the step the worker died on is re-run alone in a fresh worker first; if it
-survives there, each candidate that ran before it in the dead worker (same op) is re-run alone,
-one per worker, and the one that dies is named. Only a crash pays for this.
+a later step (guarded memory catches an overrun of its guards, but not a wild store). So the step
+the worker died on is re-run alone in a fresh worker first, the reference's step too (it runs the
+reference, the op's meta and ``supports`` functions, never a kernel); if it survives there, each
+candidate that ran before it in the dead worker (same op) is re-run alone with that step after it,
+one per worker, and the one that dies is named. A crash that no step reproduces alone is the op's
+failure, charged to no candidate. Only a crash pays for this.
+
+Verdicts are honest: the steps a worker announced for a variant and that never ran (the op's
+check ended early) are "notrun" rows, so a candidate is ``ok`` only if every step of it ran.
 """
 
 from __future__ import annotations
@@ -47,12 +53,16 @@ class _OpState:
 
     done: set[Key] = dataclasses.field(default_factory=set)
     excluded: set[str] = dataclasses.field(default_factory=set)
+    planned: dict[Key, tuple[str, str]] = dataclasses.field(default_factory=dict)  # -> (sample, variant)
+    crashes: dict[Key, int] = dataclasses.field(default_factory=dict)  # crashes no step repeats alone
     finished: bool = False
     started: bool = False
     results: list[Result] = dataclasses.field(default_factory=list)
 
     def plan(self, only: Iterable[Key] | None = None) -> Plan:
-        return Plan(frozenset(self.done), frozenset(self.excluded), None if only is None else frozenset(only))
+        failed = frozenset(r.candidate for r in self.results if r.status == "fail")
+        return Plan(frozenset(self.done), frozenset(self.excluded), None if only is None else frozenset(only),
+                    failed)
 
 
 @dataclasses.dataclass
@@ -90,6 +100,7 @@ def _how(exitcode: int | None) -> str:
     return f"exit status {exitcode}"
 
 
+_OWN = ("reference", "meta", "opcheck", "trace", "-")  # steps that are not a candidate's
 _HINT = "; rerun with --no-isolate (or check_op(isolate=False)) to debug it in process"
 
 
@@ -140,6 +151,10 @@ class _Runner:
                 if record and not state.started:
                     state.started = True
                     self.events.op_started(self.names[out.current], out.current, len(self.ops))
+            elif kind == "planned":
+                if record:
+                    for key in message[1]:
+                        self.states[out.current].planned[key] = (message[2], message[3])
             elif kind == "step":
                 out.step = message[1:]
                 self.where[message[1]] = message[2:]
@@ -170,9 +185,18 @@ class _Runner:
         self.events.result(result)
 
     def _finish(self, index: int) -> None:
-        if not self.states[index].finished:
-            self.states[index].finished = True
-            self.events.op_finished(self.names[index], self.states[index].results)
+        """The op's check is over: a step announced and never run is a "notrun" row (its candidate
+        is not ok), except for candidates already failed (their row says what stopped them)."""
+        state = self.states[index]
+        if state.finished:
+            return
+        failed = {r.candidate for r in state.results if r.status == "fail"}
+        for key, (sample, variant) in state.planned.items():
+            if key not in state.done and key[2] not in failed:
+                self._record(index, key, Result(self.names[index], key[2], sample, variant, "notrun", note=(
+                    "not run: the check of this op ended before this step (see its other rows)")))
+        state.finished = True
+        self.events.op_finished(self.names[index], state.results)
 
     def _alone(self, index: int, keys: Iterable[Key], record: bool) -> _Session:
         plans: list[Plan | None] = [None] * len(self.ops)
@@ -206,8 +230,8 @@ class _Runner:
                 self._finish(index)
 
     def _blame(self, out: _Session) -> None:
-        """The worker died in op ``out.current`` during ``out.step``: name the culprit in a row
-        and make sure the next worker does not run it again."""
+        """The worker died in op ``out.current`` during ``out.step``: find the step that crashes
+        alone and charge it, and make sure the next worker does not run it again."""
         index, how = out.current, out.how()
         name, state = self.names[index], self.states[index]
         if out.step is None:
@@ -216,19 +240,23 @@ class _Runner:
             return self._finish(index)
         key, sample, variant = out.step
         label = key[2]
-        if key == SAMPLES_KEY or label == "reference":  # every later sample would run it again
-            what = "sample_inputs" if key == SAMPLES_KEY else "the reference (or the op's meta or supports functions)"
-            self._record(index, key, Result(name, "-" if key == SAMPLES_KEY else "reference", sample, variant,
-                                            "fail", float("inf"),
-                                            note=f"{what} {out.verb()} the check process ({how}){_HINT}"))
+        if key == SAMPLES_KEY:  # nothing of the op can run without its samples
+            self._record(index, key, Result(name, "-", sample, variant, "fail", float("inf"), note=(
+                f"sample_inputs (or deriving inputs from its samples) {out.verb()} the check process "
+                f"({how}){_HINT}")))
             return self._finish(index)
         again = self._alone(index, [key], record=True)
         if again.died and again.step is not None and again.step[0] == key:
+            if label == "reference":  # no kernel runs in this step: the op's own code crashed
+                self._record(index, key, Result(name, "reference", sample, variant, "fail", float("inf"), note=(
+                    f"the reference (or the op's meta or supports functions) {again.verb()} the check process "
+                    f"({again.how()}), again when run alone in a fresh process{_HINT}")))
+                return None
             return self._crashed(index, key, f"{again.verb()} the check process ({again.how()}), again when "
                                              "run alone in a fresh process")
         # It survives alone: an earlier step of the dead worker corrupted memory and this one tripped
         # over it. Re-run each earlier candidate of the op with this step after it, one per worker.
-        earlier = [k for k in out.ran.get(index, []) if k[2] != label]
+        earlier = [k for k in out.ran.get(index, []) if k[2] != label and k[2] not in _OWN]
         for suspect in dict.fromkeys(k[2] for k in earlier):
             keys = [k for k in earlier if k[2] == suspect]
             trial = self._alone(index, keys + [key], record=False)
@@ -242,11 +270,18 @@ class _Runner:
                 f"corrupts memory: the check process died ({how}) later, on {label} {sample} ({variant}), "
                 f"and again ({trial.how()}) when only this candidate and that step ran in a fresh "
                 "process"))
-        if key not in state.done:  # not reported by the re-run either: the step is the op's failure
-            self._record(index, key, Result(name, label, sample, variant, "fail", float("inf"), note=(
-                f"the check process died ({how}) on this step, but neither it nor an earlier candidate "
-                f"crashes alone: a kernel of this op may corrupt memory without crashing{_HINT}")))
-            state.excluded.add(label)
+        # Nothing crashes alone: charged to no candidate, and the check goes on (what ran before
+        # the crash is done, so the next worker does not repeat that sequence).
+        row = Result(name, "-", sample, variant, "fail", float("inf"), note=(
+            f"the check process died ({how}) on {label} {sample} ({variant}), but neither that step nor an "
+            f"earlier candidate crashes alone: a kernel of this op may corrupt memory without crashing{_HINT}"))
+        state.results.append(row)
+        self.events.result(row)
+        state.crashes[key] = state.crashes.get(key, 0) + 1
+        if key in state.done or (label == "reference" and state.crashes[key] < 2):
+            return None  # it ran to its end alone, or the next worker runs it again (once)
+        self._record(index, key, Result(name, label, sample, variant, "notrun", note=(
+            f"not run to its end: the check process died on it ({how}), and it does not crash alone{_HINT}")))
 
     def _crashed(self, index: int, key: Key, what: str) -> None:
         """``key``'s candidate is the culprit: a failure row, and no more runs of it."""

@@ -36,6 +36,8 @@ def _counts(results: Sequence[Result]) -> str:
         text += f", {status.count('compiled')} compiled only"
     if status.count("skip"):
         text += f", {status.count('skip')} skipped"
+    if status.count("notrun"):
+        text += f", {status.count('notrun')} not run"
     return text
 
 

@@ -1,6 +1,7 @@
 """The worker side of isolated checks (``_isolate.py`` is the parent's): checks ops in its own
-process and streams what it does over a pipe: ("op", index) as it starts an op, ("step", key,
-sample, variant) before each step that runs user code, ("result", key, Result) after it,
+process and streams what it does over a pipe: ("op", index) as it starts an op, ("planned", keys,
+sample, variant) once a variant's steps are known, ("step", key, sample, variant) before each step
+that runs user code, ("result", key, Result) after it,
 ("op_done", index), and ("lost", key) or ("error", traceback) before it ends early."""
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ def _load_ops(targets: Sequence[str], names: Sequence[str]) -> list[Any]:
 
 
 def worker(conn, ops, targets, names, options: CheckOptions, plans, prepare) -> None:
+    if ops is not None:  # forked: the parent's OpenMP pool did not survive the fork, and a parallel
+        torch.set_num_threads(1)  # torch op (a fill of a guard, a large sample) would wait for it forever
     if prepare is not None:
         prepare()
     try:
@@ -73,9 +76,10 @@ def worker(conn, ops, targets, names, options: CheckOptions, plans, prepare) -> 
                 continue
             conn.send(("op", index))
             steps = iter_check(op, options, plan=plan,
-                               announce=lambda key, sample, variant: conn.send(("step", key, sample, variant)))
+                               announce=lambda key, sample, variant: conn.send(("step", key, sample, variant)),
+                               planned=lambda keys, sample, variant: conn.send(("planned", keys, sample, variant)))
             for key, result in steps:
-                if result.status == "fail" and key[2] not in ("meta", "opcheck") and _context_lost():
+                if result.status == "fail" and key[2] not in ("meta", "opcheck", "trace") and _context_lost():
                     note = (f"{result.note}; this left the CUDA context unusable: its remaining samples "
                             "were not run, the check went on in a fresh process")
                     conn.send(("result", key, dataclasses.replace(result, note=note)))

@@ -11,7 +11,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("target", nargs="+", help="a .py file or module defining ops (several allowed)")
     parser.add_argument("--op", action="append", help="only ops whose name contains this (repeatable)")
     parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
-    parser.add_argument("--no-opcheck", action="store_true", help="skip torch.library.opcheck")
+    parser.add_argument("--no-opcheck", action="store_true",
+                        help="skip torch's checks of the registration: torch.library.opcheck (over the op and "
+                             "each candidate) and tracing under torch.compile and torch.export")
     parser.add_argument("--no-isolate", action="store_true",
                         help="run the kernels in this process (for a debugger); by default they run in a "
                              "child process, so one that crashes it is reported as that candidate's failure")

@@ -8,7 +8,9 @@ both sides are native-precision computations. Outputs may be nested (tuples, dic
 8 bits, or a ``{dtype: rtol}`` dict (0 means bit-exact).
 
 The grafted side runs under ``kernels_only()``: what is checked is a kernel, never the reference
-compared with itself.
+compared with itself. An op called on its own (``call_op``) runs on guarded copies of its
+arguments: a kernel that writes an input the op does not declare mutated, or past one, fails the
+verification by the rule ``kernelgraft check`` and the tuner's gate apply (``kernelgraft._guard``).
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ from typing import Any
 
 import torch
 
-from .. import _verify
+from .. import _guard, _verify
 from .._errors import SpecError, describe
 
-__all__ = ["check_override", "tolerances", "compare", "clone_inputs", "kernels_only"]
+__all__ = ["check_override", "tolerances", "compare", "clone_inputs", "kernels_only", "call_op"]
 
 _WIDE = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128)
 
@@ -86,3 +88,15 @@ def kernels_only() -> Any:
     from ..tune._modes import tune
 
     return tune("off", compete=False)
+
+
+def call_op(op: Any, args: Any) -> tuple[Any, str | None]:
+    """``op(*args)`` under ``kernels_only()`` on guarded copies of ``args``: what it returned, and
+    None, or what it wrote outside its outputs and mutated arguments ("changed 8 of 64 elements of
+    input 'k', which the op does not declare mutated (mutates_args)")."""
+    call = _guard.Call(op, args)
+    with kernels_only():
+        got = op(*call.args)
+    for device in {t.device for t in _verify.tensors(call.args)}:
+        _verify.sync(device)
+    return got, call.damage()

@@ -2,8 +2,10 @@
 
 The judging is the oracle's (``kernelgraft._verify``), the one ``kernelgraft check`` uses, with the
 op's ``tolerances``: a candidate ``check`` fails on these inputs is never chosen. The reference runs
-once per key (``expected``); each candidate then runs on the tuning inputs with poisoned outputs,
-so an element it never writes cannot pass by reusing a previous candidate's memory (``judge``).
+once per key (``expected``); each candidate then runs on guarded copies of the tuning inputs with
+poisoned outputs (``kernelgraft._guard.Call``): an element it never writes cannot pass by reusing a
+previous candidate's memory, and a candidate that writes past an output or into an input the op
+does not declare mutated is never chosen (``judge``), nor does it touch the caller's tensors.
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ from typing import Any
 
 import torch
 
-from .. import _verify
+from .. import _guard, _verify
 from .._errors import out_of_memory
 
-__all__ = ["expected", "judge", "classify_error"]
+__all__ = ["expected", "guarded", "judge", "classify_error"]
 
 
 def expected(op: Any, args: Sequence[Any]) -> _verify.Reference:
@@ -25,9 +27,19 @@ def expected(op: Any, args: Sequence[Any]) -> _verify.Reference:
     return _verify.reference(op, args)
 
 
-def judge(op: Any, ref: _verify.Reference, outs: Sequence[torch.Tensor], args: Sequence[Any]) -> str | None:
-    """None when a candidate's ``outs`` and the mutated ``args`` it was run on match ``ref``,
-    else why not (the output, the worst element, got, expected, the error and the tolerance)."""
+def guarded(op: Any, args: Sequence[Any], outs: Sequence[torch.Tensor] = ()) -> _guard.Call:
+    """Guarded copies of ``args`` and outputs shaped like ``outs``, for one gate run."""
+    return _guard.Call(op, args, [(tuple(o.shape), o.dtype, o.device) for o in outs])
+
+
+def judge(op: Any, ref: _verify.Reference, outs: Sequence[torch.Tensor], args: Sequence[Any],
+          call: _guard.Call | None = None) -> str | None:
+    """None when a candidate's ``outs`` and the mutated ``args`` it was run on match ``ref`` and,
+    run on ``call``, it wrote nothing else; else why not (what it wrote where it may not; the
+    output, the worst element, got, expected, the error and the tolerance)."""
+    damage = call.damage() if call is not None else None
+    if damage is not None:
+        return f"writes memory that is not its own: {damage}"
     produced = list(outs)
     for index in op.signature.mutated:
         produced.extend(_verify.tensors(args[index]))

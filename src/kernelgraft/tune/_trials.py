@@ -17,9 +17,11 @@ shapes; both runs are in benchmarks/results/2026-11-30-h200-2/. With the warm-up
 and two finalists the sweep chose the best config on all 22 shapes: benchmarks/results/
 2026-11-30-h200-3/).
 
-The caller's tensors are never written: mutating ops get private copies, restored from a pristine
-copy before every launch. Outputs are preallocated (poisoned for the gate run), so timing sees
-the kernel, not the allocator.
+The caller's tensors are never written: the gate runs each kernel on guarded copies
+(``_gate.guarded``), and the kernels it passes write only their outputs and mutated arguments;
+mutating ops get private copies for timing, restored from a pristine copy before every launch.
+Outputs are preallocated (poisoned and guarded for the gate run), so timing sees the kernel, not
+the allocator.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from .. import _verify
 from .._errors import out_of_memory
 from .._op import _compete
 from .._timing import on_device
-from ._gate import classify_error, expected, judge
+from ._gate import classify_error, expected, guarded, judge
 from ._timing import CaptureRefused, Trial, cuda_timer
 
 __all__ = ["Result", "run_trials"]
@@ -242,14 +244,15 @@ def _gate(op, cand, own, outs, restore, reference, device) -> Result | Trial:
         return Result(cand, kind=classify_error(exc.__cause__ or exc), reason=f"{type(exc).__name__}: {exc}")
     if restore is not None:
         restore(0)
-    gate_outs = [_verify.poisoned(o.shape, o.dtype, o.device) for o in outs]
     try:
-        runner(*own, *gate_outs)
+        call = guarded(op, own, outs)  # the caller's tensors are never what a kernel on trial writes
+        runner(*call.args, *call.outs)
         _verify.sync(device)
     except Exception as exc:
         kind = classify_error(exc)
         return Result(cand, kind=kind, reason=f"{kind} error: {type(exc).__name__}: {str(exc)[:500]}")
-    why = judge(op, reference, gate_outs, own)
+    why = judge(op, reference, call.outs, call.args, call)
+    del call
     if why is not None:
         return Result(cand, kind="wrong", reason=why)
 
@@ -268,6 +271,9 @@ def _gate_torch(op, cand, call, own, restore, reference, device) -> Result | Tri
     failed = op.dispatcher.compile_state.error if cand.impl.name == "compile" else None
     if failed is not None:  # Dynamo refused this reference before: found once, not retried per shape
         return Result(cand, kind="compile", reason=failed)
+    # No guarded copies here: this candidate is the reference itself (what the op's declaration
+    # says it writes), and a compiled one specializes on its inputs' layout, storage offsets
+    # included, so it is compiled on the very tensors it is then timed on.
     try:
         got = fresh(call(*own), empty=False, args=args)
         _verify.sync(device)
