@@ -46,6 +46,8 @@ def _param_entry(p) -> dict:
     import inspect
 
     default = None if p.default is inspect.Parameter.empty else p.default
+    if isinstance(default, torch.dtype):  # by name, as the schema writes it (the bundle spec's dtypes)
+        default = str(default).removeprefix("torch.")
     if not isinstance(default, (int, float, bool, str, type(None))):
         default = None
     return {"name": p.name, "kind": p.kind, "optional": p.optional, "mutated": p.mutated,
