@@ -49,8 +49,8 @@
 // every file it reads (manifest, signature, binaries, each file once) to TOTAL_BYTES.
 KG_LIMIT(MANIFEST_BYTES, 33554432)
 KG_LIMIT(SIGNATURE_BYTES, 4194304)
-KG_LIMIT(FILE_BYTES, 67108864)
-KG_LIMIT(TOTAL_BYTES, 268435456)
+KG_LIMIT(FILE_BYTES, 33554432)
+KG_LIMIT(TOTAL_BYTES, 134217728)
 // Counts. JSON_DEPTH: containers nested in manifest.json and signature.json (the top level is 1).
 KG_LIMIT(FILES, 16384)
 KG_LIMIT(JSON_DEPTH, 32)
