@@ -24,6 +24,7 @@ import torch
 
 from .._errors import BundleError
 from . import _cuda_aot, _cutedsl_aot, _cutile_aot, _manifest, _triton_aot
+from ._bundle_check import check_manifest
 from ._expr import Unsupported
 from ._program import decision_table, kernel_program, key_label, meta_rules, read_decisions, tuned_entries
 from ._sign import SIGNATURE, load_key, sign_bundle
@@ -143,6 +144,8 @@ def build_bundle(
         "toolchain": {"kernelgraft": __version__, **toolchain},
         "build_seconds": round(time.perf_counter() - started, 2), "ops": manifest_ops,
     }
+    # what the loaders will hold it to: a bundle this build cannot load fails here, naming the field
+    check_manifest(json.loads(json.dumps(manifest)), f"bundle {out}: manifest.json")
     _manifest.write(out, manifest)
     signature = out / SIGNATURE
     if sign is not None:

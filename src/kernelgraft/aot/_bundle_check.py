@@ -19,6 +19,7 @@ from typing import Any
 from .._errors import BundleError
 from ._bundle_spec import (IDENTIFIER, _kind_of, check_param_name, default_text, limit, parse_schema,
                            returns_text, split_op_name, table)
+from ._program import meta_rules
 from ._rpn import BINARY, EvalError, compile_rpn, evaluate
 
 __all__ = ["check_manifest"]
@@ -479,8 +480,6 @@ def _programs(w: _Walk, prog: dict, path: str, params: list[str], guards: list[s
 
 
 def _meta(w: _Walk, meta: list, candidates: list, path: str) -> None:
-    from ._program import meta_rules
-
     want = meta_rules(candidates)
     dump = lambda v: json.dumps(v, sort_keys=True)  # noqa: E731  (1 == True == 1.0 in Python, not in JSON)
     if len(meta) != len(want) or any(dump(a) != dump(b) for a, b in zip(meta, want)):

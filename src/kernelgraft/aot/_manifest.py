@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import BundleError
+from ._bundle_check import check_manifest
 from ._bundle_spec import limit, loads, table
 
 __all__ = ["FORMAT", "VERSION", "PINNED_VERSION", "READS", "Reads", "write", "read", "parse", "store_binary",
@@ -174,8 +175,6 @@ def write(root: Path, manifest: dict) -> Path:
 def read(root: str | Path, text: bytes | None = None, reads: Reads | None = None) -> dict[str, Any]:
     """The manifest of a bundle directory (or its bytes ``text``, already read and verified by the
     caller), checked for format, version and checksum, then held to the bundle spec."""
-    from ._bundle_check import check_manifest
-
     if text is None:
         if not (Path(root) / "manifest.json").exists() and not (Path(root) / "manifest.json").is_symlink():
             raise BundleError(f"bundle {root}: no manifest.json; build one with "
