@@ -29,7 +29,10 @@ def so() -> Path:
 
 def variant(bundle: Path, dst: Path, namespace: str, edit=None, edit_op=None) -> Path:
     """A copy of ``bundle`` whose ops live in ``namespace``, edited by ``edit(manifest)`` and/or
-    ``edit_op(op_entry)``, with a valid checksum (what a careless edit that recomputes it looks like)."""
+    ``edit_op(op_entry)``, with its output rules derived again from its kernels and a valid checksum
+    (what a careless edit that recomputes them looks like)."""
+    from kernelgraft.aot._program import meta_rules
+
     shutil.copytree(bundle, dst)
     manifest = _manifest.read(dst)
     for op in manifest["ops"]:
@@ -38,6 +41,9 @@ def variant(bundle: Path, dst: Path, namespace: str, edit=None, edit_op=None) ->
             edit_op(op)
     if edit is not None:
         edit(manifest)
+    for op in manifest["ops"]:
+        if "meta" in op:
+            op["meta"] = meta_rules(op["candidates"])
     _manifest.write(dst, manifest)
     return dst
 

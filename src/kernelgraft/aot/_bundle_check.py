@@ -138,7 +138,8 @@ class _Walk:
                 if type(token[1]) not in (int, float):
                     self.fail(at, "is not [\"float\", NUMBER]")
             elif tag in ("size", "arg"):
-                self.integer(token[1], at, 0, n_inputs - 1)
+                if type(token[1]) is not int or not 0 <= token[1] < n_inputs:
+                    self.fail(at, f"input {str(token[1])[:20]} is out of range (the op has {n_inputs})")
                 if tag == "size":
                     self.integer(token[2], at, 0, limit("DIMS") - 1)
                 constant = False
@@ -407,7 +408,7 @@ def _images(w: _Walk, images: dict, path: str) -> None:
         image = w.obj(image, at)
         file = w.string(w.field(image, "file", at), f"{at}.file", "NAME_CHARS")
         if not _FILE.match(file):
-            w.fail(f"{at}.file", f"{file[:80]!r} is not a file of the bundle's bin/")
+            w.fail(f"{at}.file", f"{file[:80]!r} is outside the bundle's bin/ (or not a file name)")
         digest = w.field(image, "sha256", at)
         if not isinstance(digest, str) or not _SHA256.match(digest):
             w.fail(f"{at}.sha256", "is not a sha256 in hex")

@@ -248,7 +248,9 @@ class Walk {
       } else if (tag == "float") {
         if (!t[1].is<double>()) fail(at, "is not [\"float\", NUMBER]");
       } else if (tag == "size" || tag == "arg") {
-        integer(t[1], at, 0, static_cast<int64_t>(n_inputs) - 1);
+        if (!t[1].is<int64_t>() || t[1].get<int64_t>() < 0 || t[1].get<int64_t>() >= static_cast<int64_t>(n_inputs))
+          fail(at, "input " + (t[1].is<int64_t>() ? std::to_string(t[1].get<int64_t>()) : kind_of(t[1])) +
+                       " is out of range (the op has " + std::to_string(n_inputs) + ")");
         if (tag == "size") integer(t[2], at, 0, DIMS - 1);
         constant = false;
       } else if (tag == "op") {
@@ -478,7 +480,7 @@ void check_images(const Walk& w, const picojson::object& images, const std::stri
     w.one_of(Json(kv.first), at, set_of(kImageKinds));
     const auto& image = w.obj(kv.second, at);
     const std::string& file = w.string(w.field(image, "file", at), at + ".file", NAME_CHARS, "NAME_CHARS");
-    if (!bin_file(file)) w.fail(at + ".file", quoted(file) + " is not a file of the bundle's bin/");
+    if (!bin_file(file)) w.fail(at + ".file", quoted(file) + " is outside the bundle's bin/ (or not a file name)");
     const Json& digest = w.field(image, "sha256", at);
     if (!digest.is<std::string>() || !sha256_hex(digest.get<std::string>())) w.fail(at + ".sha256", "is not a sha256 in hex");
     w.integer(w.field(image, "bytes", at), at + ".bytes", 0, FILE_BYTES);
