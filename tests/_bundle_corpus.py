@@ -8,9 +8,8 @@ isolation: a case that kills its child is reported as ``crash`` and the others s
 returns per case ``(verdict, message, seconds)``. ``tests/test_bundle_verdicts.py`` asserts on the
 verdicts; ``benchmarks/bench_bundle_verdicts.py`` prints the times.
 
-Edits that change an expression change its text and its program together (``set_expr``) and
-re-derive the op's output rules (``resum``): what someone who recomputes every unkeyed sum does.
-"""
+Edits change an expression's text and program together (``set_expr``) and re-derive the op's output
+rules (``resum``): what someone who recomputes every unkeyed sum does."""
 
 from __future__ import annotations
 
@@ -28,16 +27,11 @@ from kernelgraft.aot._program import meta_rules
 from kernelgraft.aot._rpn import compile_rpn
 from kernelgraft.aot._sign import SIGNATURE
 
+from _aot_helpers import EXAMPLES, env
+
 KEY = b"kernelgraft-test-key-0123456789abcdef"
-EXAMPLES = ("kernelgraft.examples.add_relu", "kernelgraft.examples.rmsnorm")
 LOADED = "loaded"
 _HANG_GUARD_S = 60  # per case: a generous bound on a child that hangs, not a measure of speed
-
-
-def env() -> dict:
-    out = dict(os.environ)
-    out.pop("TRITON_INTERPRET", None)  # bundles compile real cubins
-    return out
 
 
 def real_bundle(base: Path) -> Path:
@@ -148,7 +142,6 @@ def _own(path: Path) -> Path:
 def _cubin(root: Path, m: dict) -> Path:
     return root / first(m)[1]["images"]["cubin"]["file"]
 
-
 def _truncate(size_of: Callable[[int], int], pick=_cubin):
     def edit(root: Path, m: dict) -> None:
         path = _own(pick(root, m))
@@ -216,12 +209,12 @@ def _relabel_dtypes(m: dict) -> None:
                 k["outputs"]["dtypes"] = ["float64" if d == "float32" else d for d in k["outputs"]["dtypes"]]
 
 
-def _deep(depth: int, opener: str = "[", closer: str = "]"):
-    """An extra field nested ``depth`` containers deep (under the top level), checksum recomputed."""
+def _deep(depth: int):
+    """An extra field of lists nested ``depth`` deep (under the top level), checksum recomputed."""
     def edit(root: Path, m: dict) -> None:
-        value = json.loads(opener + closer)
+        value: list = []
         for _ in range(depth - 1):
-            value = [value] if opener == "[" else {"a": value}
+            value = [value]
         m["extra"] = value
         resum(root, m)
 
@@ -284,6 +277,13 @@ def _distinct_guards(m: dict) -> None:
     text and of guards, over the budget of distinct expression text (only the texts change: both
     loaders walk a kernel's texts before its programs)."""
     first(m)[1]["guards"] = [f"(x.shape[0] >= {-i})" + " and (x.shape[0] >= 0)" * 90 for i in range(140)]
+
+
+def _meta_stale(root: Path, m: dict) -> None:
+    """A manifest whose output rules were not re-derived after a kernel changed."""
+    op, k = first(m)
+    set_expr(op, k, "guards", k["guards"] + ["(x.shape[0] >= 0)"])
+    _manifest.write(root, m)  # the rules still hold the old guards
 
 
 # name -> (edit(root, manifest), expected: LOADED or the field the refusal names, key or None)
@@ -400,17 +400,8 @@ CASES: dict[str, tuple] = {
     "signed-signature-over-cap": (_huge_signature, "-byte cap", KEY),
     "signed-signature-names-outside": (_signature_escape, "not a hmac-sha256 bundle signature", KEY),
     "signed-schema-injection-still-refused": (_sign_with(_add_param(_param("z"), None)), "ops[0].schema", KEY),
+    "meta-stale": (_meta_stale, "ops[0].meta"),
 }
-def _meta_stale(root: Path, m: dict) -> None:
-    """A manifest whose output rules were not re-derived after a kernel changed."""
-    op, k = first(m)
-    set_expr(op, k, "guards", k["guards"] + ["(x.shape[0] >= 0)"])
-    _manifest.write(root, m)  # the rules still hold the old guards
-
-
-CASES["meta-stale"] = (_meta_stale, "ops[0].meta")
-
-
 def derive(bundle: Path, out: Path, only: list[str] | None = None) -> list[tuple[str, Path, bytes | None]]:
     """The corpus under ``out``: per case (name, bundle directory, key), each op in a namespace of
     its own (``kgv<i>``) so that the cases that load do not clash."""

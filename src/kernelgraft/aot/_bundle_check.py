@@ -16,199 +16,27 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from .._errors import BundleError
-from ._bundle_spec import (IDENTIFIER, _kind_of, check_param_name, default_text, limit, parse_schema,
-                           returns_text, split_op_name, table)
+from ._bundle_spec import IDENTIFIER, check_param_name, default_text, limit, parse_schema, returns_text, split_op_name, table
+from ._bundle_walk import Walk
 from ._program import meta_rules
-from ._rpn import BINARY, EvalError, compile_rpn, evaluate
 
 __all__ = ["check_manifest"]
 
 _ARCH = re.compile(r"sm_[0-9]{2,3}a?\Z")
 _SHA256 = re.compile(r"[0-9a-f]{64}\Z")
 _FILE = re.compile(r"bin/[A-Za-z0-9_-][A-Za-z0-9_.-]*\Z")
-_DECIMAL = re.compile(r"-?[0-9]+\Z")
 _OUT = re.compile(r"out(0|[1-9][0-9]?)\Z")
 _MAX_BLOCK = (1024, 1024, 64)
 _MAX_THREADS = 1024
 _MAX_GRID = (2**31 - 1, 65535, 65535)
 _MAX_SHARED = 228 * 1024
-_I128 = (-(2**127), 2**127 - 1)
-
-
-class _Walk:
-    def __init__(self, where: str, manifest: dict, texts: bool) -> None:
-        self.where = where
-        self.check_texts = texts
-        self.version = manifest.get("version")
-        self.programs = table().versions.get(self.version, False)
-        self.texts: dict[str, None] = {}
-        self.expr_chars = 0
-        self.tokens = 0
-
-    def fail(self, path: str, what: str) -> None:
-        raise BundleError(f"{self.where}: {path}: {what}")
-
-    # --- typed access ---------------------------------------------------------------------
-    def obj(self, value: Any, path: str) -> dict:
-        if not isinstance(value, dict):
-            self.fail(path, f"is {_kind_of(value)}, not an object")
-        return value
-
-    def field(self, parent: dict, key: str, path: str) -> Any:
-        if key not in parent:
-            self.fail(path, f"lacks '{key}'")
-        return parent[key]
-
-    def lst(self, value: Any, path: str, cap: str | None = None, exact: int | None = None) -> list:
-        if not isinstance(value, list):
-            self.fail(path, f"is {_kind_of(value)}, not a list")
-        if exact is not None and len(value) != exact:
-            self.fail(path, f"has {len(value)} items, not {exact}")
-        if cap is not None and len(value) > limit(cap):
-            self.fail(path, f"has {len(value)} items, over the cap of {limit(cap)} ({cap})")
-        return value
-
-    def string(self, value: Any, path: str, cap: str = "TEXT_CHARS") -> str:
-        if not isinstance(value, str):
-            self.fail(path, f"is {_kind_of(value)}, not a string")
-        if len(value) > limit(cap):
-            self.fail(path, f"is {len(value)} characters, over the cap of {limit(cap)} ({cap})")
-        return value
-
-    def integer(self, value: Any, path: str, lo: int, hi: int) -> int:
-        if type(value) is not int:
-            self.fail(path, f"is {_kind_of(value)}, not an integer")
-        if not lo <= value <= hi:
-            self.fail(path, f"is {value}, outside {lo}..{hi}")
-        return value
-
-    def boolean(self, value: Any, path: str) -> bool:
-        if type(value) is not bool:
-            self.fail(path, f"is {_kind_of(value)}, not a bool")
-        return value
-
-    def one_of(self, value: Any, path: str, allowed) -> str:
-        if not isinstance(value, str) or value not in allowed:
-            self.fail(path, f"is {str(value)[:80]!r}, not one of {sorted(allowed)}")
-        return value
-
-    def scalar(self, value: Any, path: str) -> None:
-        if isinstance(value, str):
-            self.string(value, path)
-        elif value is not None and type(value) not in (bool, int, float):
-            self.fail(path, f"is {_kind_of(value)}, not a null, bool, number or string")
-
-    def expr(self, value: Any, path: str) -> str:
-        text = self.string(value, path, "EXPR_CHARS")
-        if text not in self.texts:
-            self.texts[text] = None
-            self.expr_chars += len(text)
-            if self.expr_chars > limit("EXPR_DISTINCT_CHARS"):
-                self.fail(path, f"the distinct expressions pass the cap of {limit('EXPR_DISTINCT_CHARS')} "
-                                "characters (EXPR_DISTINCT_CHARS)")
-        return text
-
-    # --- programs --------------------------------------------------------------------------
-    def program(self, value: Any, path: str, n_inputs: int) -> tuple[bool, Any]:
-        """Checks one RPN program; returns (whether it is constant, its value when it is)."""
-        tokens = self.lst(value, path, "PROGRAM_TOKENS")
-        self.tokens += len(tokens)
-        if self.tokens > limit("PROGRAM_TOKENS_TOTAL"):
-            self.fail(path, f"the programs pass the cap of {limit('PROGRAM_TOKENS_TOTAL')} tokens "
-                            "(PROGRAM_TOKENS_TOTAL)")
-        stack: list[tuple[int, bool]] = []  # (first token, constant) of each value on the stack
-        for i, token in enumerate(tokens):
-            at = f"{path}[{i}]"
-            if not isinstance(token, list) or not token or not isinstance(token[0], str):
-                self.fail(at, "is not a token [TAG, ...]")
-            tag, arity = token[0], {"int": 2, "float": 2, "size": 3, "arg": 2, "op": 2, "unary": 2,
-                                    "bool": 3, "call": 3}.get(token[0])
-            if arity is None:
-                self.fail(at, f"'{tag[:40]}' is not one of int/float/size/arg/op/unary/bool/call")
-            if len(token) != arity:
-                self.fail(at, f"'{tag}' has {len(token) - 1} operands, not {arity - 1}")
-            pops, constant = 0, True
-            if tag == "int":
-                text = token[1]
-                if not isinstance(text, str) or len(text) > 41 or not _DECIMAL.match(text) or not (
-                        _I128[0] <= int(text) <= _I128[1]):
-                    self.fail(at, "is not [\"int\", DECIMAL] of a 128-bit integer")
-            elif tag == "float":
-                if type(token[1]) not in (int, float):
-                    self.fail(at, "is not [\"float\", NUMBER]")
-            elif tag in ("size", "arg"):
-                if type(token[1]) is not int or not 0 <= token[1] < n_inputs:
-                    self.fail(at, f"input {str(token[1])[:20]} is out of range (the op has {n_inputs})")
-                if tag == "size":
-                    self.integer(token[2], at, 0, limit("DIMS") - 1)
-                constant = False
-            elif tag == "op":
-                self.one_of(token[1], at, BINARY)
-                pops = 2
-            elif tag == "unary":
-                self.one_of(token[1], at, ("neg", "pos", "not"))
-                pops = 1
-            else:
-                name = self.one_of(token[1], at, ("and", "or") if tag == "bool" else ("min", "max", "next_pow2"))
-                pops = self.integer(token[2], at, 1, 1 if name == "next_pow2" else limit("PROGRAM_TOKENS"))
-            if pops:
-                if pops > len(stack):
-                    self.fail(at, "pops more values than the program pushed")
-                operands = stack[len(stack) - pops:]
-                del stack[len(stack) - pops:]
-                constant = all(c for _, c in operands)
-                if not constant:
-                    bounds = [s for s, _ in operands] + [i]
-                    for k, (start, const) in enumerate(operands):
-                        if const:
-                            v = self.constant(tokens[start:bounds[k + 1]], at)
-                            if k == 1 and tag == "op" and token[1] in ("//", "%", "/") and v == 0:
-                                self.fail(at, "divides by a constant zero")
-                start = operands[0][0]
-            else:
-                start = i
-            stack.append((start, constant))
-        if len(stack) != 1:
-            self.fail(path, f"leaves {len(stack)} values on the stack, not 1")
-        if stack[0][1]:
-            return True, self.constant(tokens, path)
-        return False, None
-
-    def constant(self, tokens: list, path: str) -> Any:
-        try:
-            return evaluate(tokens, [])
-        except EvalError as exc:
-            self.fail(path, f"a constant part is an error ({exc})")
-
-    def text_program(self, text: str, program: Any, names: list[str], path: str) -> None:
-        """The Python loader evaluates ``text``: it must be the program the runtime evaluates."""
-        try:
-            compiled = _compiled(tuple(names), text)
-        except BundleError as exc:
-            self.fail(path, f"the expression does not compile ({exc})")
-        if compiled != program:
-            self.fail(path, "the program is not the compiled expression text")
-
-
-_COMPILED: dict[tuple, list] = {}
-
-
-def _compiled(names: tuple, text: str) -> list:
-    key = (names, text)
-    found = _COMPILED.get(key)
-    if found is None:
-        if len(_COMPILED) > 8192:
-            _COMPILED.clear()
-        found = _COMPILED[key] = compile_rpn(text, list(names))
-    return found
 
 
 def check_manifest(manifest: dict, where: str, *, texts: bool = True) -> None:
     """BundleError unless ``manifest`` (format, version and checksum already checked) is a valid
     bundle. ``texts``: also check that every expression text compiles to its program (what the
     Python loader, which evaluates the texts, needs)."""
-    w = _Walk(where, manifest, texts)
+    w = Walk(where, manifest, texts)
     archs = w.lst(w.field(manifest, "archs", "archs"), "archs", "ARCHS")
     if not archs:
         w.fail("archs", "is empty")
@@ -226,7 +54,7 @@ def check_manifest(manifest: dict, where: str, *, texts: bool = True) -> None:
         names.add(name)
 
 
-def _op(w: _Walk, op: dict, path: str, archs: set[str]) -> str:
+def _op(w: Walk, op: dict, path: str, archs: set[str]) -> str:
     name = w.field(op, "name", path)
     split = split_op_name(name)
     if isinstance(split, str):
@@ -265,7 +93,7 @@ def _op(w: _Walk, op: dict, path: str, archs: set[str]) -> str:
     return name
 
 
-def _param(w: _Walk, p: dict, path: str) -> None:
+def _param(w: Walk, p: dict, path: str) -> None:
     why = check_param_name(w.field(p, "name", path))
     if why:
         w.fail(f"{path}.name", why)
@@ -286,7 +114,7 @@ def _param(w: _Walk, p: dict, path: str) -> None:
         w.fail(f"{path}.default", f"{str(default)[:80]!r} is not a default of a {kind} parameter")
 
 
-def _schema(w: _Walk, schema: Any, params: list[dict], returns: str, n_returns: int, path: str) -> None:
+def _schema(w: Walk, schema: Any, params: list[dict], returns: str, n_returns: int, path: str) -> None:
     parsed = parse_schema(schema)
     if isinstance(parsed, str):
         w.fail(path, parsed)
@@ -312,7 +140,7 @@ def _schema(w: _Walk, schema: Any, params: list[dict], returns: str, n_returns: 
         w.fail(path, f"returns {ret[:80]!r}, the op returns {returns_text(returns, n_returns)!r}")
 
 
-def _names(w: _Walk, value: Any, path: str, allowed: Callable[[str], bool], what: str) -> dict:
+def _names(w: Walk, value: Any, path: str, allowed: Callable[[str], bool], what: str) -> dict:
     obj = w.obj(value, path)
     if len(obj) > limit("PARAMS") + limit("RETURNS"):
         w.fail(path, f"has {len(obj)} keys, over the cap of {limit('PARAMS') + limit('RETURNS')}")
@@ -322,7 +150,7 @@ def _names(w: _Walk, value: Any, path: str, allowed: Callable[[str], bool], what
     return obj
 
 
-def _candidate(w: _Walk, c: dict, path: str, kinds: dict, n_returns: int, archs: set[str]) -> tuple:
+def _candidate(w: Walk, c: dict, path: str, kinds: dict, n_returns: int, archs: set[str]) -> tuple:
     index = w.integer(w.field(c, "index", path), f"{path}.index", 0, limit("CANDIDATES"))
     for key in ("backend", "impl", "impl_fingerprint", "label"):
         w.string(w.field(c, key, path), f"{path}.{key}")
@@ -339,7 +167,7 @@ def _candidate(w: _Walk, c: dict, path: str, kinds: dict, n_returns: int, archs:
     return index, json.dumps(config, sort_keys=True)
 
 
-def _kernel(w: _Walk, k: dict, path: str, kinds: dict, n_returns: int, archs: set[str]) -> None:
+def _kernel(w: Walk, k: dict, path: str, kinds: dict, n_returns: int, archs: set[str]) -> None:
     params = list(kinds)
     tensor = lambda n: kinds.get(n) == "tensor"  # noqa: E731
     output = lambda n: bool(_OUT.match(n)) and int(n[3:]) < n_returns  # noqa: E731
@@ -401,7 +229,7 @@ def _kernel(w: _Walk, k: dict, path: str, kinds: dict, n_returns: int, archs: se
                   guards, grid, smem, exprs, shapes)
 
 
-def _images(w: _Walk, images: dict, path: str) -> None:
+def _images(w: Walk, images: dict, path: str) -> None:
     for kind, image in images.items():
         at = f"{path}.{kind}"
         w.one_of(kind, at, table().image_kinds)
@@ -420,7 +248,7 @@ def _images(w: _Walk, images: dict, path: str) -> None:
         w.fail(path, "a kernel has a cubin (or a library so with its runtime)")
 
 
-def _types(w: _Walk, k: dict, kparams: list, dtypes: dict, out_dtypes: list, path: str) -> None:
+def _types(w: Walk, k: dict, kparams: list, dtypes: dict, out_dtypes: list, path: str) -> None:
     """The manifest's dtypes agree with the types the kernel's compiler recorded."""
     sources = dict(dtypes) | {f"out{i}": d for i, d in enumerate(out_dtypes)}
     pointers = [sources.get(p["source"]) for p in kparams if "source" in p]
@@ -442,7 +270,7 @@ def _types(w: _Walk, k: dict, kparams: list, dtypes: dict, out_dtypes: list, pat
                                           "tensor of the kernel has")
 
 
-def _programs(w: _Walk, prog: dict, path: str, params: list[str], guards: list[str], grid: list[str],
+def _programs(w: Walk, prog: dict, path: str, params: list[str], guards: list[str], grid: list[str],
               smem: str, exprs: list[str | None], shapes: list[list[str]]) -> None:
     n = len(params)
     check = w.text_program if w.check_texts else None
@@ -480,14 +308,14 @@ def _programs(w: _Walk, prog: dict, path: str, params: list[str], guards: list[s
                 check(text, p, params, f"{path}.outputs[{i}][{j}]")
 
 
-def _meta(w: _Walk, meta: list, candidates: list, path: str) -> None:
+def _meta(w: Walk, meta: list, candidates: list, path: str) -> None:
     want = meta_rules(candidates)
     dump = lambda v: json.dumps(v, sort_keys=True)  # noqa: E731  (1 == True == 1.0 in Python, not in JSON)
     if len(meta) != len(want) or any(dump(a) != dump(b) for a, b in zip(meta, want)):
         w.fail(path, "is not the output rules its kernels give (rebuild the bundle)")
 
 
-def _decision(w: _Walk, row: dict, path: str, kinds: dict, n_candidates: int) -> None:
+def _decision(w: Walk, row: dict, path: str, kinds: dict, n_candidates: int) -> None:
     w.string(w.field(row, "arch", path), f"{path}.arch")
     tensors = _names(w, w.field(row, "tensors", path), f"{path}.tensors", lambda n: kinds.get(n) == "tensor",
                      "a tensor parameter")

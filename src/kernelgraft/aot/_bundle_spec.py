@@ -103,7 +103,7 @@ from typing import Any
 from .._errors import BundleError
 
 __all__ = ["Spec", "table", "limit", "loads", "split_op_name", "check_param_name", "SchemaParam",
-           "parse_schema", "schema_of", "default_text", "SPEC_FILE"]
+           "parse_schema", "schema_of", "default_text", "returns_text", "kind_of", "IDENTIFIER", "SPEC_FILE"]
 
 SPEC_FILE = Path(__file__).resolve().parents[1] / "runtime" / "csrc" / "bundle_spec.h"
 _ROW = re.compile(r"^(KG_[A-Z_]+)\((.*)\)\s*$")
@@ -249,7 +249,7 @@ def _text(s: str, where: str) -> None:
 def split_op_name(name: Any) -> tuple[str, str] | str:
     """(namespace, name), or why ``name`` is not a bundle op name."""
     if not isinstance(name, str):
-        return f"is {_kind_of(name)}, not a string"
+        return f"is {kind_of(name)}, not a string"
     ns, sep, short = name.partition("::")
     if len(name) > limit("NAME_CHARS"):
         return f"is {len(name)} characters, over the cap of {limit('NAME_CHARS')} (NAME_CHARS)"
@@ -263,7 +263,7 @@ def split_op_name(name: Any) -> tuple[str, str] | str:
 def check_param_name(name: Any) -> str | None:
     """Why ``name`` cannot name an op parameter, or None."""
     if not isinstance(name, str):
-        return f"is {_kind_of(name)}, not a string"
+        return f"is {kind_of(name)}, not a string"
     if len(name) > limit("NAME_CHARS") or not IDENTIFIER.match(name):
         return f"{name[:80]!r} is not an identifier of at most {limit('NAME_CHARS')} characters"
     if name in table().reserved_params or re.fullmatch(r"out[0-9]+", name):
@@ -271,7 +271,7 @@ def check_param_name(name: Any) -> str | None:
     return None
 
 
-def _kind_of(value: Any) -> str:
+def kind_of(value: Any) -> str:
     if value is None:
         return "null"
     return {bool: "a bool", int: "an int", float: "a float", str: "a string", list: "a list",
@@ -297,7 +297,7 @@ _PARAM = re.compile(r"(Tensor|SymInt|float|bool|str|ScalarType)(?:\(a([0-9]+)!\)
 def parse_schema(schema: Any) -> tuple[list[SchemaParam], str] | str:
     """(params, returns) of a schema string in the grammar above, or why it is not one."""
     if not isinstance(schema, str):
-        return f"is {_kind_of(schema)}, not a string"
+        return f"is {kind_of(schema)}, not a string"
     head, sep, returns = schema.rpartition(") -> ")
     if not sep or not head.startswith("("):
         return "is not '(PARAMS) -> RETURNS'"

@@ -2,6 +2,7 @@
 // which holds a parsed manifest (checksum verified) to the rules kernelgraft/aot/_bundle_spec.py
 // states, before anything else reads it. The Python loader checks the same rules
 // (kernelgraft/aot/_bundle_check.py); a corpus of tampered bundles checks that both agree.
+// spec_walk.h and spec_schema.cpp hold the pieces of the walk.
 #pragma once
 
 #include <cstdint>
