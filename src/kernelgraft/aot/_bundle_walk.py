@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 from .._errors import BundleError
-from ._bundle_spec import kind_of, limit
+from ._bundle_spec import kind_of, limit, table
 from ._rpn import BINARY, EvalError, compile_rpn, evaluate
 
 __all__ = ["Walk"]
