@@ -370,7 +370,7 @@ CASES: dict[str, tuple] = {
     # files
     "cubin-over-size-cap": (_truncate(lambda n: _manifest.MAX_BINARY_BYTES + 1), "-byte cap"),
     "ptx-four-sparse-255mb": (_sparse_ptx(4, 255 << 20, resummed=False), "-byte cap"),
-    "ptx-over-total-budget": (_sparse_ptx(5, 30 << 20, resummed=True), "TOTAL_BYTES"),
+    "ptx-over-total-budget": (_sparse_ptx(9, 30 << 20, resummed=True), "TOTAL_BYTES"),
     "cubin-truncated": (_truncate(lambda n: n // 2), "the manifest says"),
     "cubin-byte-flipped": (_flip_byte, "checksum mismatch for bin/"),
     "cubin-not-elf-resummed": (_replace_cubin_resummed, "not a 64-bit CUDA ELF"),
