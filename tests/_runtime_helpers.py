@@ -29,7 +29,8 @@ def so() -> Path:
 
 def variant(bundle: Path, dst: Path, namespace: str, edit=None, edit_op=None) -> Path:
     """A copy of ``bundle`` whose ops live in ``namespace``, edited by ``edit(manifest)`` and/or
-    ``edit_op(op_entry)``, with a valid checksum (what a careless edit that recomputes it looks like)."""
+    ``edit_op(op_entry)``, with its output rules derived again from its kernels and a valid checksum
+    (what a careless edit that recomputes them looks like)."""
     shutil.copytree(bundle, dst)
     manifest = _manifest.read(dst)
     for op in manifest["ops"]:
@@ -38,8 +39,19 @@ def variant(bundle: Path, dst: Path, namespace: str, edit=None, edit_op=None) ->
             edit_op(op)
     if edit is not None:
         edit(manifest)
-    _manifest.write(dst, manifest)
+    rewrite(dst, manifest)
     return dst
+
+
+def rewrite(dst: Path, manifest: dict) -> None:
+    """Write an edited ``manifest`` into ``dst``: its output rules derived again from its kernels
+    (the bundle spec holds them equal) and its checksum recomputed."""
+    from kernelgraft.aot._program import meta_rules
+
+    for op in manifest["ops"]:
+        if "meta" in op:
+            op["meta"] = meta_rules(op["candidates"])
+    _manifest.write(dst, manifest)
 
 
 def backend_only(bundle: Path, dst: Path, namespace: str, backend: str) -> list[bool]:
@@ -51,7 +63,7 @@ def backend_only(bundle: Path, dst: Path, namespace: str, backend: str) -> list[
         op["name"] = f"{namespace}::" + op["name"].split("::")[1]
         op["candidates"] = [c for c in op["candidates"] if c["backend"] == backend]
         op["decisions"] = []
-    _manifest.write(dst, manifest)
+    rewrite(dst, manifest)
     return [bool(op["candidates"]) for op in manifest["ops"]]
 
 

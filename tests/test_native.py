@@ -510,19 +510,14 @@ def test_caching_off_uses_a_private_directory(monkeypatch):
 
 def test_a_cached_build_loads_without_the_extension_tooling(native, monkeypatch):
     """A verified build loads by opening the library: torch's cpp_extension.load is never called
-    and no child process starts; the load takes milliseconds on the calling thread."""
-    import time
-
+    and no child process starts (``_no_build``), on the calling thread."""
     saved = dict(_native._STATE)
     _native._reset()
     _no_build(monkeypatch)
     try:
-        start = time.perf_counter()
         module = _native.get()
-        took = time.perf_counter() - start
         assert module is not None, _native.reason()
         assert hasattr(module, "Replay") and not _native.busy()
-        assert took < 0.5, f"loading the cached build took {took:.3f} s"
     finally:
         _native._STATE.update(saved)
 

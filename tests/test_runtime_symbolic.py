@@ -38,11 +38,17 @@ def _symbolic(shape_env, t: torch.Tensor, dynamic: list[bool]):
 
 
 def _serve_rmsnorm_rules(bundle: Path, dst: Path, namespace: str, **fields) -> None:
-    """Serve a copy of ``bundle`` whose rmsnorm meta rules all take ``fields`` (guard, shapes)."""
+    """Serve a copy of ``bundle`` whose rmsnorm meta rules all take ``fields`` (guard, shapes): its
+    kernels' programs take them, and the rules are derived from the kernels (the bundle spec)."""
     def edit(op):
         if op["name"].endswith("::rmsnorm"):
-            for rule in op["meta"]:
-                rule.update(fields)
+            for cand in op["candidates"]:
+                for k in cand["kernels"]:
+                    if "guard" in fields:
+                        k["program"]["guard"] = fields["guard"]
+                    if "shapes" in fields:  # the texts are the Python loader's; the runtime reads programs
+                        k["program"]["outputs"] = fields["shapes"]
+                        k["outputs"]["shapes"] = [["0"] * len(s) for s in fields["shapes"]]
 
     _serve(bundle, dst, namespace, edit)
 

@@ -7,8 +7,14 @@ parse, belongs to another key or whose payload does not match its sha256 is a mi
 overwritten by the next put), never a crash.
 
 The directory is ``<cache root>/<kind>`` (``kernelgraft._cache.root``: ``KERNELGRAFT_CACHE_DIR``,
-else ``$XDG_CACHE_HOME/kernelgraft`` or ``~/.cache/kernelgraft``); ``KERNELGRAFT_CACHE_DIR=off``
-keeps the cache in memory only.
+else ``$XDG_CACHE_HOME/kernelgraft`` or ``~/.cache/kernelgraft``), created private (0700);
+``KERNELGRAFT_CACHE_DIR=off`` keeps the cache in memory only. What this process runs, and what
+``kernelgraft aot`` ships, comes from here, so the cache trusts only its owner (``kernelgraft._trust``,
+the rule the native build follows): a directory that is not this user's alone (another owner, group
+or other write, a symlink) is neither read nor written, and an entry that is not a regular file of
+this user's alone, or is over ``MAX_ENTRY_BYTES``, is a miss. Each such directory gives one
+``KernelgraftWarning`` per process. An entry is stat'ed before it is read, and read with at most
+``MAX_ENTRY_BYTES`` + 1 bytes.
 """
 
 from __future__ import annotations
@@ -21,21 +27,40 @@ import stat
 import struct
 import tempfile
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
 from . import _cache
+from ._errors import KernelgraftWarning
+from ._trust import owned_privately, untrusted
 
-__all__ = ["CodeCache", "cache_root"]
+__all__ = ["CodeCache", "cache_root", "MAX_ENTRY_BYTES"]
 
 log = logging.getLogger(__name__)
 _MAGIC = b"KGCC0001"
+# A cubin or PTX is kilobytes to a few megabytes; a bigger entry is not one of ours.
+MAX_ENTRY_BYTES = 64 << 20
+_WARNED: set[str] = set()  # cache directories already warned about in this process
+_WARN_LOCK = threading.Lock()
 
 
 def cache_root() -> Path | None:
     """The cache root, or None when disk caching is off (kept for callers of this name: it is
     ``kernelgraft._cache.root``)."""
     return _cache.root()
+
+
+def _distrust(directory: Path, why: str) -> None:
+    """One warning per cache directory per process: its entries are ignored (misses)."""
+    with _WARN_LOCK:
+        if str(directory) in _WARNED:
+            return
+        _WARNED.add(str(directory))
+    warnings.warn(f"kernelgraft: ignoring the compiled-code cache {directory}: {why}; its entries are "
+                  "recompiled instead (a cache is used only when it is this user's alone: "
+                  "chmod go-w, or point KERNELGRAFT_CACHE_DIR at a directory of your own)",
+                  KernelgraftWarning, stacklevel=4)
 
 
 class CodeCache:
@@ -52,13 +77,31 @@ class CodeCache:
         root = cache_root()
         return None if root is None else root / self.kind
 
+    def _trusted(self, directory: Path, *, create: bool) -> bool:
+        """Whether ``directory`` may be used (created private first when ``create``)."""
+        if create:
+            try:
+                directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            except OSError as exc:  # a read-only or full disk costs a recompile, nothing more
+                log.warning("cannot create the %s cache directory %s: %s", self.kind, directory, exc)
+                return False
+        elif not os.path.lexists(directory):
+            return False
+        why = untrusted(directory)
+        if why:
+            _distrust(directory, why)
+            return False
+        return True
+
     def get(self, key: str) -> tuple[dict[str, Any], bytes] | None:
         entry = self._memory.get(key)
         if entry is not None:
             self.hits["memory"] += 1
             return entry
         directory = self.directory()
-        entry = _read(directory / f"{key}.kgc", key) if directory is not None else None
+        entry = None
+        if directory is not None and self._trusted(directory, create=False):
+            entry = _read(directory / f"{key}.kgc", key, directory)
         if entry is None:
             self.misses += 1
             return None
@@ -75,8 +118,9 @@ class CodeCache:
             {"key": key, "sha256": hashlib.sha256(payload).hexdigest(), "meta": meta},
             sort_keys=True,
         ).encode()
+        if not self._trusted(directory, create=True):
+            return
         try:
-            directory.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{key[:16]}.", suffix=".tmp")
             try:
                 with os.fdopen(fd, "wb") as f:
@@ -92,17 +136,33 @@ class CodeCache:
         self._memory.clear()
 
 
-def _read(path: Path, key: str) -> tuple[dict[str, Any], bytes] | None:
+def _read(path: Path, key: str, directory: Path) -> tuple[dict[str, Any], bytes] | None:
     try:
         # Only a regular file: a FIFO would block (O_NONBLOCK: even the open would, without a
-        # writer) and a link to a device would never end.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                log.debug("ignoring cache entry %s: not a regular file", path)
-                return None
-            data = f.read()
+        # writer), a link to a device would never end, and a symlink could point anywhere.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        try:
+            st = os.fstat(f.fileno())
+        except OSError:
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            log.debug("ignoring cache entry %s: not a regular file", path)
+            return None
+        why = owned_privately(path, st)
+        if why is None and st.st_size > MAX_ENTRY_BYTES:
+            why = f"{path} is {st.st_size} bytes, over the {MAX_ENTRY_BYTES}-byte cap of an entry"
+        if why:
+            _distrust(directory, why)
+            return None
+        try:
+            data = f.read(MAX_ENTRY_BYTES + 1)
+        except OSError:
+            return None
+    if len(data) > MAX_ENTRY_BYTES:  # grew since the stat
+        _distrust(directory, f"{path} is over the {MAX_ENTRY_BYTES}-byte cap of an entry")
         return None
     try:
         if not data.startswith(_MAGIC):

@@ -4,14 +4,15 @@ Run as a script (``python _build.py DIRECTORY SOURCE [SOURCE ...] [--library NAM
 ``kernelgraft._native`` (and ``kernelgraft.runtime``, whose ``--library`` build is a plain shared
 library loaded with ``torch.ops.load_library`` rather than a Python module): compiling
 takes 10-15 s of CPU and torch's C++ extension tooling, and neither belongs in the user's process,
-whose first seconds may be timed. The script uses nothing from kernelgraft, so the child imports
-only torch, filelock and this file.
+whose first seconds may be timed. The script imports nothing of kernelgraft (it loads
+``_trust.py`` by its path), so the child imports only torch, filelock and those two files.
 
 A finished build is two files in DIRECTORY: ``<name>-<sha256 prefix>.so`` and
 ``record.json`` naming it with its full sha256, written last and atomically (a temporary file and
 ``os.replace``), so a reader sees either no record or one whose library is complete. The loader
 opens only the library the record names, and only when its bytes hash to the recorded value and
-the directory is the user's alone (``untrusted``): a planted or altered ``.so`` never loads.
+the directory is the user's alone (``untrusted``, from ``kernelgraft._trust``: the rule every cache
+uses): a planted or altered ``.so`` never loads.
 """
 
 from __future__ import annotations
@@ -25,6 +26,16 @@ import sys
 import tempfile
 from pathlib import Path
 
+try:
+    from .._trust import owned_privately as _owned_privately, untrusted
+except ImportError:  # run as a script, by a child that imports nothing of kernelgraft: the one copy, by path
+    import importlib.util as _util
+
+    _spec = _util.spec_from_file_location("kernelgraft_trust", Path(__file__).resolve().parents[1] / "_trust.py")
+    _trust = _util.module_from_spec(_spec)
+    _spec.loader.exec_module(_trust)
+    untrusted, _owned_privately = _trust.untrusted, _trust.owned_privately
+
 NAME = "kernelgraft_native"
 RECORD = "record.json"
 _RECORD_LIMIT = 4096  # bytes: a record is a few lines; anything larger is not one
@@ -33,29 +44,6 @@ _RECORD_LIMIT = 4096  # bytes: a record is a few lines; anything larger is not o
 # symbols, and a process then runs a mix of two libstdc++ copies: formatting a number into a
 # TORCH_WARN message crashed in std::ostream. Symbols from static archives stay local.
 LDFLAGS = ["-Wl,--exclude-libs,ALL"]
-
-
-def untrusted(path: Path) -> str | None:
-    """Why ``path`` (a directory) must not hold code this process loads, or None: it must be a
-    real directory (not a symlink), owned by this user and not writable by group or others."""
-    try:
-        st = os.lstat(path)
-    except OSError as exc:
-        return f"{path} cannot be inspected: {exc}"
-    if stat.S_ISLNK(st.st_mode):
-        return f"{path} is a symbolic link"
-    if not stat.S_ISDIR(st.st_mode):
-        return f"{path} is not a directory"
-    return _owned_privately(path, st)
-
-
-def _owned_privately(path: Path, st: os.stat_result) -> str | None:
-    uid = os.getuid() if hasattr(os, "getuid") else None
-    if uid is not None and st.st_uid != uid:
-        return f"{path} is owned by uid {st.st_uid}, not by this user (uid {uid})"
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
-    return None
 
 
 def read_record(directory: Path) -> dict | None | str:

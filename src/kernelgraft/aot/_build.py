@@ -31,6 +31,7 @@ import torch
 
 from .._errors import BundleError
 from . import _cuda_aot, _cutedsl_aot, _cutile_aot, _manifest, _triton_aot
+from ._bundle_check import check_manifest
 from ._expr import Unsupported
 from ._layout import contiguous_names, declared
 from ._program import decision_table, kernel_program, key_label, meta_rules, read_decisions, tuned_entries
@@ -54,6 +55,8 @@ def _param_entry(p) -> dict:
     import inspect
 
     default = None if p.default is inspect.Parameter.empty else p.default
+    if isinstance(default, torch.dtype):  # by name, as the schema writes it (the bundle spec's dtypes)
+        default = str(default).removeprefix("torch.")
     if not isinstance(default, (int, float, bool, str, type(None))):
         default = None
     return {"name": p.name, "kind": p.kind, "optional": p.optional, "mutated": p.mutated,
@@ -149,6 +152,8 @@ def build_bundle(
         "toolchain": {"kernelgraft": __version__, **toolchain},
         "build_seconds": round(time.perf_counter() - started, 2), "ops": manifest_ops,
     }
+    # what the loaders will hold it to: a bundle this build cannot load fails here, naming the field
+    check_manifest(json.loads(json.dumps(manifest)), f"bundle {out}: manifest.json")
     _manifest.write(out, manifest)
     signature = out / SIGNATURE
     if sign is not None:

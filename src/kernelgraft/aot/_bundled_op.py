@@ -16,6 +16,7 @@ import torch
 from .._errors import BundleError, UnsupportedError
 from .._spec import Config, ImplSpec
 from ..backends._base import register
+from ._bundle_spec import parse_schema
 from ._expr import compile_exprs
 from ._program import shape_guards
 from ._runner import BundledRunner, _dtype
@@ -74,16 +75,23 @@ def _covers(*args: Any, _key: str = "", **config: Any) -> bool | str:
 
 
 def _reference(entry: dict):
+    """A stub whose signature gives exactly the manifest's schema (the bundle spec held the params
+    to it): ``Optional`` where the schema writes ``?``, dtype defaults by name."""
     where = f"bundle op {entry.get('name')!r}"
+    written = parse_schema(entry["schema"])
+    if isinstance(written, str) or len(written[0]) != len(entry["params"]):
+        raise BundleError(f"{where}: schema {str(entry['schema'])[:120]!r} is not the op's parameters")
     params = []
-    for p in entry["params"]:
+    for p, s in zip(entry["params"], written[0]):
         kind, name = p.get("kind"), p.get("name")
         if kind not in _HINTS or not isinstance(name, str) or not name.isidentifier():
             raise BundleError(f"{where}: parameter {name!r} of kind {kind!r} is not allowed")
         hint = _HINTS[kind]
-        if p.get("optional"):
+        if s.optional:
             hint = typing.Optional[hint]
         default = inspect.Parameter.empty if p.get("required") else p.get("default")
+        if kind == "dtype" and isinstance(default, str):
+            default = _dtype(default)
         params.append(inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default,
                                         annotation=hint))
     returns = {"none": None, "tensor": torch.Tensor}.get(entry["returns"])

@@ -42,7 +42,7 @@ from .._op import _select
 from .._op._candidates import BUNDLED
 from .._errors import BundleError, KernelgraftError, KernelgraftWarning, RegistrationError
 from .._spec import Config
-from ._manifest import normalize_arch, read, read_binary
+from ._manifest import Reads, normalize_arch, read, read_binary
 from ._native_kernel import NativeKernel, check_library, is_native
 from ._runner import BundledRunner, Kernel, _check_cubin
 from ._sign import verify_bundle
@@ -153,7 +153,8 @@ def load_bundle(
     """
     root = Path(path)
     allowed = _allowed_modules(import_modules)
-    manifest = read(root, verify_bundle(root, key) if key is not None else None)
+    reads = Reads(root)  # every file at most once, all charged to one budget (see _manifest)
+    manifest = read(root, verify_bundle(root, key, reads) if key is not None else None, reads)
     arch = normalize_arch(arch or _current_arch())
     archs = manifest["archs"]
     if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
@@ -171,7 +172,7 @@ def load_bundle(
         native = allow_native or key is not None
         if not native:
             _warn_native(root, manifest["ops"], arch)
-        binaries = _check_binaries(root, manifest["ops"], arch, native)
+        binaries = _check_binaries(root, manifest["ops"], arch, native, reads)
         prepared = [(entry, _runners(root, entry, arch, binaries, native)) for entry in manifest["ops"]]
         bundle.kernels = sum(len(r.kernels) for _, runners in prepared for r, _ in runners.values())
         found = [(entry, runners, _existing(entry, allowed)) for entry, runners in prepared]
@@ -226,24 +227,29 @@ def _warn_native(root: Path, ops: list, arch: str) -> None:
             "allow_native=True (a bundle you trust) to serve them", KernelgraftWarning, stacklevel=3)
 
 
-def _check_binaries(root: Path, ops: list, arch: str, native: bool) -> dict[str, bytes]:
-    """Every binary of ``arch`` against its sha256 (and every cubin for a CUDA ELF that defines its
-    kernel), before any expression is compiled: a replaced or corrupted file is refused in
-    milliseconds, whatever the size of the manifest. Returns the bytes read, by file name: the
-    kernels are built from these very bytes (read once, and nothing on disk changes them since)."""
+def _check_binaries(root: Path, ops: list, arch: str, native: bool, reads: Reads) -> dict[str, bytes]:
+    """Every binary of ``arch`` against its size and sha256 (and every cubin for a CUDA ELF that
+    defines its kernel), before any expression is compiled: a replaced or corrupted file is refused
+    in milliseconds, whatever the size of the manifest. Each file is read once; a cubin is searched
+    once per kernel name (each search charged to the read budget, as the C++ runtime does), a
+    library once. Returns the bytes read, by file name: the kernels are built from these very bytes
+    (read once, and nothing on disk changes them since)."""
     read: dict[str, bytes] = {}
+    checked: set[tuple[str, ...]] = set()
     for entry in ops:
         for cand in entry["candidates"]:
             for k in cand["kernels"]:
                 if k["arch"] == arch and (native or not is_native(k)):
                     for kind, image in k["images"].items():
-                        data = read[image["file"]] if image.get("file") in read else read_binary(root, image)
+                        data = read[image["file"]] = read_binary(root, image, reads)
                         where = f"bundle {root}: {entry['name']} kernel {k['kernel']}"
-                        if kind == "cubin":  # other bytes under a recomputed sha256
+                        if kind == "cubin" and ("cubin", image["file"], k["kernel"]) not in checked:
+                            checked.add(("cubin", image["file"], k["kernel"]))
+                            reads.charge(image["file"], len(data))  # other bytes under a recomputed sha256
                             _check_cubin(where, data, str(k["kernel"]))
-                        elif kind in ("so", "runtime"):
+                        elif kind in ("so", "runtime") and (kind, image["file"]) not in checked:
+                            checked.add((kind, image["file"]))
                             check_library(where, data, entry=kind == "so")
-                        read[image["file"]] = data
     return read
 
 

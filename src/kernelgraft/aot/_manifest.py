@@ -1,12 +1,15 @@
 """The bundle on disk: ``manifest.json`` (JSON only: no pickle, no code) and ``bin/<sha>.<kind>``.
 
 The manifest carries a ``checksum``: the sha256 of its own canonical JSON without that field, so
-an edited or truncated manifest is refused; every binary is named in it with its sha256, checked
-when it is read. These checks are unkeyed: they catch corruption and careless edits, not someone
-who recomputes the sums (``_sign`` adds a keyed signature for that). A bundle is untrusted input:
-only regular files are read (no symlink, FIFO or device), each under a size cap, and the manifest's
-JSON nesting is bounded, so a hostile bundle fails with ``BundleError`` instead of hanging or
-exhausting memory. Writes go to a temporary file and ``os.replace``.
+an edited or truncated manifest is refused; every binary is named in it with its sha256 and size,
+checked when it is read. These checks are unkeyed: they catch corruption and careless edits, not
+someone who recomputes the sums (``_sign`` adds a keyed signature for that). A bundle is untrusted
+input: ``read`` holds it to the bundle spec (``_bundle_spec``: JSON rules, caps, names, the schema
+grammar, programs) before anything else looks at it, and every file is read by ``Reads``: regular
+files only (no symlink, FIFO or device), each stat'ed and refused over its cap before a byte is
+read, each read once per load, all of a load's reads charged to one budget. So a hostile bundle
+fails with ``BundleError`` instead of hanging or exhausting memory. Writes go to a temporary file and
+``os.replace``.
 """
 
 from __future__ import annotations
@@ -20,23 +23,25 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import BundleError
+from ._bundle_check import check_manifest
+from ._bundle_spec import limit, loads, table
 
-__all__ = ["FORMAT", "VERSION", "PINNED_VERSION", "READS", "write", "read", "parse", "store_binary", "read_binary", "read_file",
-           "canonical", "normalize_arch", "MAX_MANIFEST_BYTES", "MAX_BINARY_BYTES", "MAX_DEPTH"]
+__all__ = ["FORMAT", "VERSION", "PINNED_VERSION", "READS", "Reads", "write", "read", "parse", "store_binary",
+           "read_binary", "read_file", "canonical", "normalize_arch", "MAX_MANIFEST_BYTES", "MAX_BINARY_BYTES",
+           "MAX_DEPTH"]
 
 FORMAT = "kernelgraft-bundle"
 # 2: every expression also as an RPN program, op "meta" rules and "decisions" (the C++ runtime's data)
 VERSION = 2
 PINNED_VERSION = 3  # version 2 plus kernels pinned to string arguments ("pinned": {name: value})
-READS = (1, 2, 3)
+READS = tuple(sorted(table().versions))
 # "so": a CuTe DSL kernel's shared library, "runtime": the native library it needs (native code: see _load)
 _KINDS = {"cubin": ".cubin", "ptx": ".ptx", "so": ".so", "runtime": ".so"}
 _REQUIRED = ("format", "version", "archs", "toolchain", "ops", "checksum")
-# Far above what a real bundle needs (a manifest of two ops is ~250 KB, a cubin tens of KB; the
-# deepest manifest path is ~12 levels) and far below what would exhaust a host's memory.
-MAX_MANIFEST_BYTES = 64 << 20
-MAX_BINARY_BYTES = 256 << 20
-MAX_DEPTH = 32
+# The bundle spec's caps (runtime/csrc/bundle_spec.h), under the names callers know.
+MAX_MANIFEST_BYTES = limit("MANIFEST_BYTES")
+MAX_BINARY_BYTES = limit("FILE_BYTES")
+MAX_DEPTH = limit("JSON_DEPTH")
 
 
 def normalize_arch(arch: object) -> str:
@@ -49,11 +54,46 @@ def normalize_arch(arch: object) -> str:
     return f"sm_{digits}"
 
 
-def read_file(root: str | Path, name: str, limit: int) -> bytes:
-    """The bytes of ``root/name``, a regular file of at most ``limit`` bytes (BundleError otherwise).
+class Reads:
+    """The files one load reads: each at most once (later reads get the same bytes, which is also
+    how a signed bundle's verified bytes are the ones used), all charged to ``TOTAL_BYTES``."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = root
+        self.total = 0
+        self.files: dict[str, bytes] = {}
+        self._sha256: dict[str, str] = {}
+
+    def sha256(self, name: str) -> str:
+        """The sha256 of a file read before, computed once."""
+        found = self._sha256.get(name)
+        if found is None:
+            found = self._sha256[name] = hashlib.sha256(self.files[name]).hexdigest()
+        return found
+
+    def file(self, name: str, cap: int, size: int | None = None) -> bytes:
+        found = self.files.get(name)
+        if found is None:
+            found = self.files[name] = read_file(self.root, name, cap, size=size, reads=self)
+        elif size is not None and len(found) != size:
+            raise BundleError(f"bundle {self.root}: {name} is {len(found)} bytes, the manifest says {size}")
+        return found
+
+    def charge(self, name: str, size: int) -> None:
+        self.total += size
+        if self.total > limit("TOTAL_BYTES"):
+            raise BundleError(f"bundle {self.root}: reading {name} passes the cap of {limit('TOTAL_BYTES')} bytes "
+                              "read from one bundle (TOTAL_BYTES)")
+
+
+def read_file(root: str | Path, name: str, limit: int, *, size: int | None = None,
+              reads: Reads | None = None) -> bytes:
+    """The bytes of ``root/name``, a regular file of at most ``limit`` bytes (and of exactly
+    ``size`` when given), charged to ``reads``; BundleError otherwise.
 
     Opened without following a final symlink and without blocking, so a FIFO or a link to
-    ``/dev/zero`` is refused at once instead of hanging or filling memory."""
+    ``/dev/zero`` is refused at once instead of hanging or filling memory; its size is checked
+    before a byte is read, and at most ``limit + 1`` bytes are read."""
     path = Path(root) / name
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
@@ -68,6 +108,10 @@ def read_file(root: str | Path, name: str, limit: int) -> bytes:
                               "a bundle holds regular files only")
         if info.st_size > limit:
             raise BundleError(f"bundle {root}: {name} is {info.st_size} bytes, over the {limit}-byte cap")
+        if size is not None and info.st_size != size:
+            raise BundleError(f"bundle {root}: {name} is {info.st_size} bytes, the manifest says {size}")
+        if reads is not None:
+            reads.charge(name, info.st_size)
         with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read(limit + 1)
     except OSError as exc:
@@ -76,35 +120,20 @@ def read_file(root: str | Path, name: str, limit: int) -> bytes:
         os.close(fd)
     if len(data) > limit:  # grew while being read
         raise BundleError(f"bundle {root}: {name} is over the {limit}-byte cap")
+    if len(data) != info.st_size:
+        raise BundleError(f"bundle {root}: {name} changed while being read")
     return data
 
 
-def _check_depth(value: Any, root: str | Path) -> None:
-    """Iteratively (a recursive walk is what a deep document would break) bound the nesting."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            raise BundleError(f"bundle {root}: manifest.json nests deeper than {MAX_DEPTH} levels")
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
-        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
-
-
-def parse(root: str | Path, text: bytes) -> Any:
-    """JSON of a manifest, with its size and nesting bounded."""
-    try:
-        value = json.loads(text)
-    except RecursionError:
-        raise BundleError(f"bundle {root}: manifest.json nests deeper than {MAX_DEPTH} levels") from None
-    except (ValueError, MemoryError) as exc:  # UnicodeDecodeError is a ValueError
-        raise BundleError(f"bundle {root}: manifest.json is not valid JSON ({exc})") from None
-    _check_depth(value, root)
-    return value
+def parse(root: str | Path, text: bytes, name: str = "manifest.json") -> Any:
+    """JSON of a bundle file under the bundle spec's JSON rules (UTF-8, finite numbers, int64,
+    no repeated key, bounded nesting)."""
+    return loads(text, f"bundle {root}: {name}")
 
 
 def canonical(manifest: dict) -> bytes:
     body = {k: v for k, v in manifest.items() if k != "checksum"}
-    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -130,22 +159,27 @@ def store_binary(root: Path, image: bytes, kind: str) -> dict:
 
 def write(root: Path, manifest: dict) -> Path:
     manifest = dict(manifest)
-    manifest["checksum"] = hashlib.sha256(canonical(manifest)).hexdigest()
+    try:
+        manifest["checksum"] = hashlib.sha256(canonical(manifest)).hexdigest()
+        # Compact: indentation tripled the size of a bundle's RPN token lists (the checksum is over
+        # ``canonical``, so the layout of the file is free; ``python -m json.tool`` shows it indented).
+        text = json.dumps(manifest, sort_keys=True, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+    except ValueError as exc:  # NaN or infinity (a default of float("inf")): JSON has no such number
+        raise BundleError(f"bundle {root}: the manifest holds a number JSON cannot (NaN or infinity: {exc}); "
+                          "a bundle stores finite numbers only") from None
     path = Path(root) / "manifest.json"
-    # Compact: indentation tripled the size of a bundle's RPN token lists (the checksum is over
-    # ``canonical``, so the layout of the file is free; ``python -m json.tool`` shows it indented).
-    _atomic_write(path, json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode() + b"\n")
+    _atomic_write(path, text)
     return path
 
 
-def read(root: str | Path, text: bytes | None = None) -> dict[str, Any]:
+def read(root: str | Path, text: bytes | None = None, reads: Reads | None = None) -> dict[str, Any]:
     """The manifest of a bundle directory (or its bytes ``text``, already read and verified by the
-    caller), checked for size, nesting, format, version and checksum."""
+    caller), checked for format, version and checksum, then held to the bundle spec."""
     if text is None:
-        if not (Path(root) / "manifest.json").exists():
+        if not (Path(root) / "manifest.json").exists() and not (Path(root) / "manifest.json").is_symlink():
             raise BundleError(f"bundle {root}: no manifest.json; build one with "
                               "`kernelgraft aot TARGET --arch sm_90 -o DIR`")
-        text = read_file(root, "manifest.json", MAX_MANIFEST_BYTES)
+        text = (reads or Reads(root)).file("manifest.json", MAX_MANIFEST_BYTES)
     manifest = parse(root, text)
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise BundleError(f"bundle {root}: manifest.json is not a kernelgraft bundle manifest")
@@ -160,18 +194,24 @@ def read(root: str | Path, text: bytes | None = None) -> dict[str, Any]:
         raise BundleError(f"bundle {root}: manifest.json checksum mismatch (recorded "
                           f"{str(manifest['checksum'])[:16]}..., content {want[:16]}...): the manifest "
                           "was modified or corrupted after it was built; rebuild the bundle")
+    check_manifest(manifest, f"bundle {root}: manifest.json")
     return manifest
 
 
-def read_binary(root: str | Path, image: dict) -> bytes:
-    """A binary named in the manifest, after checking its sha256."""
+def read_binary(root: str | Path, image: dict, reads: Reads | None = None) -> bytes:
+    """A binary named in the manifest, after checking its size and sha256."""
     if not isinstance(image, dict):
         raise BundleError(f"bundle {root}: a binary entry is {type(image).__name__}, not an object")
     name = str(image.get("file", ""))
     if not name.startswith("bin/") or ".." in name or "/" in name[4:]:
         raise BundleError(f"bundle {root}: binary path {name!r} is outside the bundle's bin/")
-    data = read_file(root, name, MAX_BINARY_BYTES)
-    got = hashlib.sha256(data).hexdigest()
+    size = image.get("bytes") if type(image.get("bytes")) is int else None
+    if reads is not None:
+        data = reads.file(name, MAX_BINARY_BYTES, size)
+        got = reads.sha256(name)
+    else:
+        data = read_file(root, name, MAX_BINARY_BYTES, size=size)
+        got = hashlib.sha256(data).hexdigest()
     if got != image.get("sha256"):
         raise BundleError(f"bundle {root}: checksum mismatch for {name}: manifest says "
                           f"{str(image.get('sha256'))[:16]}..., file has {got[:16]}...; the binary was "

@@ -68,17 +68,18 @@ def meta_rules(candidates: Sequence[dict], names: Sequence[str]) -> list[dict]:
 def read_decisions(path: str | Path) -> list[dict]:
     """The entries of a tuning cache file (``tune.json``, as ``kernelgraft cache export`` writes it
     too; ``"cache"``: this machine's tuning cache); BundleError when it is not one."""
-    from ..tune._cache import BadFile, cache_path, entry_problem, read_json
+    from ..tune._cache import BadFile, Foreign, cache_path, entry_problem, read_json
 
-    if str(path) == "cache":
+    own = str(path) == "cache"  # the cache trusts only its owner; a file named by the user is the user's call
+    if own:
         found = cache_path()
         if found is None:
             raise BundleError("--decisions cache: the kernelgraft cache is off (KERNELGRAFT_CACHE_DIR=off)")
         path = found
 
     try:
-        data = read_json(Path(path))
-    except (BadFile, OSError) as exc:
+        data = read_json(Path(path), owner_only=own)
+    except (BadFile, Foreign, OSError) as exc:
         raise BundleError(f"--decisions {path}: not a readable tuning cache ({exc})") from None
     entries = data.get("entries") if isinstance(data, dict) else None
     if not isinstance(entries, dict):

@@ -42,6 +42,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._errors import BundleError
+from ._bundle_spec import limit
 from ._expr import check_expr, next_pow2
 
 __all__ = ["compile_rpn", "evaluate", "EvalError", "BINARY", "MAX_TOKENS", "INT_BITS"]
@@ -50,8 +51,9 @@ _BINOP_NAMES = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//", a
                 ast.BitOr: "|", ast.BitAnd: "&", ast.LShift: "<<", ast.RShift: ">>", ast.Div: "/"}
 _CMP_NAMES = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">="}
 BINARY = (*_BINOP_NAMES.values(), *_CMP_NAMES.values())
-# The C++ stack machine's bounds, checked here at build time so a bundle never exceeds them.
-MAX_TOKENS = 65536
+# The bundle spec's bound on one program (runtime/csrc/bundle_spec.h), checked here at build time
+# so a bundle never exceeds it.
+MAX_TOKENS = limit("PROGRAM_TOKENS")
 INT_BITS = 127  # signed 128-bit integers
 
 

@@ -21,10 +21,12 @@ import hashlib
 import hmac
 import json
 import os
+import re
 from pathlib import Path
 
 from .._errors import BundleError
-from ._manifest import MAX_BINARY_BYTES, MAX_MANIFEST_BYTES, _atomic_write, parse, read_file
+from ._bundle_spec import limit
+from ._manifest import MAX_BINARY_BYTES, MAX_MANIFEST_BYTES, Reads, _atomic_write, parse
 
 __all__ = ["sign_bundle", "verify_bundle", "load_key", "SIGNATURE"]
 
@@ -32,7 +34,8 @@ SIGNATURE = "signature.json"
 _FORMAT = "kernelgraft-bundle-signature"
 _ALGORITHM = "hmac-sha256"
 _MIN_KEY = 16
-_MAX_FILES = 100_000
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}\Z")
+_NAME = re.compile(r"(manifest\.json|bin/[A-Za-z0-9_-][A-Za-z0-9_.-]*)\Z")
 
 
 def load_key(key: bytes | str | os.PathLike) -> bytes:
@@ -61,18 +64,22 @@ def _mac(key: bytes, name: str, data: bytes) -> str:
 
 
 def _files(root: Path) -> list[str]:
-    names = ["manifest.json"]
+    """manifest.json and every entry of bin/ (listed only up to the FILES cap)."""
+    cap = limit("FILES")
+    entries = []
     try:
-        entries = sorted(os.listdir(root / "bin"))
+        with os.scandir(root / "bin") as it:
+            for entry in it:
+                entries.append(entry.name)
+                if len(entries) > cap:
+                    raise BundleError(f"bundle {root}: bin/ holds more than {cap} files, over the cap (FILES)")
     except OSError as exc:
         raise BundleError(f"bundle {root}: cannot list bin/: {exc.strerror or exc}") from None
-    if len(entries) > _MAX_FILES:
-        raise BundleError(f"bundle {root}: bin/ holds {len(entries)} files, over the {_MAX_FILES} cap")
-    return names + [f"bin/{e}" for e in entries]
+    return ["manifest.json"] + [f"bin/{e}" for e in sorted(entries)]
 
 
-def _read(root: Path, name: str) -> bytes:
-    return read_file(root, name, MAX_MANIFEST_BYTES if name == "manifest.json" else MAX_BINARY_BYTES)
+def _read(reads: Reads, name: str) -> bytes:
+    return reads.file(name, MAX_MANIFEST_BYTES if name == "manifest.json" else MAX_BINARY_BYTES)
 
 
 def _seal(key: bytes, files: dict[str, str]) -> str:
@@ -82,7 +89,8 @@ def _seal(key: bytes, files: dict[str, str]) -> str:
 def sign_bundle(path: str | Path, key: bytes | str | os.PathLike) -> Path:
     """Write ``signature.json`` for the bundle in ``path`` (after it is built); returns its path."""
     root, secret = Path(path), load_key(key)
-    files = {name: _mac(secret, name, _read(root, name)) for name in _files(root)}
+    reads = Reads(root)
+    files = {name: _mac(secret, name, _read(reads, name)) for name in _files(root)}
     body = {"format": _FORMAT, "version": 1, "algorithm": _ALGORITHM, "files": files,
             "mac": _seal(secret, files)}
     out = root / SIGNATURE
@@ -90,17 +98,20 @@ def sign_bundle(path: str | Path, key: bytes | str | os.PathLike) -> Path:
     return out
 
 
-def verify_bundle(path: str | Path, key: bytes | str | os.PathLike) -> bytes:
+def verify_bundle(path: str | Path, key: bytes | str | os.PathLike, reads: Reads | None = None) -> bytes:
     """Check the bundle's signature with ``key``; returns the verified bytes of ``manifest.json``
-    (parse those, not a second read of the file). BundleError naming what was modified otherwise."""
+    (parse those, not a second read of the file; ``reads`` keeps every verified file's bytes, which
+    the loader then uses). BundleError naming what was modified otherwise."""
     root, secret = Path(path), load_key(key)
+    reads = reads if reads is not None else Reads(root)
     if not (root / SIGNATURE).exists() and not (root / SIGNATURE).is_symlink():
         raise BundleError(f"bundle {root} is not signed (no {SIGNATURE}) and a key was given; sign it with "
                           "`kernelgraft aot ... --sign KEYFILE` or load it without key=")
-    body = parse(root, read_file(root, SIGNATURE, MAX_MANIFEST_BYTES))
+    body = parse(root, reads.file(SIGNATURE, limit("SIGNATURE_BYTES")), SIGNATURE)
     files = body.get("files") if isinstance(body, dict) else None
     if (not isinstance(body, dict) or body.get("format") != _FORMAT or body.get("algorithm") != _ALGORITHM
-            or not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values())):
+            or not isinstance(files, dict) or len(files) > limit("FILES") + 1
+            or not all(isinstance(v, str) and _SHA256_HEX.match(v) and _NAME.match(k) for k, v in files.items())):
         raise BundleError(f"bundle {root}: {SIGNATURE} is not a {_ALGORITHM} bundle signature")
     if not hmac.compare_digest(str(body.get("mac", "")), _seal(secret, files)):
         raise BundleError(f"bundle {root}: {SIGNATURE} does not verify with this key: it was signed with "
@@ -113,7 +124,7 @@ def verify_bundle(path: str | Path, key: bytes | str | os.PathLike) -> bytes:
                           + "; ".join(filter(None, [added and f"added {added[:5]}", removed and f"removed {removed[:5]}"])))
     manifest = b""
     for name in present:
-        data = _read(root, name)
+        data = _read(reads, name)
         if not hmac.compare_digest(files[name], _mac(secret, name, data)):
             raise BundleError(f"bundle {root} was modified after signing: {name} differs from the signed file")
         if name == "manifest.json":

@@ -9,8 +9,10 @@ the library; Python loads it with ``torch.ops.load_library`` and then::
 
     torch.ops.kernelgraft.load_bundle("bundle/", key=None, arch=None, allow_native=False)   # -> the op names
 
-which verifies the bundle (checksums, the HMAC signature with ``key``: a key file), registers
-each op under its schema with a CUDA kernel and a Meta kernel, and returns the op names. CuTe DSL
+which verifies the bundle (checksums, the HMAC signature with ``key``: a key file), holds it to the
+bundle spec the Python loader enforces too (``kernelgraft.aot._bundle_spec``: caps, names, a schema
+that is exactly the recorded parameters; ``csrc/spec.cpp``), registers each op under its schema
+with a CUDA kernel and a Meta kernel, and returns the op names. CuTe DSL
 candidates are shared libraries (native code): they are loaded from a bundle verified with a key,
 or with ``allow_native=True``; otherwise left out with a warning. A process that sets
 ``KERNELGRAFT_BUNDLES=DIR[:DIR...]`` (with ``KERNELGRAFT_BUNDLE_KEY``, ``KERNELGRAFT_BUNDLE_ARCH`` and

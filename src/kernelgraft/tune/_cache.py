@@ -15,6 +15,12 @@ whose own fields have the wrong types is a miss for its key (and is dropped at t
 The file is bounded to ``MAX_BYTES`` (16 MiB, some 15,000 decisions, parsed in well under a
 second) so a first call stays fast: a larger file is refused unread (set aside, as above), and a
 write that would pass the bound drops the oldest decisions first. A cache directory that cannot be written gives one warning and decisions stay in memory.
+
+Decisions choose which kernel runs, so the file is trusted only when it is its owner's alone
+(``kernelgraft._trust``, the rule the native build follows): a cache directory that is not this
+user's alone (another owner, group or other write, a symlink) is neither read nor written, and a
+``tune.json`` that is not a regular file of this user's alone is ignored (a miss: the next write,
+in a trusted directory, replaces it). Each gives one ``TuneWarning`` per directory per process.
 """
 
 from __future__ import annotations
@@ -35,9 +41,10 @@ from filelock import FileLock, Timeout
 
 from .. import _cache
 from .._errors import TuneWarning
+from .._trust import foreign_file, untrusted
 from ._key import _KEY_SCHEMA_VERSION
 
-__all__ = ["cache_dir", "cache_path", "DiskCache", "MAX_BYTES", "BadFile", "OtherSchema", "entry_problem",
+__all__ = ["cache_dir", "cache_path", "DiskCache", "MAX_BYTES", "BadFile", "Foreign", "OtherSchema", "entry_problem",
            "read_json", "set_aside_files"]
 
 log = logging.getLogger(__name__)
@@ -105,6 +112,24 @@ class BadFile(Exception):
     """The tuning cache file cannot be used as a whole (the message says why)."""
 
 
+class Foreign(Exception):
+    """The tuning cache file or its directory is not this user's alone: not read, not set aside."""
+
+
+_DISTRUSTED: set[str] = set()  # directories warned about in this process
+_DISTRUST_LOCK = threading.Lock()
+
+
+def _distrust(directory: Path, why: str) -> None:
+    with _DISTRUST_LOCK:
+        if str(directory) in _DISTRUSTED:
+            return
+        _DISTRUSTED.add(str(directory))
+    warnings.warn(f"kernelgraft: ignoring the tuning cache in {directory}: {why}; ops choose without its "
+                  "decisions and new ones stay in memory (a cache is used only when it is this user's alone: "
+                  "chmod go-w, or point KERNELGRAFT_CACHE_DIR at a directory of your own)", TuneWarning, stacklevel=5)
+
+
 class OtherSchema(Exception):
     """The tuning cache file is a newer kernelgraft's (a later key schema): not read, and not
     overwritten but by an explicit clear, so an older version sharing the cache directory does not
@@ -112,15 +137,23 @@ class OtherSchema(Exception):
     upgrade keeps caching."""
 
 
-def read_json(path: Path) -> Any:
+def read_json(path: Path, *, owner_only: bool = False) -> Any:
     """The JSON value in ``path``, read within the bounds: raises ``BadFile`` when it is not a
     regular file, is over ``MAX_BYTES``, is not UTF-8 or not JSON or is nested too deep;
-    ``FileNotFoundError`` and other ``OSError`` when it cannot be opened."""
+    ``FileNotFoundError`` and other ``OSError`` when it cannot be opened. ``owner_only`` (the
+    cache's own file): ``Foreign`` unless it and its directory are this user's alone."""
+    if owner_only:
+        why = untrusted(path.parent)
+        if why:
+            raise Foreign(why)
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO must not block
     with os.fdopen(fd, "rb") as fh:
         st = os.fstat(fh.fileno())
         if not stat.S_ISREG(st.st_mode):
             raise BadFile("it is not a regular file")
+        why = foreign_file(path, st) if owner_only else None
+        if why:
+            raise Foreign(why)
         if st.st_size > MAX_BYTES:
             raise BadFile(f"it is {_size(st.st_size)}, over the {_size(MAX_BYTES)} bound")
         raw = fh.read(MAX_BYTES + 1)
@@ -141,7 +174,7 @@ def load(path: Path) -> tuple[dict[str, Any], int]:
     Raises ``OtherSchema`` for a file of another key schema, ``BadFile`` for a file that cannot be
     used, ``OSError`` when it cannot be read."""
     try:
-        data = read_json(path)
+        data = read_json(path, owner_only=True)
     except FileNotFoundError:
         return {}, 0
     if not isinstance(data, dict) or data.get("format") != _FORMAT:
@@ -224,6 +257,9 @@ class DiskCache:
                 raise
             log.info("%s; its decisions are ignored", exc)
             return {}
+        except Foreign as exc:
+            _distrust(path.parent, str(exc))
+            return {}
         except OSError as exc:
             self._warn(("read", stamp), f"kernelgraft: cannot read the tuning cache {path}: {exc}")
             return {}
@@ -294,7 +330,11 @@ class DiskCache:
         if path is None:
             return False
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            why = untrusted(path.parent)
+            if why:  # neither read nor written: another user could swap what it holds
+                _distrust(path.parent, why)
+                return False
             with FileLock(str(path) + ".lock", timeout=_LOCK_TIMEOUT_S):
                 current = self._read_file(path, locked=True, replace_newer=replace_newer)
                 edit(current)

@@ -12,51 +12,100 @@
 
 #include "crypto.h"
 #include "native.h"
+#include "spec.h"
 
 namespace kgrt {
 namespace {
 
-// The same bounds as the Python loader (kernelgraft/aot/_manifest.py).
-constexpr size_t kMaxManifest = size_t(64) << 20;
-constexpr size_t kMaxBinary = size_t(256) << 20;
-constexpr size_t kMaxFiles = 100000;
 const char* kFormat = "kernelgraft-bundle";
 const char* kSignature = "signature.json";
 
-// A regular file of at most `limit` bytes, opened without following a final symlink and
-// without blocking, so a FIFO or a link to /dev/zero is refused at once.
-std::string read_file(const std::string& root, const std::string& name, size_t limit) {
-  std::string path = root + "/" + name;
-  int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) {
-    std::string why = errno == ELOOP ? "it is a symlink" : std::strerror(errno);
-    throw BundleError("bundle " + root + ": cannot read " + name + " (" + why +
-                      "); a bundle holds regular files only");
-  }
-  struct stat st;
-  std::string data;
-  try {
-    if (::fstat(fd, &st) != 0) throw BundleError("bundle " + root + ": cannot stat " + name);
-    if (!S_ISREG(st.st_mode))
-      throw BundleError("bundle " + root + ": " + name + " is not a regular file; a bundle holds regular files only");
-    if (static_cast<size_t>(st.st_size) > limit)
-      throw BundleError("bundle " + root + ": " + name + " is " + std::to_string(st.st_size) + " bytes, over the " +
-                        std::to_string(limit) + "-byte cap");
-    data.resize(static_cast<size_t>(st.st_size));
-    size_t got = 0;
-    while (got < data.size()) {
-      ssize_t n = ::read(fd, &data[got], data.size() - got);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) throw BundleError("bundle " + root + ": " + name + " changed while being read");
-      got += static_cast<size_t>(n);
+// The files one load reads (kernelgraft/aot/_manifest.py's Reads): each at most once, stat'ed and
+// refused over its cap before a byte is read, all reads charged to spec::TOTAL_BYTES. A signed
+// bundle's files are the bytes the signature verified.
+class Reader {
+ public:
+  struct File {
+    std::shared_ptr<const std::string> data;
+    std::string sha256;  // computed once per file
+  };
+
+  explicit Reader(std::string root) : root_(std::move(root)) {}
+
+  const File& file(const std::string& name, int64_t cap, int64_t size = -1) {
+    auto found = files_.find(name);
+    if (found == files_.end()) {
+      auto data = std::make_shared<const std::string>(read(name, cap, size));
+      found = files_.emplace(name, File{data, ""}).first;
+    } else if (size >= 0 && static_cast<int64_t>(found->second.data->size()) != size) {
+      throw BundleError("bundle " + root_ + ": " + name + " is " + std::to_string(found->second.data->size()) +
+                        " bytes, the manifest says " + std::to_string(size));
     }
-  } catch (...) {
-    ::close(fd);
-    throw;
+    return found->second;
   }
-  ::close(fd);
-  return data;
-}
+
+  const std::string& sha256(const std::string& name) {
+    File& f = files_.at(name);
+    if (f.sha256.empty()) f.sha256 = sha256_hex(*f.data);
+    return f.sha256;
+  }
+
+  void charge(const std::string& name, int64_t size) {
+    total_ += size;
+    if (total_ > spec::TOTAL_BYTES)
+      throw BundleError("bundle " + root_ + ": reading " + name + " passes the cap of " +
+                        std::to_string(spec::TOTAL_BYTES) + " bytes read from one bundle (TOTAL_BYTES)");
+  }
+
+  const std::string& root() const { return root_; }
+
+ private:
+  // A regular file of at most `cap` bytes (of exactly `size` when >= 0), opened without following
+  // a final symlink and without blocking, so a FIFO or a link to /dev/zero is refused at once.
+  std::string read(const std::string& name, int64_t cap, int64_t size) {
+    std::string path = root_ + "/" + name;
+    int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+      std::string why = errno == ELOOP ? "it is a symlink" : std::strerror(errno);
+      throw BundleError("bundle " + root_ + ": cannot read " + name + " (" + why +
+                        "); a bundle holds regular files only");
+    }
+    struct stat st;
+    std::string data;
+    try {
+      if (::fstat(fd, &st) != 0) throw BundleError("bundle " + root_ + ": cannot stat " + name);
+      if (!S_ISREG(st.st_mode))
+        throw BundleError("bundle " + root_ + ": " + name + " is not a regular file; a bundle holds regular files only");
+      if (st.st_size > cap)
+        throw BundleError("bundle " + root_ + ": " + name + " is " + std::to_string(st.st_size) + " bytes, over the " +
+                          std::to_string(cap) + "-byte cap");
+      if (size >= 0 && st.st_size != size)
+        throw BundleError("bundle " + root_ + ": " + name + " is " + std::to_string(st.st_size) +
+                          " bytes, the manifest says " + std::to_string(size));
+      charge(name, st.st_size);
+      data.resize(static_cast<size_t>(st.st_size) + 1);  // one byte more: a file that grew is seen
+      size_t got = 0;
+      while (got < data.size()) {
+        ssize_t n = ::read(fd, &data[got], data.size() - got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) throw BundleError("bundle " + root_ + ": cannot read " + name + ": " + std::strerror(errno));
+        if (n == 0) break;
+        got += static_cast<size_t>(n);
+      }
+      if (got != static_cast<size_t>(st.st_size)) throw BundleError("bundle " + root_ + ": " + name + " changed while being read");
+      data.resize(got);
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    ::close(fd);
+    return data;
+  }
+
+  std::string root_;
+  int64_t total_ = 0;
+  std::map<std::string, File> files_;
+};
 
 std::vector<std::string> list_bin(const std::string& root) {
   DIR* dir = ::opendir((root + "/bin").c_str());
@@ -66,9 +115,10 @@ std::vector<std::string> list_bin(const std::string& root) {
     std::string n = e->d_name;
     if (n == "." || n == "..") continue;
     names.push_back("bin/" + n);
-    if (names.size() > kMaxFiles) {
+    if (static_cast<int64_t>(names.size()) > spec::FILES) {
       ::closedir(dir);
-      throw BundleError("bundle " + root + ": bin/ holds more than " + std::to_string(kMaxFiles) + " files");
+      throw BundleError("bundle " + root + ": bin/ holds more than " + std::to_string(spec::FILES) +
+                        " files, over the cap (FILES)");
     }
   }
   ::closedir(dir);
@@ -80,21 +130,33 @@ std::string mac(const std::string& key, const std::string& name, const std::stri
   return hmac_sha256_hex(key, name + std::string(1, '\0') + data);
 }
 
-// kernelgraft/aot/_sign.py's verify_bundle: returns the verified manifest bytes.
-std::string verify_signature(const std::string& root, const std::string& key) {
+bool signed_name(const std::string& n) {
+  static const std::string tail = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-";
+  return n == "manifest.json" ||
+         (n.size() > 4 && n.rfind("bin/", 0) == 0 && n[4] != '.' && n.find_first_not_of(tail, 4) == std::string::npos);
+}
+
+bool hex64(const std::string& s) { return s.size() == 64 && s.find_first_not_of("0123456789abcdef") == std::string::npos; }
+
+// kernelgraft/aot/_sign.py's verify_bundle: returns the verified manifest bytes (and leaves every
+// verified file's bytes in `reader`).
+std::string verify_signature(Reader& reader, const std::string& key) {
+  const std::string& root = reader.root();
   struct stat st;
   if (::lstat((root + "/" + kSignature).c_str(), &st) != 0)
     throw BundleError("bundle " + root + " is not signed (no signature.json) and a key was given; sign it with "
                       "`kernelgraft aot ... --sign KEYFILE` or load it without a key");
-  Json body = parse_json(read_file(root, kSignature, kMaxManifest), "bundle " + root + ": signature.json");
   std::string where = "bundle " + root + ": signature.json";
+  Json body = parse_json(*reader.file(kSignature, spec::SIGNATURE_BYTES).data, where);
   if (!body.is<picojson::object>() || !body.contains("files") || !body.get("files").is<picojson::object>() ||
       !body.contains("format") || body.get("format").to_str() != "kernelgraft-bundle-signature" ||
-      !body.contains("algorithm") || body.get("algorithm").to_str() != "hmac-sha256")
+      !body.contains("algorithm") || body.get("algorithm").to_str() != "hmac-sha256" ||
+      static_cast<int64_t>(body.get("files").get<picojson::object>().size()) > spec::FILES + 1)
     throw BundleError(where + " is not a hmac-sha256 bundle signature");
   const auto& files = body.get("files").get<picojson::object>();
   for (const auto& kv : files)
-    if (!kv.second.is<std::string>()) throw BundleError(where + " is not a hmac-sha256 bundle signature");
+    if (!kv.second.is<std::string>() || !hex64(kv.second.get<std::string>()) || !signed_name(kv.first))
+      throw BundleError(where + " is not a hmac-sha256 bundle signature");
   std::string seal = mac(key, kSignature, canonical_json(body.get("files")));
   std::string recorded = body.contains("mac") && body.get("mac").is<std::string>() ? body.get("mac").get<std::string>() : "";
   if (!equal_constant_time(recorded, seal))
@@ -108,24 +170,26 @@ std::string verify_signature(const std::string& root, const std::string& key) {
     if (!have.count(kv.first)) throw BundleError("bundle " + root + " was modified after signing: removed " + kv.first);
   std::string manifest;
   for (const auto& n : present) {
-    std::string data = read_file(root, n, n == "manifest.json" ? kMaxManifest : kMaxBinary);
+    const std::string& data = *reader.file(n, n == "manifest.json" ? spec::MANIFEST_BYTES : spec::FILE_BYTES).data;
     if (!equal_constant_time(files.at(n).get<std::string>(), mac(key, n, data)))
       throw BundleError("bundle " + root + " was modified after signing: " + n + " differs from the signed file");
-    if (n == "manifest.json") manifest = std::move(data);
+    if (n == "manifest.json") manifest = data;
   }
   return manifest;
 }
 
-std::string read_binary(const std::string& root, const Json& image, const std::string& where) {
-  const std::string& name = as_string(field(image, "file", where), where + " file");
-  if (name.rfind("bin/", 0) != 0 || name.find("..") != std::string::npos || name.find('/', 4) != std::string::npos)
-    throw BundleError("bundle " + root + ": binary path '" + name + "' is outside the bundle's bin/");
-  std::string data = read_file(root, name, kMaxBinary);
-  std::string got = sha256_hex(data);
-  const std::string& want = as_string(field(image, "sha256", where), where + " sha256");
+// A binary named in the manifest (checked by the spec: a file of bin/ with a sha256 and a size),
+// its size and sha256 checked against the file.
+std::shared_ptr<const std::string> read_binary(Reader& reader, const Json& image) {
+  const std::string& name = image.get("file").get<std::string>();
+  int64_t size = image.get("bytes").get<int64_t>();
+  std::shared_ptr<const std::string> data = reader.file(name, spec::FILE_BYTES, size).data;
+  const std::string& got = reader.sha256(name);
+  const std::string& want = image.get("sha256").get<std::string>();
   if (got != want)
-    throw BundleError("bundle " + root + ": checksum mismatch for " + name + ": manifest says " + want.substr(0, 16) +
-                      "..., file has " + got.substr(0, 16) + "...; the binary was modified or corrupted; rebuild the bundle");
+    throw BundleError("bundle " + reader.root() + ": checksum mismatch for " + name + ": manifest says " +
+                      want.substr(0, 16) + "..., file has " + got.substr(0, 16) +
+                      "...; the binary was modified or corrupted; rebuild the bundle");
   return data;
 }
 
@@ -188,10 +252,14 @@ std::vector<std::string> strings(const Json& list, const std::string& where) {
   return out;
 }
 
-using Shared = std::map<std::string, std::shared_ptr<const std::string>>;  // "file sha256" -> bytes
+// What was checked of the files once (kernelgraft/aot/_load.py's _check_binaries does the same):
+// a cubin defines a kernel, per (file, kernel name), each such scan charged to the read budget; a
+// library, per file.
+using Checked = std::set<std::string>;
 
-Kernel read_kernel(const std::string& root, const Json& k, const Names& names, size_t n, int n_returns,
-                   const std::string& label, Shared* shared) {
+Kernel read_kernel(Reader& reader, const Json& k, const Names& names, size_t n, int n_returns,
+                   const std::string& label, Checked* checked) {
+  const std::string& root = reader.root();
   Kernel out;
   out.name = as_string(field(k, "kernel", label), label + " kernel");
   out.where = "bundle " + root + ": " + label + " kernel " + out.name;
@@ -260,28 +328,25 @@ Kernel read_kernel(const std::string& root, const Json& k, const Names& names, s
                       std::to_string(n_returns) + " returns");
   const Json& images = field(k, "images", w);
   for (const auto& kv : as_object(images, w + " images")) {  // every image is verified, not only the cubin
-    std::string where = w + " image " + kv.first;
+    std::shared_ptr<const std::string> data = read_binary(reader, kv.second);
+    const std::string& file = kv.second.get("file").get<std::string>();
     if (kv.first == "so" || kv.first == "runtime") {
-      std::string id = as_string(field(kv.second, "file", where), where) + " " +
-                       as_string(field(kv.second, "sha256", where), where);
-      auto found = shared->find(id);
-      if (found == shared->end())
-        found = shared->emplace(id, std::make_shared<const std::string>(read_binary(root, kv.second, where))).first;
-      (kv.first == "so" ? out.library : out.runtime) = found->second;
-      continue;
+      if (checked->insert(kv.first + " " + file).second) check_library(w, *data, kv.first == "so");
+      (kv.first == "so" ? out.library : out.runtime) = data;
+    } else if (kv.first == "cubin") {
+      if (checked->insert("cubin " + file + " " + out.name).second) {
+        reader.charge(file, static_cast<int64_t>(data->size()));  // the scan for the kernel's name
+        check_cubin(w, *data, out.name);
+      }
+      out.cubin = data;
     }
-    std::string data = read_binary(root, kv.second, where);
-    if (kv.first == "cubin") out.cubin = std::move(data);
   }
   out.native = out.library != nullptr;
   if (out.native) {
     if (out.runtime == nullptr) throw BundleError(w + ": no runtime image (the CUDA dialect runtime the library needs)");
-    check_library(w, *out.library, true);
-    check_library(w, *out.runtime, false);
     return out;
   }
-  if (out.cubin.empty()) throw BundleError(w + ": no cubin image");
-  check_cubin(w, out.cubin, out.name);
+  if (out.cubin == nullptr) throw BundleError(w + ": no cubin image");
   return out;
 }
 
@@ -319,8 +384,9 @@ bool is_native(const Json& k) {
   return k.contains("images") && k.get("images").is<picojson::object>() && k.get("images").contains("so");
 }
 
-OpEntry read_op(const std::string& root, const Json& e, const std::string& arch, bool native,
-                std::vector<std::string>* left_out, Shared* shared) {
+OpEntry read_op(Reader& reader, const Json& e, const std::string& arch, bool native,
+                std::vector<std::string>* left_out, Checked* checked) {
+  const std::string& root = reader.root();
   OpEntry op;
   std::string w = "bundle " + root + ": op";
   op.qualified = as_string(field(e, "name", w), w + " name");
@@ -352,7 +418,7 @@ OpEntry read_op(const std::string& root, const Json& e, const std::string& arch,
         if (left_out->empty() || left_out->back() != label) left_out->push_back(label);
         continue;
       }
-      cand.kernels.push_back(read_kernel(root, k, names, n, op.n_returns, op.qualified + " " + cand.label, shared));
+      cand.kernels.push_back(read_kernel(reader, k, names, n, op.n_returns, op.qualified + " " + cand.label, checked));
     }
     op.candidates.push_back(std::move(cand));  // kept even when empty: decision rows index them
   }
@@ -401,13 +467,14 @@ std::shared_ptr<Bundle> read_bundle(const std::string& path, const std::string& 
   bundle->path = path;
   bundle->arch = arch;
   bundle->signed_ = !key.empty();
-  std::string text = key.empty() ? read_file(path, "manifest.json", kMaxManifest) : verify_signature(path, key);
+  Reader reader(path);
+  std::string text = key.empty() ? *reader.file("manifest.json", spec::MANIFEST_BYTES).data : verify_signature(reader, key);
   std::string w = "bundle " + path + ": manifest.json";
   Json manifest = parse_json(text, w);
   if (!manifest.is<picojson::object>() || !manifest.contains("format") || manifest.get("format").to_str() != kFormat)
     throw BundleError(w + " is not a kernelgraft bundle manifest");
   int64_t version = as_int(field(manifest, "version", w), w + " version");
-  if (version != 2 && version != 3)  // 3: kernels pinned to string arguments
+  if (!spec::readable_version(version))
     throw BundleError("bundle " + path + ": manifest version " + std::to_string(version) +
                       "; the C++ runtime reads versions 2 and 3: rebuild the bundle with `kernelgraft aot`");
   bundle->checksum = as_string(field(manifest, "checksum", w), w + " checksum");
@@ -418,6 +485,7 @@ std::shared_ptr<Bundle> read_bundle(const std::string& path, const std::string& 
     throw BundleError(w + " checksum mismatch (recorded " + bundle->checksum.substr(0, 16) + "..., content " +
                       want.substr(0, 16) + "...): the manifest was modified or corrupted after it was built; "
                       "rebuild the bundle");
+  spec::check_manifest(manifest, w);  // before anything else reads it
   bool has_arch = false;
   std::string archs;
   for (const auto& a : as_array(field(manifest, "archs", w), w + " archs")) {
@@ -427,9 +495,9 @@ std::shared_ptr<Bundle> read_bundle(const std::string& path, const std::string& 
   if (!has_arch)
     throw BundleError("bundle " + path + " was built for " + archs + ", not for " + arch +
                       "; rebuild it with `kernelgraft aot TARGET --arch " + arch + " -o DIR`");
-  Shared shared;
+  Checked checked;
   for (const auto& e : as_array(field(manifest, "ops", w), w + " ops"))
-    bundle->ops.push_back(read_op(path, e, arch, allow_native || !key.empty(), &bundle->left_out, &shared));
+    bundle->ops.push_back(read_op(reader, e, arch, allow_native || !key.empty(), &bundle->left_out, &checked));
   return bundle;
 }
 

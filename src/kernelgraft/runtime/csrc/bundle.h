@@ -1,7 +1,9 @@
-// A bundle read into memory: the manifest (version 2) checked against its checksum, the
-// signature checked with a key when one is given, every binary of the chosen arch read and its
-// sha256 checked, and each op's candidates, kernels, programs, output rules and decision rows
-// decoded. Nothing here touches torch or CUDA: ops.cpp registers the ops, driver.cpp launches.
+// A bundle read into memory: the manifest (version 2) checked against its checksum and then
+// held to the bundle spec (spec.h) before anything else reads it, the signature checked with a
+// key when one is given, every binary of the chosen arch read (stat'ed first, each file once,
+// all reads charged to one budget) and its sha256 checked, and each op's candidates, kernels,
+// programs, output rules and decision rows decoded. Nothing here touches torch or CUDA: ops.cpp
+// registers the ops, driver.cpp launches.
 #pragma once
 
 #include <array>
@@ -44,7 +46,7 @@ struct Kernel {
   std::vector<KernelParam> params;
   std::vector<std::vector<Program>> out_shapes;
   std::vector<std::string> out_dtypes;
-  std::string cubin;                                 // verified bytes
+  std::shared_ptr<const std::string> cubin;          // verified bytes (shared by the kernels of one file)
   bool native = false;                               // a CuTe DSL shared library (native.h), not a cubin
   // native: the library and the runtime it needs, verified; shared between the kernels that name the
   // same file (every CuTe DSL kernel names the one runtime library)

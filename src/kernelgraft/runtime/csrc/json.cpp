@@ -1,20 +1,166 @@
 #include "json.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+
+#include "spec.h"
 
 namespace kgrt {
 
-Json parse_json(const std::string& text, const std::string& where) {
-  Json out;
-  std::string err;
-  try {
-    picojson::parse(out, text.begin(), text.end(), &err);
-  } catch (const std::exception& e) {  // picojson throws on some malformed numbers
-    err = e.what();
+namespace {
+
+bool json_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+// Well-formed UTF-8 as Python's strict decoder reads it: no overlong forms, no surrogates, at
+// most U+10FFFF. Returns the offset of the first bad byte, or npos.
+size_t bad_utf8(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    unsigned char c = s[i];
+    if (c < 0x80) { ++i; continue; }
+    size_t len = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+    if (len == 0 || c == 0xC0 || c == 0xC1 || c > 0xF4 || i + len > s.size()) return i;
+    unsigned char c1 = s[i + 1];
+    if ((c1 & 0xC0) != 0x80) return i;
+    if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 > 0x9F) || (c == 0xF0 && c1 < 0x90) || (c == 0xF4 && c1 > 0x8F))
+      return i;
+    for (size_t k = 2; k < len; ++k)
+      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return i;
+    i += len;
   }
+  return std::string::npos;
+}
+
+// A JSON number lexeme (RFC 8259) whose value Python's json reads exactly: an integer within
+// int64, or a finite float. Empty when it is one, else why not.
+std::string bad_number(const std::string& t) {
+  size_t i = 0, n = t.size();
+  if (i < n && t[i] == '-') ++i;
+  size_t int_start = i;
+  if (i < n && t[i] == '0') ++i;
+  else if (i < n && t[i] >= '1' && t[i] <= '9') while (i < n && isdigit(static_cast<unsigned char>(t[i]))) ++i;
+  else return "'" + t.substr(0, 40) + "' is not a JSON number";
+  size_t int_end = i;
+  bool integer = true;
+  if (i < n && t[i] == '.') {
+    integer = false;
+    size_t d = ++i;
+    while (i < n && isdigit(static_cast<unsigned char>(t[i]))) ++i;
+    if (i == d) return "'" + t.substr(0, 40) + "' is not a JSON number";
+  }
+  if (i < n && (t[i] == 'e' || t[i] == 'E')) {
+    integer = false;
+    ++i;
+    if (i < n && (t[i] == '+' || t[i] == '-')) ++i;
+    size_t d = i;
+    while (i < n && isdigit(static_cast<unsigned char>(t[i]))) ++i;
+    if (i == d) return "'" + t.substr(0, 40) + "' is not a JSON number";
+  }
+  if (i != n) return "'" + t.substr(0, 40) + "' is not a JSON number";
+  if (integer) {
+    std::string digits = t.substr(int_start, int_end - int_start);
+    const std::string max = t[0] == '-' ? "9223372036854775808" : "9223372036854775807";
+    if (digits.size() > max.size() || (digits.size() == max.size() && digits > max))
+      return "the integer " + t.substr(0, 40) + " is outside int64";
+    return "";
+  }
+  errno = 0;
+  double d = std::strtod(t.c_str(), nullptr);
+  if (!std::isfinite(d)) return "the number " + t.substr(0, 40) + " is not finite";
+  return "";
+}
+
+// What picojson leaves to its caller: UTF-8, control characters in strings, the number grammar
+// and ranges, and the nesting depth (before parsing, which recurses per level).
+void prescan(const std::string& text, const std::string& where) {
+  size_t bad = bad_utf8(text);
+  if (bad != std::string::npos)
+    throw BundleError(where + " is not valid JSON (not UTF-8 at byte " + std::to_string(bad) + ")");
+  int64_t depth = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    char c = text[i];
+    if (c == '"') {
+      for (++i; i < text.size() && text[i] != '"'; ++i) {
+        if (text[i] == '\\') ++i;
+        else if (static_cast<unsigned char>(text[i]) < 0x20)
+          throw BundleError(where + " is not valid JSON (a control character in a string)");
+      }
+    } else if (c == '[' || c == '{') {
+      if (++depth > spec::JSON_DEPTH)
+        throw BundleError(where + " nests deeper than " + std::to_string(spec::JSON_DEPTH) + " levels");
+    } else if (c == ']' || c == '}') {
+      --depth;
+    } else if (c == '-' || (c >= '0' && c <= '9')) {
+      size_t end = text.find_first_not_of("0123456789+-.eE", i);
+      if (end == std::string::npos) end = text.size();
+      std::string why = bad_number(text.substr(i, end - i));
+      if (!why.empty()) throw BundleError(where + " is not valid JSON (" + why + ")");
+      i = end - 1;
+    }
+  }
+}
+
+// picojson's default context, refusing a key that appears twice in one object.
+class StrictContext {
+ public:
+  StrictContext(Json* out, std::string* repeated) : out_(out), repeated_(repeated) {}
+  bool set_null() { *out_ = Json(); return true; }
+  bool set_bool(bool b) { *out_ = Json(b); return true; }
+  bool set_int64(int64_t i) { *out_ = Json(i); return true; }
+  bool set_number(double f) { *out_ = Json(f); return true; }
+  template <typename Iter> bool parse_string(picojson::input<Iter>& in) {
+    *out_ = Json(picojson::string_type, false);
+    return picojson::_parse_string(out_->get<std::string>(), in);
+  }
+  bool parse_array_start() { *out_ = Json(picojson::array_type, false); return true; }
+  template <typename Iter> bool parse_array_item(picojson::input<Iter>& in, size_t) {
+    picojson::array& a = out_->get<picojson::array>();
+    a.push_back(Json());
+    StrictContext ctx(&a.back(), repeated_);
+    return picojson::_parse(ctx, in);
+  }
+  bool parse_array_stop(size_t) { return true; }
+  bool parse_object_start() { *out_ = Json(picojson::object_type, false); return true; }
+  template <typename Iter> bool parse_object_item(picojson::input<Iter>& in, const std::string& key) {
+    picojson::object& o = out_->get<picojson::object>();
+    if (o.count(key)) {
+      *repeated_ = key;
+      return false;
+    }
+    StrictContext ctx(&o[key], repeated_);
+    return picojson::_parse(ctx, in);
+  }
+  bool parse_object_stop() { return true; }
+
+ private:
+  Json* out_;
+  std::string* repeated_;
+};
+
+}  // namespace
+
+Json parse_json(const std::string& text, const std::string& where) {
+  prescan(text, where);
+  Json out;
+  std::string err, repeated;
+  try {
+    StrictContext ctx(&out, &repeated);
+    auto end = picojson::_parse(ctx, text.begin(), text.end(), &err);
+    if (err.empty())
+      for (; end != text.end(); ++end)
+        if (!json_space(*end)) {
+          err = "extra data after the value";
+          break;
+        }
+  } catch (const std::exception& e) {  // picojson throws on some malformed numbers
+    err = std::string("a number out of range ") + e.what();
+  }
+  if (!repeated.empty()) err = "the key '" + repeated.substr(0, 40) + "' appears twice in one object";
   if (!err.empty()) throw BundleError(where + " is not valid JSON (" + err.substr(0, 200) + ")");
   return out;
 }

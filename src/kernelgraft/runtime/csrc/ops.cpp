@@ -25,17 +25,18 @@
 #include "launch_cache.h"
 #include "native.h"
 #include "select.h"
+#include "spec.h"
 #include "symbolic.h"
 
 namespace kgrt {
 namespace {
 
+// The bundle spec's dtypes (bundle_spec.h), by name.
 const std::map<std::string, at::ScalarType>& dtypes() {
   static const std::map<std::string, at::ScalarType> table = {
-      {"float32", at::kFloat}, {"float16", at::kHalf}, {"bfloat16", at::kBFloat16}, {"float64", at::kDouble},
-      {"int8", at::kChar}, {"int16", at::kShort}, {"int32", at::kInt}, {"int64", at::kLong},
-      {"uint8", at::kByte}, {"bool", at::kBool}, {"float8_e4m3fn", at::kFloat8_e4m3fn},
-      {"float8_e5m2", at::kFloat8_e5m2}, {"complex64", at::kComplexFloat}};
+#define KG_DTYPE(name, scalar_type) {name, at::ScalarType::scalar_type},
+#include "bundle_spec.h"
+  };
   return table;
 }
 
@@ -352,6 +353,13 @@ bool register_op(const std::shared_ptr<Bundle>& bundle, const OpEntry& op) {
     return false;
   }
   std::string def = op.name + op.schema;
+  // The kernels pop params.size() arguments and push n_returns outputs: the schema the dispatcher
+  // holds them to must say exactly that (the bundle spec made it so; this keeps it so here).
+  c10::FunctionSchema parsed = torch::schema(def.c_str());
+  TORCH_CHECK(parsed.arguments().size() == op.params.size() &&
+                  parsed.returns().size() == static_cast<size_t>(op.n_returns),
+              "bundle ", bundle->path, ": op ", op.qualified, ": schema ", op.schema, " does not have the op's ",
+              op.params.size(), " parameters and ", op.n_returns, " returns");
   auto existing = c10::Dispatcher::singleton().findOp(c10::OperatorName(op.qualified, ""));
   if (existing.has_value()) {
     std::string have = c10::toString(existing->schema());
@@ -372,7 +380,7 @@ bool register_op(const std::shared_ptr<Bundle>& bundle, const OpEntry& op) {
         for (const auto& p : k.params) kinds.push_back(p.kind);
         loaded->natives[&k] = std::make_unique<NativeFunction>(k.library.get(), k.runtime.get(), kinds, k.where);
       } else {
-        loaded->functions[&k] = std::make_unique<LazyFunction>(&k.cubin, k.name);
+        loaded->functions[&k] = std::make_unique<LazyFunction>(k.cubin.get(), k.name);
       }
     }
   auto lib = std::make_unique<torch::Library>(torch::Library::FRAGMENT, op.ns, std::nullopt, __FILE__, __LINE__);
