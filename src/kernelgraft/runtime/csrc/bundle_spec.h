@@ -48,10 +48,13 @@
 // Bytes. Every file is stat'ed before it is read and refused over its cap; each load charges
 // every file it reads (manifest, signature, binaries, each file once) and each search of a cubin
 // for its kernel's name to TOTAL_BYTES. For scale: five of the examples for two archs are a 2 MB
-// manifest and 52 MB of binaries (1.6 MB the largest), all of which a signed load reads.
+// manifest and 52 MB of binaries (1.6 MB the largest), all of which a signed load reads. The
+// largest single file a bundle carries is the CuTe DSL runtime library of nvidia-cutlass-dsl 4.4
+// and later (libcute_dsl_runtime.so, 43.6 MB in 4.8.1), once per bundle: FILE_BYTES leaves room
+// for it.
 KG_LIMIT(MANIFEST_BYTES, 33554432)
 KG_LIMIT(SIGNATURE_BYTES, 4194304)
-KG_LIMIT(FILE_BYTES, 33554432)
+KG_LIMIT(FILE_BYTES, 67108864)
 KG_LIMIT(TOTAL_BYTES, 268435456)
 // Counts. JSON_DEPTH: containers nested in manifest.json and signature.json (the top level is 1).
 KG_LIMIT(FILES, 16384)
