@@ -105,7 +105,7 @@ def _rounds(variants: dict, args: tuple, calls: int, rounds: int,
             covered_us: float | None) -> tuple[dict[str, list[float]], int]:
     import torch
 
-    from kernelgraft._timing._gpu_busy import cover
+    from kernelgraft.timing.gpu_busy import cover
 
     samples: dict[str, list[float]] = {name: [] for name in variants}
     uncovered = 0

@@ -119,7 +119,7 @@ def main() -> int:
 
     record("torch.add", lambda: torch.add(x, y))
     record("torch relu(x+y)", lambda: torch.relu(x + y))
-    from kernelgraft import _native
+    from kernelgraft import native as _native
 
     native = _native.load()  # the native replay, built (or loaded from the cache) before timing
     print(f"native replay: {'ready' if native is not None else _native.reason()}")
@@ -154,9 +154,9 @@ def main() -> int:
     # Where a CUDA C++ launch's host time goes: the driver launcher with its values packed
     # already, the bare ctypes cuLaunchKernel, and the stream lookup alone.
     try:
-        from kernelgraft.driver import _cu
-        from kernelgraft.driver._module import current_stream
-        from kernelgraft.driver._params import value_of
+        from kernelgraft.driver import cu as _cu
+        from kernelgraft.driver.module import current_stream
+        from kernelgraft.driver.params import value_of
 
         spec = next(s for s in ex.IMPLS if s.backend == "cuda")
         op = kg.op("kgbench_host::add_relu_cuda_parts", impls=[spec], fallback="error")(ex.add_relu.reference)

@@ -31,7 +31,7 @@ EXAMPLES = ["add_relu", "rmsnorm", "rmsnorm_residual", "softmax", "swiglu", "gem
 
 
 def _label(entry: dict | None) -> str:
-    from kernelgraft.tune._tuner import entry_label
+    from kernelgraft.tune.tuner import entry_label
 
     return "-" if entry is None else entry_label(entry)
 

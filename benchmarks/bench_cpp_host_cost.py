@@ -33,7 +33,7 @@ def python_side(calls: int, rounds: int, n: int, covered_us: float) -> dict:
 
     from kernelgraft.examples.add_relu import add_relu
     from kernelgraft.examples.rmsnorm import rmsnorm
-    from kernelgraft import _native
+    from kernelgraft import native as _native
     from _common import covered_host_us, interleaved_host_us
 
     x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")

@@ -39,7 +39,7 @@ def _child_windows(seconds: float, gap: float) -> dict:
     import triton.testing
 
     import kernelgraft as kg
-    from kernelgraft import _native
+    from kernelgraft import native as _native
     from kernelgraft.examples.softmax import softmax
 
     x = torch.randn(*SHAPE, device="cuda", dtype=torch.bfloat16)

@@ -53,7 +53,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import add_llama_arguments, build_llama  # noqa: E402
 
-from kernelgraft._timing._turns import balanced_orders  # noqa: E402
+from kernelgraft.timing.turns import balanced_orders  # noqa: E402
 
 
 # (variant, baseline) pairs of the ratio table, each the median over turns of the ratio of a turn's calls
@@ -291,7 +291,7 @@ def suspend_patterns(model) -> None:
     they act on every graph Inductor compiles while active, and a plain copy compiled later must
     stay plain (``kg.ungraft`` would also undo the module graft, and the compiled variant's guards
     with it)."""
-    from kernelgraft.graft import _graft, _pattern
+    from kernelgraft.graft import apply as _graft, pattern as _pattern
 
     for pattern in _graft._MODEL_PATTERNS.get(model, []):
         _pattern.uninstall(pattern)
@@ -324,10 +324,10 @@ def main() -> int:
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
     import kernelgraft as kg
-    from kernelgraft import _native
+    from kernelgraft import native as _native
     from kernelgraft.examples.rmsnorm import rmsnorm
     from kernelgraft.examples.rmsnorm_residual import add_rmsnorm_pattern, rmsnorm_residual
-    from kernelgraft.graft import _inline
+    from kernelgraft.graft import inline as _inline
 
     # Build (or load) the native replay before timing: it otherwise builds in the background.
     print(f"native replay: {'ready' if _native.load() is not None else _native.reason()}", flush=True)
@@ -524,7 +524,7 @@ def main() -> int:
         except Exception as exc:
             errors["ungraft"] = repr(exc)
 
-    # Inductor's in-graph choice per op call site (kernelgraft.graft._inline): inlined reference or op
+    # Inductor's in-graph choice per op call site (kernelgraft.graft.inline): inlined reference or op
     result["inline_choices"] = [{"op": k[0], "args": [str(a) for a in k[3:]], "inlined": v[0], "why": v[1]}
                                 for k, v in _inline.choices().items()]
     for c in result["inline_choices"]:

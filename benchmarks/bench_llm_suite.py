@@ -1,6 +1,6 @@
 """Every example op on the LLM shape suite: tuned op vs torch eager, torch.compile and Liger-Kernel.
 
-For every op and every shape of its ``BENCH_SHAPES["llm"]`` (kernelgraft.bench._suite: decode,
+For every op and every shape of its ``BENCH_SHAPES["llm"]`` (kernelgraft.bench.suite: decode,
 prefill, narrow, wide and vocab rows, skinny and prefill GEMMs, FP8 cache scatters) this times, by
 CUDA-graph replay through ``kernelgraft.bench`` (the timer ``kernelgraft bench --timing graph``
 uses), the tuned op, its eager reference, ``torch.compile`` of the reference (one dynamic-shape
@@ -37,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from kernelgraft.bench import Row, shape_plan  # noqa: E402
-from kernelgraft.bench._run import COMPILE, EAGER, PEER, TUNED  # noqa: E402
+from kernelgraft.bench.run import COMPILE, EAGER, PEER, TUNED  # noqa: E402
 
 MODULES = ("rmsnorm", "rmsnorm_residual", "softmax", "swiglu", "fp8_kcache_scatter", "kv_append", "topk_router",
            "add_relu", "gemm")
@@ -268,8 +268,8 @@ def run(args) -> int:
     from _common import environment
 
     from kernelgraft.bench import bench_op, measure, measure_ceilings, measure_interleaved, write_json
-    from kernelgraft.bench._report import document
-    from kernelgraft.bench._peers import peers_for
+    from kernelgraft.bench.report import document
+    from kernelgraft.bench.peers import peers_for
 
     import peers as peer_module
 

@@ -236,7 +236,7 @@ def main() -> int:
             if cores:
                 os.sched_setaffinity(0, cores)
         # a fresh plan on a warm in-memory decision: the per-new-signature cost
-        from kernelgraft._op import _select
+        from kernelgraft.op import select as _select
 
         replans = []
         for _ in range(20):

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from kernelgraft.backends import _cutile
+from kernelgraft.backends.cutile import jit as _cutile
 
 
 def _rmsnorm_bench_inputs():

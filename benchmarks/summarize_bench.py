@@ -11,7 +11,7 @@ Checks, each printed as PASS/FAIL with the numbers:
 3. the tuned op is at least as fast as torch.compile of the reference on add_relu,
    rmsnorm_residual and swiglu (2% noise allowance), on every shape.
 Checks 2 and 3 use the head-to-head ratios the bench records on tuned rows (``vs_best``,
-``vs_compile``: the two sides timed alternately, see ``kernelgraft.bench._run.head_to_head``)
+``vs_compile``: the two sides timed alternately, see ``kernelgraft.bench.run.head_to_head``)
 when present.
 Exit status 1 when a check fails or the report holds no results. Prints the ratio table last.
 """

@@ -42,7 +42,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 import kernelgraft as kg
 from kernelgraft.examples.rmsnorm import rmsnorm
-from kernelgraft.graft import _modules
+from kernelgraft.graft import modules as _modules
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from bench_graft_llama import _own_code  # noqa: E402  (each copy behind a code object of its own)

@@ -41,7 +41,7 @@ print("add_relu equal:", torch.equal(ns.add_relu(x, x), torch.relu(x + x)), flus
 
 
 def variant(bundle: Path, dst: Path, namespace: str, drop_cutedsl: bool) -> Path:
-    from kernelgraft.aot import _manifest
+    from kernelgraft.aot import manifest as _manifest
 
     shutil.copytree(bundle, dst)
     manifest = _manifest.read(dst)
@@ -64,7 +64,7 @@ elif mode == "candidates":
     from kernelgraft.examples.add_relu import add_relu
     x = torch.randn(4096, device="cuda")
     print("supported:", [c.label for c in add_relu.candidates(x, x) if c.supported], flush=True)
-from kernelgraft.aot._native_kernel import open_library
+from kernelgraft.aot.native_kernel import open_library
 runtime, library = open(sys.argv[1], "rb").read(), open(sys.argv[2], "rb").read()
 print("runtime:", open_library("runtime", runtime), flush=True)
 print("library:", open_library("library", library), flush=True)

@@ -13,7 +13,7 @@ import torch
 from triton.testing import do_bench, do_bench_cudagraph
 
 import kernelgraft as kg
-from kernelgraft.backends._cuda import CudaRunner
+from kernelgraft.backends.cuda.jit import CudaRunner
 from kernelgraft.examples import _softmax_cuda as C
 from kernelgraft.examples.softmax import softmax
 

@@ -18,7 +18,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import kernelgraft as kg
-from kernelgraft._timing._capture import capture_calls
+from kernelgraft.timing.capture import capture_calls
 from kernelgraft.bench import measure
 from kernelgraft.examples import add_relu, rmsnorm, softmax
 

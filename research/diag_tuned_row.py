@@ -4,8 +4,8 @@ import json
 import time
 import torch
 import kernelgraft as kg
-from kernelgraft.bench._timing import measure
-from kernelgraft.bench._run import _candidate_fn
+from kernelgraft.bench.timing import measure
+from kernelgraft.bench.run import _candidate_fn
 
 def host_us(fn, n=300):
     for _ in range(20): fn()

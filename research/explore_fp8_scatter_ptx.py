@@ -119,7 +119,7 @@ def main():
                 f.write(compiled.asm["ptx"])
     if args.cuda:
         import kernelgraft as kg
-        from kernelgraft.backends._cuda import CudaRunner
+        from kernelgraft.backends.cuda.jit import CudaRunner
 
         for config in F.CUDA.configs:
             compiled = CudaRunner(F.CUDA, config).compile("sm_90", {"T": kg.ctype(torch.bfloat16)})

@@ -7,8 +7,8 @@ out-of-range slot. Run: ``PYTHONPATH=src python3 research/explore_fp8_scatter_ti
 """
 import torch
 
-from kernelgraft.backends._cuda import CudaRunner
-from kernelgraft.bench._timing import measure
+from kernelgraft.backends.cuda.jit import CudaRunner
+from kernelgraft.bench.timing import measure
 from kernelgraft.examples import fp8_kcache_scatter as F
 
 SIZES = (131072, 524288, 32768)

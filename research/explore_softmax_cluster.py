@@ -6,7 +6,7 @@ import torch
 from triton.testing import do_bench
 
 import kernelgraft as kg
-from kernelgraft.backends._cuda import CudaRunner
+from kernelgraft.backends.cuda.jit import CudaRunner
 from kernelgraft.examples import _softmax_cuda as S
 from kernelgraft.examples import softmax as T
 

@@ -14,7 +14,7 @@ import sys
 import torch
 
 import kernelgraft as kg
-from kernelgraft.backends._cuda import CudaRunner
+from kernelgraft.backends.cuda.jit import CudaRunner
 from kernelgraft.examples import _softmax_cuda as C
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])

@@ -16,7 +16,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 import kernelgraft as kg
 from kernelgraft.examples.rmsnorm import rmsnorm
-from kernelgraft.graft import _inline
+from kernelgraft.graft import inline as _inline
 
 torch.manual_seed(0)
 cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

@@ -38,14 +38,14 @@ def main(path, mode, out_json):
     device = "cuda" if mode == "run" else "cpu"
     calls = []
     if mode == "record":
-        from kernelgraft.driver import _module
+        from kernelgraft.driver import module as _module
 
         def fake(self, device_index, grid, block, values, shared_mem=0, stream=None):
             calls.append({"kernel": self.function.name, "grid": list(grid), "block": list(block),
                           "values": list(values), "shared_mem": shared_mem, "kinds": list(self.buffer.kinds)})
 
         _module.Launcher.__call__ = fake
-        from kernelgraft.aot._native_kernel import NativeKernel
+        from kernelgraft.aot.native_kernel import NativeKernel
 
         def fake_native(self, device_index, grid, block, values, shared_mem=0):
             calls.append({"kernel": self.name, "grid": list(grid), "block": list(block), "values": list(values),

@@ -51,7 +51,7 @@ def run_child(bundle: Path, mode: str, out: Path, timeout: int) -> dict:
 
 def cutedsl_bundled() -> bool:
     """Whether bundles built here hold CuTe DSL candidates (nvidia-cutlass-dsl and a C compiler)."""
-    from kernelgraft.aot import _cutedsl_aot
+    from kernelgraft.backends.cutedsl import aot as _cutedsl_aot
 
     try:
         _cutedsl_aot.toolchain_version()
@@ -64,7 +64,7 @@ def bundled_configs(op, native: bool = False) -> int:
     """How many (candidate, config) pairs of ``op`` a bundle built here serves once loaded: Triton
     and CUDA C++, cuTile where its toolchain (tileiras) works (elsewhere its candidates are
     skipped), and with ``native`` (a signed bundle, or allow_native) CuTe DSL where it builds."""
-    from kernelgraft.backends._cutile import toolchain_reason
+    from kernelgraft.backends.cutile.jit import toolchain_reason
 
     backends = ("triton", "cuda") + (("cutile",) if toolchain_reason() is None else ())
     backends += ("cutedsl",) if native and cutedsl_bundled() else ()

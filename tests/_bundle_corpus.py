@@ -22,10 +22,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from kernelgraft.aot import _manifest
-from kernelgraft.aot._program import meta_rules
-from kernelgraft.aot._rpn import compile_rpn
-from kernelgraft.aot._sign import SIGNATURE
+from kernelgraft.aot import manifest as _manifest
+from kernelgraft.aot.program import meta_rules
+from kernelgraft.aot.rpn import compile_rpn
+from kernelgraft.aot.sign import SIGNATURE
 
 from _aot_helpers import EXAMPLES, env
 
@@ -242,7 +242,7 @@ def _symlink(root: Path, m: dict) -> None:
 
 
 def _many_files(root: Path, m: dict) -> None:
-    from kernelgraft.aot._bundle_spec import limit
+    from kernelgraft.aot.bundle_spec import limit
 
     for i in range(limit("FILES") + 1):
         (root / "bin" / f"pad{i}.ptx").write_bytes(b"")
@@ -251,7 +251,7 @@ def _many_files(root: Path, m: dict) -> None:
 def _sign_with(edit):
     """Apply ``edit`` and sign the result with ``KEY`` (a case about what a signer can still not do)."""
     def signed(root: Path, m: dict) -> None:
-        from kernelgraft.aot._sign import sign_bundle
+        from kernelgraft.aot.sign import sign_bundle
 
         edit(root, m)
         sign_bundle(root, KEY)
@@ -260,7 +260,7 @@ def _sign_with(edit):
 
 
 def _huge_signature(root: Path, m: dict) -> None:
-    from kernelgraft.aot._bundle_spec import limit
+    from kernelgraft.aot.bundle_spec import limit
 
     with open(root / SIGNATURE, "r+b") as f:
         f.truncate(limit("SIGNATURE_BYTES") + 1)
@@ -405,7 +405,7 @@ CASES: dict[str, tuple] = {
 def derive(bundle: Path, out: Path, only: list[str] | None = None) -> list[tuple[str, Path, bytes | None]]:
     """The corpus under ``out``: per case (name, bundle directory, key), each op in a namespace of
     its own (``kgv<i>``) so that the cases that load do not clash."""
-    from kernelgraft.aot._sign import sign_bundle
+    from kernelgraft.aot.sign import sign_bundle
 
     base = _manifest.read(bundle)
     items = []
@@ -431,7 +431,7 @@ _PY_CHILD = r"""
 import json, sys, time, warnings
 warnings.simplefilter("ignore")
 import kernelgraft as kg
-from kernelgraft.aot._load import reset_bundles
+from kernelgraft.aot.load import reset_bundles
 for name, path, key in json.loads(sys.argv[1]):
     started = time.perf_counter()
     try:

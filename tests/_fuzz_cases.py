@@ -7,7 +7,7 @@ mutated argument, indices out of range, sizes that cannot be allocated). The chi
 and prints one JSON line before it (``{"case": ...}``) and one after (``{"done": ...}``), so a crash
 leaves the case that caused it as the last line. The verdicts:
 
-- ``match``: the op returned, and ``kernelgraft._verify`` (the one oracle: float64 reference, the
+- ``match``: the op returned, and ``kernelgraft.verify.oracle`` (the one oracle: float64 reference, the
   op's tolerances) accepts what it produced.
 - ``refused``: the op raised a kernelgraft error whose message names the op (and, for a bad
   argument the case knows, that argument).
@@ -29,8 +29,8 @@ import warnings
 import torch
 
 import kernelgraft as kg
-from kernelgraft._errors import describe
-from kernelgraft import _verify
+from kernelgraft.errors import describe
+from kernelgraft.verify import oracle as _verify
 from kernelgraft.examples.add_relu import add_relu
 from kernelgraft.examples.fp8_kcache_scatter import _case as fp8_case
 from kernelgraft.examples.fp8_kcache_scatter import fp8_kcache_scatter
@@ -55,7 +55,7 @@ KINDS = {
     "slot_out_of_range": "refuse", "slots_length": "refuse", "bad_scale_fmt": "refuse",
     "bad_quant_block": "refuse",
 }
-# Tensors a kernel may not read as stored (kernelgraft/_admit.py): views with the negative bit that
+# Tensors a kernel may not read as stored (kernelgraft/op/admit.py): views with the negative bit that
 # the op only reads are resolved (their values match), one it mutates is refused, and so are sparse,
 # nested, quantized and mkldnn tensors, naming the argument.
 ADMISSION_KINDS = {

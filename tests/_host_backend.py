@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from kernelgraft._native import _record
-from kernelgraft._spec import Config, ImplSpec
+from kernelgraft.native import record as _record
+from kernelgraft.spec import Config, ImplSpec
 from kernelgraft.backends import register
 
 HOST_FN = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_void_p))

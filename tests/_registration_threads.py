@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 import kernelgraft as kg  # noqa: E402
-from kernelgraft._op import _registry  # noqa: E402
+from kernelgraft.op import registry as _registry  # noqa: E402
 
 READERS = 8
 NS = "kgthreads"
@@ -115,7 +115,7 @@ def run(scenario: str) -> dict:
     steps = SCENARIOS[scenario]
     native = None
     if scenario.startswith("native"):
-        from kernelgraft import _native
+        from kernelgraft import native as _native
 
         if _native.load() is None:
             return {"scenario": scenario, "skipped": _native.reason()}

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernelgraft.aot import _manifest
+from kernelgraft.aot import manifest as _manifest
 
 from _aot_helpers import env
 
@@ -46,7 +46,7 @@ def variant(bundle: Path, dst: Path, namespace: str, edit=None, edit_op=None) ->
 def rewrite(dst: Path, manifest: dict) -> None:
     """Write an edited ``manifest`` into ``dst``: its output rules derived again from its kernels
     (the bundle spec holds them equal) and its checksum recomputed."""
-    from kernelgraft.aot._program import meta_rules
+    from kernelgraft.aot.program import meta_rules
 
     for op in manifest["ops"]:
         if "meta" in op:

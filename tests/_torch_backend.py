@@ -10,7 +10,7 @@ import dataclasses
 
 import torch
 
-from kernelgraft._spec import Config, ImplSpec
+from kernelgraft.spec import Config, ImplSpec
 from kernelgraft.backends import register
 
 

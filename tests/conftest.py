@@ -60,7 +60,7 @@ def _clean_registry():
     """Ops created inside a test are removed from torch.ops when it ends. Ops that kernelgraft's
     own modules define on import (the examples) stay: their module, imported once, keeps them.
     Ops rebuilt from a bundle's manifest are the test's own and go too."""
-    from kernelgraft._op import _registry
+    from kernelgraft.op import registry as _registry
 
     before = set(_registry._OPS)
     yield
@@ -78,19 +78,19 @@ def _reset_runtime_state():
     yield
     import sys
 
-    if "kernelgraft.tune._tuner" in sys.modules:
-        from kernelgraft.tune._cache import DiskCache
-        from kernelgraft.tune._tuner import TUNER
+    if "kernelgraft.tune.tuner" in sys.modules:
+        from kernelgraft.tune.cache import DiskCache
+        from kernelgraft.tune.tuner import TUNER
 
         TUNER.memory.clear()
         TUNER.stats.clear()
         TUNER.disk = DiskCache()
-    if "kernelgraft.aot._load" in sys.modules:
-        from kernelgraft.aot._load import reset_bundles
+    if "kernelgraft.aot.load" in sys.modules:
+        from kernelgraft.aot.load import reset_bundles
 
         reset_bundles()
-    if "kernelgraft._op._select" in sys.modules:
-        from kernelgraft._op import _select
+    if "kernelgraft.op.select" in sys.modules:
+        from kernelgraft.op import select as _select
 
         _select.bump_epoch()  # plans chosen under the old decisions or bundles are dropped
 

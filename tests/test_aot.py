@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import kernelgraft as kg
-from kernelgraft.aot import _manifest
-from kernelgraft.aot._expr import compile_exprs, to_text
-from kernelgraft.backends import _cutile
+from kernelgraft.aot import manifest as _manifest
+from kernelgraft.symbolic.expr import compile_exprs, to_text
+from kernelgraft.backends.cutile import jit as _cutile
 from kernelgraft.examples import add_relu, rmsnorm  # registered before the per-test registry snapshot
 
 from _aot_helpers import build_bundle, cutedsl_bundled, run_child
@@ -213,7 +213,7 @@ def test_traced_next_power_of_2_is_one_named_symbol():
     import triton
     from triton import next_power_of_2 as alias
 
-    from kernelgraft.aot._pow2 import traced_next_pow2
+    from kernelgraft.symbolic.pow2 import traced_next_pow2
 
     env, n = _symbolic_size(100)
     symbols = {n.node.expr: "x.shape[0]"}
@@ -232,7 +232,7 @@ def test_expanded_next_power_of_2_of_older_bundles_still_loads():
     compiles to RPN, and agrees with next_pow2 everywhere a size can be."""
     import triton
 
-    from kernelgraft.aot._rpn import compile_rpn, evaluate
+    from kernelgraft.aot.rpn import compile_rpn, evaluate
 
     _, n = _symbolic_size(100)
     fn = getattr(triton.next_power_of_2, "fn", triton.next_power_of_2)
@@ -258,7 +258,7 @@ def test_next_power_of_2_is_one_call_in_the_bundle(bundle):
 
 
 def test_loading_the_bundle_compiles_few_small_expressions(bundle):
-    from kernelgraft.aot import _expr
+    from kernelgraft.symbolic import expr as _expr
 
     _expr._one.cache_clear()
     loaded = kg.load_bundle(bundle, arch="sm_90")
@@ -352,7 +352,7 @@ def test_without_a_gpu_the_launch_reaches_the_driver(bundle, tmp_path):
 
 
 def test_attaches_to_ops_in_this_process(bundle):
-    from kernelgraft.aot._runner import BundledRunner
+    from kernelgraft.aot.runner import BundledRunner
     op = add_relu.add_relu
     loaded = kg.load_bundle(bundle, arch="sm_90")
     try:

@@ -18,9 +18,10 @@ import pytest
 import torch
 
 import kernelgraft as kg
-from kernelgraft.aot import _cutedsl_so, _manifest
-from kernelgraft.aot._load import reset_bundles
-from kernelgraft.aot._sign import sign_bundle
+from kernelgraft.backends.cutedsl import so as _cutedsl_so
+from kernelgraft.aot import manifest as _manifest
+from kernelgraft.aot.load import reset_bundles
+from kernelgraft.aot.sign import sign_bundle
 from kernelgraft.examples import add_relu, rmsnorm  # registered before the per-test registry snapshot
 
 from _runtime_helpers import json_child, so, variant  # noqa: F401 (so: a fixture)
@@ -190,7 +191,7 @@ def test_python_loader_loads_native_code_only_when_allowed_or_signed(bundle, tmp
     reset_bundles()
     loaded = kg.load_bundle(bundle, arch="sm_90", allow_native=True)
     assert _cute_labels(loaded) == want
-    from kernelgraft.aot._native_kernel import NativeKernel
+    from kernelgraft.aot.native_kernel import NativeKernel
 
     op = manifest["ops"][0]
     cand = next(c for c in op["candidates"] if c["backend"] == "cutedsl")

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernelgraft.aot import _manifest
-from kernelgraft.backends import _cutile
-from kernelgraft.check._inputs import samples
+from kernelgraft.aot import manifest as _manifest
+from kernelgraft.backends.cutile import jit as _cutile
+from kernelgraft.check.inputs import samples
 from kernelgraft.examples import add_relu, rmsnorm
 
 from _aot_helpers import build_bundle

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernelgraft.aot import _manifest
-from kernelgraft.aot._expr import compile_exprs
+from kernelgraft.aot import manifest as _manifest
+from kernelgraft.symbolic.expr import compile_exprs
 
 from _aot_helpers import env
 from _runtime_helpers import json_child, so, variant  # noqa: F401 (so: a fixture)
@@ -265,7 +265,7 @@ def test_stride_programs_equal_python_on_random_layouts(so, text):
     (an error where Python raises: a dimension the tensor lacks, a division by zero)."""
     import random
 
-    from kernelgraft.aot._rpn import compile_rpn
+    from kernelgraft.aot.rpn import compile_rpn
 
     program = compile_rpn(text, ["x", "n"])
     rng = random.Random(text)

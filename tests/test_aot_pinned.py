@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernelgraft.aot import _manifest
+from kernelgraft.aot import manifest as _manifest
 
 from _aot_helpers import build_bundle
 from _runtime_helpers import so, variant  # noqa: F401 (so: a fixture)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import kernelgraft as kg
-from kernelgraft._op import _registry
+from kernelgraft.op import registry as _registry
 from kernelgraft.examples.add_relu import add_relu
 from kernelgraft.examples.fp8_kcache_scatter import fp8_kcache_scatter
 from kernelgraft.examples.rmsnorm import rmsnorm
@@ -133,7 +133,7 @@ def test_an_output_that_cannot_be_allocated_is_refused():
 
 
 def test_bf16_gemm_on_the_interpreter_matches_and_check_sees_bf16():
-    from kernelgraft import _verify
+    from kernelgraft.verify import oracle as _verify
     from kernelgraft.examples.gemm import gemm, sample_inputs
 
     samples = list(sample_inputs("cpu"))
@@ -228,7 +228,7 @@ def test_native_replay_hands_an_overlapping_call_back_and_it_is_refused():
 
     from _host_backend import accumulate_op
 
-    from kernelgraft import _native
+    from kernelgraft import native as _native
 
     if shutil.which("c++") is None and shutil.which("g++") is None:
         pytest.skip("no C++ compiler on this machine: the native replay cannot be built")

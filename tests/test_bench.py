@@ -12,9 +12,9 @@ import torch
 
 import kernelgraft as kg
 from kernelgraft.bench import Ceilings, Timing, call_cost, default_bytes, load_json, plot, render_table
-from kernelgraft.bench._report import document, table_lines, write_json
-from kernelgraft.bench._run import BACKEND, CANDIDATE, COMPILE, DEFAULT, EAGER, TUNED, bench_op
-from kernelgraft.bench._timing import summarize
+from kernelgraft.bench.report import document, table_lines, write_json
+from kernelgraft.bench.run import BACKEND, CANDIDATE, COMPILE, DEFAULT, EAGER, TUNED, bench_op
+from kernelgraft.bench.timing import summarize
 
 CEIL = Ceilings(copy_gbps=4000.0, bf16_tflops=800.0)
 
@@ -161,8 +161,8 @@ def test_plot_panels_pick_axis_ceiling_and_stable_styles():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from kernelgraft.bench._report import _panel
-    from kernelgraft.bench._run import Row
+    from kernelgraft.bench.report import _panel
+    from kernelgraft.bench.run import Row
 
     def row(op, size, kind, variant, backend, t, flops=0.0, error=None):
         return Row(op=op, shape=f"s{size}", size=size, bytes=1e6 * 10 ** size, flops=flops * 10 ** size,
@@ -254,7 +254,7 @@ def test_summarize_script_checks_must_hold_items(tmp_path, capsys):
 
 
 def test_head_to_head_alternates_and_takes_the_median_ratio():
-    from kernelgraft.bench._run import head_to_head
+    from kernelgraft.bench.run import head_to_head
 
     order = []
     drift = iter(range(100))
@@ -288,7 +288,7 @@ def test_tuned_row_records_head_to_head_ratios():
 def test_rounds_rotate_the_order_and_keep_each_rows_median():
     """Rows timed in rounds: the order rotates by one per round, so a clock that drifts lands on
     every row alike, and each row keeps its median and the spread of its rounds."""
-    from kernelgraft.bench._run import Row, in_rounds
+    from kernelgraft.bench.run import Row, in_rounds
 
     order = []
     clock = iter(range(100))
@@ -313,7 +313,7 @@ def test_rounds_rotate_the_order_and_keep_each_rows_median():
 
 
 def test_a_failed_round_keeps_the_rounds_aligned():
-    from kernelgraft.bench._run import Row, in_rounds
+    from kernelgraft.bench.run import Row, in_rounds
 
     calls = {"a": 0}
 
@@ -337,7 +337,7 @@ def test_rounds_time_the_rows_together_when_they_can():
     """With ``together`` (measure_interleaved) each round is one timing of every row at once, the
     order rotating by one per round; the rows' first timings are not a round of their own, a
     failed callable loses its round only, and a failed round loses every row's."""
-    from kernelgraft.bench._run import Row, in_rounds
+    from kernelgraft.bench.run import Row, in_rounds
 
     turns = []
 
@@ -365,7 +365,7 @@ def test_rounds_time_the_rows_together_when_they_can():
 
 
 def test_a_together_that_returns_too_few_timings_fails_its_round():
-    from kernelgraft.bench._run import Row, in_rounds
+    from kernelgraft.bench.run import Row, in_rounds
 
     a, b = Row("op", "s", 0, 1e6, 0.0, EAGER, "a"), Row("op", "s", 0, 1e6, 0.0, EAGER, "b")
     a.fill(Timing(10.0, 0, 0, 0, 5), CEIL)
@@ -406,7 +406,7 @@ def test_bench_op_times_graph_rounds_together():
 def test_graph_rounds_default_to_measure_interleaved(monkeypatch):
     """Without a timer or ``together`` of one's own, graph-timed rounds go through
     measure_interleaved; with a timer of one's own they stay one row after another."""
-    from kernelgraft.bench import _run
+    from kernelgraft.bench import run as _run
     from kernelgraft.examples.softmax import softmax
 
     seen = []
@@ -426,7 +426,7 @@ def test_graph_rounds_default_to_measure_interleaved(monkeypatch):
 def test_bench_op_times_the_tuned_op_and_its_rivals_in_rounds():
     from kernelgraft.examples.softmax import softmax
 
-    from kernelgraft._op._compete import is_torch
+    from kernelgraft.op.compete import is_torch
 
     def tuner_timer(trial, settings):  # the tuner's clock: kernels 1 ms, PyTorch 2 ms
         trial.run(0)
@@ -457,7 +457,7 @@ def test_measure_times_the_kernel_not_a_slow_host_launch():
     # ahead of each timed call, so a 100 us host delay before a short launch must not show.
     import time
 
-    from kernelgraft.bench._timing import measure
+    from kernelgraft.bench.timing import measure
 
     x = torch.randn(1 << 20, device="cuda")
 
@@ -480,7 +480,7 @@ def test_graph_timing_is_not_inflated_by_slow_first_calls():
     # timed replay, so slow first calls leave the per-call time of a tiny kernel as it is.
     import time
 
-    from kernelgraft.bench._timing import measure
+    from kernelgraft.bench.timing import measure
 
     x = torch.randn(4096, device="cuda")
     calls = [0]
@@ -533,7 +533,7 @@ def test_balanced_orders_put_each_one_straight_after_each_other_equally_often_tu
     # in the stream: across the turns' boundaries and from the last turn back to the first.
     import collections
 
-    from kernelgraft._timing._turns import balanced_orders
+    from kernelgraft.timing.turns import balanced_orders
 
     orders = balanced_orders(n)
     assert all(sorted(o) == list(range(n)) for o in orders)
@@ -551,7 +551,7 @@ def test_balanced_orders_put_each_one_straight_after_each_other_equally_often_tu
 
 
 def test_turns_are_whole_cycles_of_the_orders():
-    from kernelgraft._timing._turns import whole_cycles
+    from kernelgraft.timing.turns import whole_cycles
 
     assert whole_cycles(20, 3, 500) == 21  # up to a whole cycle
     assert whole_cycles(20, 3, 20) == 18  # down, where up would pass the most

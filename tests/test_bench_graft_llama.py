@@ -154,7 +154,7 @@ def test_suspended_pattern_grafts_leave_later_compiles_plain_and_ungraft_still_c
     # not act on the plain copy compiled after it
     import kernelgraft as kg
     from kernelgraft.examples.swiglu import swiglu, swiglu_pattern
-    from kernelgraft.graft import _pattern
+    from kernelgraft.graft import pattern as _pattern
 
     class MLP(torch.nn.Module):
         def __init__(self):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kernelgraft.bench import Row
-from kernelgraft.bench._run import COMPILE, EAGER, PEER, TUNED
+from kernelgraft.bench.run import COMPILE, EAGER, PEER, TUNED
 
 from _bench_scripts import bench_script
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from kernelgraft.bench import Case, Timing, bench_inputs_of, bench_op, cases, regime_of, shape_plan
-from kernelgraft.bench._peers import Peer, as_peers, parse_peer, peers_for
-from kernelgraft.bench._run import EAGER, PEER, TUNED
-from kernelgraft.bench._suite import check_shapes
+from kernelgraft.bench.peers import Peer, as_peers, parse_peer, peers_for
+from kernelgraft.bench.run import EAGER, PEER, TUNED
+from kernelgraft.bench.suite import check_shapes
 from kernelgraft.examples import MODULES
 
 # the regimes each example must cover in the llm suite
@@ -248,7 +248,7 @@ def test_liger_peers_match_the_examples_on_gpu():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import peers as peer_module
 
-    from kernelgraft._verify import compare_trees
+    from kernelgraft.verify.oracle import compare_trees
 
     checked = 0
     for op_name, fns in peer_module.PEERS.items():

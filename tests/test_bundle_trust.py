@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import kernelgraft as kg
-from kernelgraft.aot import _manifest
-from kernelgraft.aot._sign import SIGNATURE
+from kernelgraft.aot import manifest as _manifest
+from kernelgraft.aot.sign import SIGNATURE
 from kernelgraft.examples import add_relu, rmsnorm  # registered before the per-test registry snapshot
 
 from _aot_helpers import bundled_configs, env
@@ -52,7 +52,7 @@ def _first_kernel(manifest: dict, backend: str = "triton") -> dict:
 
 @pytest.fixture
 def opened(monkeypatch) -> list[tuple[str, int]]:
-    """(file, bytes returned) of every bundle file read (kernelgraft.aot._manifest.read_file)."""
+    """(file, bytes returned) of every bundle file read (kernelgraft.aot.manifest.read_file)."""
     seen: list[tuple[str, int]] = []
     real = _manifest.read_file
 
@@ -146,7 +146,7 @@ def test_an_expression_text_that_is_not_its_program_is_refused(signed, tmp_path)
 def _forget_trust_ops():
     """Ops rebuilt under the test-only namespace are dropped after each test."""
     yield
-    from kernelgraft._op import _registry
+    from kernelgraft.op import registry as _registry
 
     for name in [n for n in _registry._OPS if n.startswith("kgtrust::")]:
         _registry.unregister(name)
@@ -325,7 +325,7 @@ def test_a_bundle_cannot_give_binaries_to_an_op_whose_impl_code_differs(signed, 
 _CHILD = r"""
 import json, sys, warnings
 import kernelgraft as kg
-from kernelgraft._op import _registry
+from kernelgraft.op import _registry
 from kernelgraft.aot import _manifest
 path, renamed = sys.argv[1], sys.argv[2]
 out = {}

@@ -1,4 +1,4 @@
-"""Both bundle loaders hold bundles to one spec (``kernelgraft/aot/_bundle_spec.py``, its table in
+"""Both bundle loaders hold bundles to one spec (``kernelgraft/aot/bundle_spec.py``, its table in
 ``runtime/csrc/bundle_spec.h``): every case of one corpus of tampered bundles
 (``tests/_bundle_corpus.py``, derived from one real bundle) gets the same verdict from the Python
 loader and from the C++ runtime, each in a child process: loaded, or refused with a message naming
@@ -47,7 +47,7 @@ def test_both_loaders_give_the_same_verdict(corpus, case):
 
 def test_the_loaders_read_the_table_they_are_built_with():
     """The Python side parses the very rows the C++ runtime includes."""
-    from kernelgraft.aot._bundle_spec import SPEC_FILE, table
+    from kernelgraft.aot.bundle_spec import SPEC_FILE, table
     from kernelgraft.runtime import SOURCE_DIR
 
     assert SPEC_FILE == SOURCE_DIR / "bundle_spec.h"
@@ -74,9 +74,9 @@ def test_the_schema_grammar_is_what_torch_infers(signature):
 
     import torch
 
-    from kernelgraft.aot._build import _param_entry
-    from kernelgraft.aot._bundle_spec import parse_schema, schema_of
-    from kernelgraft._op._schema import parse_signature
+    from kernelgraft.aot.build import _param_entry
+    from kernelgraft.aot.bundle_spec import parse_schema, schema_of
+    from kernelgraft.op.schema import parse_signature
 
     params, returns = parse_schema(signature)
     hints = {"Tensor": torch.Tensor, "SymInt": int, "float": float, "bool": bool, "str": str, "ScalarType": torch.dtype}

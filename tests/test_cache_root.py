@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kernelgraft import _cache, _codecache
-from kernelgraft.tune import _cache as tune_cache
+from kernelgraft.cache import root as _cache, code as _codecache
+from kernelgraft.tune import cache as tune_cache
 
 
 @pytest.fixture
@@ -87,8 +87,8 @@ _WORKLOAD = textwrap.dedent("""
     import sys, torch, kernelgraft as kg
     sys.path.insert(0, sys.argv[1])
     from _tune_ops import make_scale, fake_timer
-    from kernelgraft._codecache import CodeCache
-    from kernelgraft._native import directory
+    from kernelgraft.cache.code import CodeCache
+    from kernelgraft.native import directory
     from kernelgraft.cli import main
 
     op = make_scale("tcroot::scale")
@@ -97,7 +97,7 @@ _WORKLOAD = textwrap.dedent("""
             x = torch.randn(n)
             torch.testing.assert_close(op(x), x * 2)
     CodeCache("nvrtc").put("ef" * 32, {}, b"cubin")
-    from kernelgraft._cache import root
+    from kernelgraft.cache.root import root
     directory()  # with off, a private temporary directory of this process, removed at exit
     assert main(["cache", "show"]) == 0
     print("tuned", kg.tune.stats().get("tuned", 0))

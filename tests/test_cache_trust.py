@@ -1,4 +1,4 @@
-"""Caches trust only their owner (``kernelgraft._trust``, the rule the native build follows): an
+"""Caches trust only their owner (``kernelgraft.cache.trust``, the rule the native build follows): an
 entry of the compiled-code cache or a ``tune.json`` that another user owns or could have written,
 in a directory another user owns or could write to, or an oversized entry, is ignored (a miss) with
 one warning per cache directory per process; the compiled code is then rebuilt, also by
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 import kernelgraft as kg
-from kernelgraft import _codecache
-from kernelgraft.tune import _cache as tune_cache
+from kernelgraft.cache import code as _codecache
+from kernelgraft.tune import cache as tune_cache
 
 OTHER_UID = 54321
 ROOT = hasattr(os, "getuid") and os.getuid() == 0
@@ -116,7 +116,7 @@ def test_the_code_cache_directory_is_created_private(cache_root):
 
 def test_nvrtc_rebuilds_what_another_user_planted(cache_root):
     pytest.importorskip("cuda.bindings")
-    from kernelgraft.backends import _nvrtc
+    from kernelgraft.backends.cuda import nvrtc as _nvrtc
 
     source = 'extern "C" __global__ void kgtrust(float* x) { x[0] = 2; }'
     real = _nvrtc.compile_cuda(source, "kgtrust")
@@ -215,7 +215,7 @@ def test_a_tune_json_not_this_users_alone_is_ignored_with_one_warning(cache_root
     assert len(messages) == 1 and "ignoring the tuning cache" in messages[0], messages
     assert path.exists() and not tune_cache.set_aside_files(path)  # not ours to move
     with pytest.raises(kg.BundleError, match="not a readable tuning cache"):
-        from kernelgraft.aot._program import read_decisions
+        from kernelgraft.aot.program import read_decisions
 
         read_decisions("cache")
     assert tune_cache.DiskCache().put({"d2": {"key": {}, "ranking": [], "excluded": [], "created": 2.0}})

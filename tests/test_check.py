@@ -8,7 +8,7 @@ import torch
 
 import kernelgraft as kg
 from kernelgraft.check import check_op
-from kernelgraft import _verify
+from kernelgraft.verify import oracle as _verify
 
 from _kernels import launch_scale, launch_scale_half, launch_scale_wrong
 
@@ -63,7 +63,7 @@ def test_failure_note_names_output_index_got_expected_and_tolerance():
     fail = next(r for r in report.failures if r.candidate.startswith("triton"))
     assert "output 0" in fail.note and "got" in fail.note and "expected" in fail.note
     assert "rtol=0.0001" in fail.note and "worst at [" in fail.note
-    from kernelgraft.check._report import summarize
+    from kernelgraft.check.report import summarize
 
     row = next(r for r in summarize(report) if r["candidate"] == fail.candidate)
     assert row["failed"] and "output 0" in row["note"] and row["worst"] > 1

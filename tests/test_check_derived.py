@@ -15,9 +15,9 @@ import torch
 
 import kernelgraft as kg
 from kernelgraft.check import CheckOptions, check_isolated, check_op
-from kernelgraft.check import _derive, _isolate
-from kernelgraft.check._harness import RUN
-from kernelgraft.check._report import summarize
+from kernelgraft.check import derive as _derive, isolate as _isolate
+from kernelgraft.check.harness import RUN
+from kernelgraft.check.report import summarize
 
 import _check_ops as ops
 from _kernels import LAUNCHES, launch_scale
@@ -108,7 +108,7 @@ def _two_configs(name):
 
 
 def test_opcheck_runs_over_every_candidate_through_a_pinned_plan():
-    from kernelgraft._op import _select
+    from kernelgraft.op import select as _select
 
     op = _two_configs("kgderive::pinned")
     x = torch.randn(100)
@@ -194,7 +194,7 @@ def test_a_crash_in_the_reference_step_is_charged_to_the_kernel_that_corrupted_m
 
 def test_steps_that_never_ran_are_not_run_and_their_candidate_is_not_ok(monkeypatch):
     # A worker that dies between two steps, after announcing steps it never ran.
-    from kernelgraft.check import _worker
+    from kernelgraft.check import worker as _worker
 
     key = lambda who: (0, "contiguous", who, RUN)  # noqa: E731
 

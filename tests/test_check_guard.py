@@ -1,6 +1,6 @@
 """Guarded memory: a kernel that writes past its output, or into an input the op does not declare
 mutated, fails ``kernelgraft check`` (in process and isolated, no crash), is never chosen by the
-tuner, and fails graft verification: one rule (``kernelgraft._guard``), three callers."""
+tuner, and fails graft verification: one rule (``kernelgraft.verify.guard``), three callers."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import kernelgraft as kg
-from kernelgraft import _guard
+from kernelgraft.verify import guard as _guard
 from kernelgraft.check import CheckOptions, check_in_process, check_op
 
 import _check_ops as ops
@@ -177,7 +177,7 @@ def test_the_gate_never_chooses_a_kernel_that_writes_past_its_output(fresh_tuner
 
 # ------------------------------------------------------------------------------ graft verification
 def test_graft_verification_fails_a_kernel_that_writes_an_input():
-    from kernelgraft.graft._verify import call_op
+    from kernelgraft.graft.verify import call_op
 
     k_cache, k, slots = next(ops.append_samples())
     before = k.clone()

@@ -24,8 +24,8 @@ import triton.language as tl
 
 import kernelgraft as kg
 from kernelgraft.check import CheckOptions, Printer, check_isolated, check_op
-from kernelgraft.check import _worker
-from kernelgraft.check._report import summarize
+from kernelgraft.check import worker as _worker
+from kernelgraft.check.report import summarize
 
 from _kernels import LAUNCHES, launch_scale
 
@@ -222,7 +222,7 @@ def test_a_spawned_worker_imports_the_target_file(tmp_path, monkeypatch):
     # the targets.
     module = tmp_path / "spawned_ops.py"
     module.write_text(CRASHING_OPS)
-    from kernelgraft.cli._common import load_target, ops_of
+    from kernelgraft.cli.common import load_target, ops_of
 
     ops = [op for op in ops_of(load_target(str(module))) if op.name == "kgcrash::good"]
     monkeypatch.setattr(_worker, "start_method", lambda: "spawn")
@@ -416,7 +416,7 @@ def test_check_cli_prints_no_third_party_warnings_but_keeps_the_users(tmp_path):
 def test_the_cli_filters_are_narrow():
     import warnings
 
-    from kernelgraft.cli._common import quiet_third_party_warnings
+    from kernelgraft.cli.common import quiet_third_party_warnings
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

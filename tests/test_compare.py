@@ -10,9 +10,9 @@ import triton
 import triton.language as tl
 
 import kernelgraft as kg
-from kernelgraft import _verify
+from kernelgraft.verify import oracle as _verify
 from kernelgraft.check import check_op
-from kernelgraft.tune import _gate
+from kernelgraft.tune import gate as _gate
 
 
 def _tied_logits(tokens: int, experts: int, seed: int) -> torch.Tensor:
@@ -114,7 +114,7 @@ def test_one_rule_for_check_the_gate_and_graft_verification():
 
 
 def test_graft_verification_applies_the_ops_rules():
-    from kernelgraft.graft import _verify as graft_verify
+    from kernelgraft.graft import verify as graft_verify
 
     op = _top_op("tcompare::top_graft", [{"WRONG": False}], **TIES)
     x = torch.tensor([[1.0, 3.0, 3.0, 0.0]])

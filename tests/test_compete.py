@@ -14,10 +14,10 @@ import pytest
 import torch
 
 import kernelgraft as kg
-from kernelgraft._op import _compete
-from kernelgraft.tune._cache import DiskCache
-from kernelgraft.tune._modes import Settings
-from kernelgraft.tune._tuner import Decision
+from kernelgraft.op import compete as _compete
+from kernelgraft.tune.cache import DiskCache
+from kernelgraft.op.modes import Settings
+from kernelgraft.tune.tuner import Decision
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _tune_ops import CONFIGS, FAKE_MS, launch_scale, make_scale  # noqa: E402
@@ -289,7 +289,7 @@ def test_compile_failing_while_serving_runs_eager_and_is_never_served_again(monk
     x, y = torch.randn(1000), torch.randn(1001)  # one bucket: one decision, two plans
     with kg.tune("on", timer=timer_with({"eager": 0.9, "compile": 0.5}), compete=True):
         assert served(op, x) == COMPILE
-        with caplog.at_level("WARNING", logger="kernelgraft._op._compete"):
+        with caplog.at_level("WARNING", logger="kernelgraft.op.compete"):
             torch.testing.assert_close(op(y), y * 2)  # the recompile fails: eager serves this call
         assert "torch:compile no longer competes" in caplog.text
         assert op.dispatcher.compile_state.error == "torch.compile failed: RuntimeError: InductorError: boom at recompile"
@@ -333,7 +333,7 @@ def test_torch_candidate_that_cannot_be_captured_is_excluded():
     """The timer raises CaptureRefused for a PyTorch candidate whose capture failed (the real one
     does on the GPU: test_gpu_reference_that_syncs_never_wins_over_a_kernel): it is excluded with
     kind 'capture', however fast, and a kernel serves."""
-    from kernelgraft.tune._timing import CaptureRefused
+    from kernelgraft.tune.timing import CaptureRefused
 
     op = make_scale("tcp::capture")
     x = torch.randn(1000)
@@ -521,7 +521,7 @@ def test_gpu_reference_that_syncs_never_wins_over_a_kernel():
     """A reference that reads a value on the host (``.item()``) cannot be captured in a CUDA
     graph: its torch candidates are excluded (kind 'capture'), however fast, and the kernel
     serves, under capture too. The CUDA RNG still works after the failed captures."""
-    from kernelgraft.tune._timing import cuda_timer
+    from kernelgraft.tune.timing import cuda_timer
 
     def scale_synced(x: torch.Tensor) -> torch.Tensor:
         return x * (2.0 if x.abs().max().item() >= 0 else 0.0)  # host sync: not capturable
@@ -554,7 +554,7 @@ def test_gpu_reference_that_syncs_never_wins_over_a_kernel():
 def test_gpu_mutating_reference_that_syncs_is_probed_and_excluded():
     """A mutating op is timed eagerly (its inputs restored before each launch), so no graph is
     replayed: the capture is probed on its own, and the argument holds one doubling afterwards."""
-    from kernelgraft.tune._timing import cuda_timer
+    from kernelgraft.tune.timing import cuda_timer
 
     def launch_double(x, *, BLOCK):
         launch_scale(x, x, BLOCK=BLOCK)
@@ -601,7 +601,7 @@ def test_torch_candidates_run_like_any_candidate():
 
 
 def test_cache_listing_names_the_torch_winner():
-    from kernelgraft.cli._cache import _row
+    from kernelgraft.cli.cache import _row
 
     op = make_scale("tcp::listing")
     x = torch.randn(1000)
@@ -652,7 +652,7 @@ def test_aot_cli_notes_where_pytorch_won(tmp_path, capsys, monkeypatch):
 
 _NOISY_REFERENCE = r"""
 import sys, torch
-from kernelgraft._op._compete import CompileState
+from kernelgraft.op.compete import CompileState
 
 def reference(x, slots):  # a graph break (.item()) and a meta failure Dynamo logs at ERROR
     top = int(slots.max())

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import kernelgraft as kg
-from kernelgraft.backends import _nvrtc
-from kernelgraft.backends._cuda import CudaRunner
+from kernelgraft.backends.cuda import nvrtc as _nvrtc
+from kernelgraft.backends.cuda.jit import CudaRunner
 
 nvrtc_missing = None
 try:

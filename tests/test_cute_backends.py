@@ -71,7 +71,7 @@ def _cuobjdump() -> str | None:
 
 @needs_cutile
 def test_cutile_aot_cubin_for_sm90(tmp_path):
-    from kernelgraft.backends import _cutile
+    from kernelgraft.backends.cutile import jit as _cutile
     from kernelgraft.examples import _cute_kernels as K
 
     reason = _cutile.toolchain_reason()
@@ -112,7 +112,7 @@ def test_cutile_aot_cubin_for_sm90(tmp_path):
 
 @needs_cutile
 def test_cutile_fp16_and_static_constant_change_the_symbol():
-    from kernelgraft.backends import _cutile
+    from kernelgraft.backends.cutile import jit as _cutile
     from kernelgraft.examples import _cute_kernels as K
 
     x32, x16 = torch.empty(8), torch.empty(8, dtype=torch.float16)
@@ -123,7 +123,7 @@ def test_cutile_fp16_and_static_constant_change_the_symbol():
 
 
 def test_cutile_missing_tool_message(monkeypatch):
-    from kernelgraft.backends import _cutile
+    from kernelgraft.backends.cutile import jit as _cutile
 
     _cutile.toolchain_reason.cache_clear()
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "cuda.tile" else object())
@@ -137,7 +137,7 @@ def test_cutile_missing_tool_message(monkeypatch):
 # ---------------------------------------------------------------- CuTe DSL (compiles without a GPU)
 @needs_cute
 def test_cutedsl_compile_cache_keys():
-    from kernelgraft.backends import _cutedsl
+    from kernelgraft.backends.cutedsl import jit as _cutedsl
     from kernelgraft.examples import _cute_kernels as K
 
     spec = K.CUTEDSL_IMPLS["add_relu"]
@@ -163,7 +163,7 @@ def test_cutedsl_compile_cache_keys():
 @needs_cute
 def test_cutedsl_packed_abi_matches_library():
     """The fast path's per-argument slots hold what the library's own packing holds."""
-    from kernelgraft.backends import _cutedsl
+    from kernelgraft.backends.cutedsl import jit as _cutedsl
     from kernelgraft.examples import _cute_kernels as K
 
     spec = K.CUTEDSL_IMPLS["rmsnorm"]
@@ -188,7 +188,7 @@ def test_cutedsl_parameter_weight_keys_and_packs_like_a_tensor(dtype):
     (whose adapter registry is keyed by exact type), packed nothing: 6 arguments for a program
     declaring 7, and calling that crashed the process on an H200. It must key, probe and pack
     exactly like a plain tensor, and a mismatched ABI must still be reported."""
-    from kernelgraft.backends import _cutedsl
+    from kernelgraft.backends.cutedsl import jit as _cutedsl
     from kernelgraft.examples import _cute_kernels as K
 
     spec = K.CUTEDSL_IMPLS["rmsnorm"]
@@ -282,7 +282,7 @@ def test_cuda_graph_capture(backend):
 def test_cutile_arg_key_treats_parameters_as_tensors():
     """A module weight arrives as nn.Parameter: it must key (dtype, rank, layout, alignment) like
     the tensor it is, not by its Python type (which would also skip it when packing)."""
-    from kernelgraft.backends import _cutile
+    from kernelgraft.backends.cutile import jit as _cutile
 
     w = torch.randn(64)
     key_tensor = _cutile._arg_key((w, 3), (False, False))

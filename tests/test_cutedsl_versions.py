@@ -12,7 +12,7 @@ import types
 import pytest
 import torch
 
-from kernelgraft.aot import _cutedsl_so
+from kernelgraft.backends.cutedsl import so as _cutedsl_so
 
 pytestmark = pytest.mark.cutedsl  # rerun under the oldest supported release: scripts/compat.sh
 
@@ -91,7 +91,7 @@ def test_jit_argument_layout_is_read_off_the_compiled_function():
     """slot_kinds and the packing check work on this release's compiled functions (4.8 has no
     args_spec): compiled for sm_90a without a GPU, as the JIT path would on an H200."""
     _dsl()
-    from kernelgraft.backends import _cutedsl
+    from kernelgraft.backends.cutedsl import jit as _cutedsl
     from kernelgraft.examples import add_relu
 
     impl = next(i for i in add_relu.add_relu.impls if i.backend == "cutedsl")
@@ -108,7 +108,7 @@ def test_jit_argument_layout_is_read_off_the_compiled_function():
 
 
 def test_aot_summary_counts_skipped_candidates(monkeypatch, capsys):
-    from kernelgraft.cli import _aot
+    from kernelgraft.cli import aot as _aot
 
     manifest = {"archs": ["sm_90"], "build_seconds": 1.0, "ops": [{
         "name": "demo::op", "candidates": [{"kernels": [{}]}], "dropped": [],
@@ -116,8 +116,8 @@ def test_aot_summary_counts_skipped_candidates(monkeypatch, capsys):
     import kernelgraft.aot as aot
 
     monkeypatch.setattr(aot, "build_bundle", lambda *a, **k: manifest)
-    monkeypatch.setattr("kernelgraft.cli._common.load_target", lambda t: types.SimpleNamespace())
-    monkeypatch.setattr("kernelgraft.cli._common.ops_of", lambda m: [types.SimpleNamespace(name="demo::op")])
+    monkeypatch.setattr("kernelgraft.cli.common.load_target", lambda t: types.SimpleNamespace())
+    monkeypatch.setattr("kernelgraft.cli.common.ops_of", lambda m: [types.SimpleNamespace(name="demo::op")])
     args = argparse.Namespace(target=["x"], arch=None, out="/tmp/kg-none", op=None, static=False, sign=None,
                               decisions=None, allow_partial=False)
     assert _aot._run(args) == 0

@@ -12,9 +12,9 @@ import torch
 
 import kernelgraft as kg
 from kernelgraft import backends
-from kernelgraft._op import _candidates
-from kernelgraft.backends import _base
-from kernelgraft.driver import _cu, _module
+from kernelgraft.op import candidates as _candidates
+from kernelgraft.backends import base as _base
+from kernelgraft.driver import cu as _cu, module as _module
 
 
 class _OnCuda(torch.Tensor):
@@ -236,7 +236,7 @@ def test_supports_predicates_run_on_the_tensors_device(devices):
 
 
 def test_timing_runs_on_the_trials_device(monkeypatch):
-    from kernelgraft._timing import on_device
+    from kernelgraft.timing import on_device
 
     fake = _Devices(current=0)
     monkeypatch.setattr(torch.cuda, "current_device", fake.get)
@@ -250,7 +250,7 @@ def test_timing_runs_on_the_trials_device(monkeypatch):
 
 # ---------------------------------------------------------------- Triton's interpreter
 def test_concurrent_interpreted_triton_calls_are_serialized_and_correct():
-    from kernelgraft.backends._triton import interpreting
+    from kernelgraft.backends.triton.jit import interpreting
     from kernelgraft.examples.add_relu import add_relu
 
     if not interpreting():
@@ -286,8 +286,8 @@ def test_a_bundled_binary_never_launches_on_a_gpu_of_another_arch(monkeypatch):
     never an sm_90 cubin launched on sm_80."""
     import torch
 
-    from kernelgraft._errors import UnsupportedError
-    from kernelgraft.aot import _runner
+    from kernelgraft.errors import UnsupportedError
+    from kernelgraft.aot import runner as _runner
 
     kernel = object.__new__(_runner.Kernel)
     kernel.where, kernel.arch, kernel.kinds = "bundle b: add kernel k", "sm_90", ["ptr"]

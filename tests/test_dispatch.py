@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import kernelgraft as kg
-from kernelgraft._op import _candidates
+from kernelgraft.op import candidates as _candidates
 
 from _kernels import LAUNCHES, launch_scale
 
@@ -221,7 +221,7 @@ def test_a_plan_made_while_another_thread_changes_the_chooser_is_not_kept():
     # Simulates a race: while one call plans, another thread installs a different chooser (as
     # kg.tune(...), kg.tune.clear() or load_bundle do); the plan made under the old settings used
     # to be stored under the new epoch and served from then on.
-    from kernelgraft._op import _select
+    from kernelgraft.op import select as _select
 
     scale = make_op("kgtest::d_race")
     saved = _select._chooser

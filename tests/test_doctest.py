@@ -8,7 +8,7 @@ import pytest
 
 import kernelgraft
 
-OPTIONAL = ("kernelgraft.backends._cute", "kernelgraft.backends._cutile")
+OPTIONAL = ("kernelgraft.backends._cute", "kernelgraft.backends.cutile.jit")
 
 
 def _modules():

@@ -41,7 +41,7 @@ def test_param_buffer_packs_values_where_pointers_point():
 
 def test_untyped_python_scalars_are_refused_with_a_fix():
     assert driver.Scalar("i32", 3).kind == "i32"
-    from kernelgraft.driver._params import kind_of
+    from kernelgraft.driver.params import kind_of
 
     assert kind_of(torch.zeros(1), 0) == "ptr"
     assert kind_of(ctypes.c_int64(5), 1) == "i64"

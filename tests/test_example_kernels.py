@@ -23,7 +23,7 @@ CUDA_DTYPES = {"gemm": (torch.float16, torch.bfloat16), "swiglu": (torch.float32
 
 def _nvrtc_missing():
     try:
-        from kernelgraft.backends._nvrtc import nvrtc_version
+        from kernelgraft.backends.cuda.nvrtc import nvrtc_version
 
         nvrtc_version()
         return None
@@ -134,7 +134,7 @@ def test_software_e4m3_matches_torch_rounding():
 @pytest.mark.skipif(_nvrtc_missing() is not None, reason="NVRTC not installed")
 @pytest.mark.parametrize("module", MODULES)
 def test_cuda_sources_compile_for_sm90(module):
-    from kernelgraft.backends._cuda import CudaRunner
+    from kernelgraft.backends.cuda.jit import CudaRunner
 
     impls = importlib.import_module(f"kernelgraft.examples.{module}").IMPLS
     specs = [i for i in impls if i.backend == "cuda"]  # softmax has three
@@ -258,7 +258,7 @@ def test_bench_inputs_are_declared():
 
 # ------------------------------------------------------------------ GPU
 def kernels(candidates):
-    from kernelgraft._op._compete import is_torch
+    from kernelgraft.op.compete import is_torch
 
     return [c for c in candidates if not is_torch(c)]
 

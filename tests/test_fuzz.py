@@ -2,7 +2,7 @@
 
 The cases (``_fuzz_cases.py``) run in a child process, so a crash (a kernel writing out of bounds,
 an abort) fails the test with the case that caused it instead of killing pytest. Every call must
-match the reference under ``kernelgraft._verify`` or be refused with a kernelgraft error naming the
+match the reference under ``kernelgraft.verify.oracle`` or be refused with a kernelgraft error naming the
 op (and the bad argument); the counts are printed and every kind of case must have been exercised.
 """
 

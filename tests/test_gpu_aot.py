@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import kernelgraft as kg
-from kernelgraft._verify import rtol_for as tolerance
+from kernelgraft.verify.oracle import rtol_for as tolerance
 
 from _aot_helpers import gpu_bundle, run_child
 
@@ -52,7 +52,7 @@ def test_bundle_runs_without_triton_and_matches_reference(bundle, tmp_path):
 
 
 def test_bundle_attached_to_ops_in_process(bundle):
-    from kernelgraft.aot._runner import BundledRunner
+    from kernelgraft.aot.runner import BundledRunner
     from kernelgraft.examples.add_relu import add_relu
     from kernelgraft.examples.rmsnorm import rmsnorm
 
@@ -81,8 +81,8 @@ def test_bundle_attached_to_ops_in_process(bundle):
 def test_bundled_candidates_replay_natively(bundle):
     """An eager call served by a bundled binary (Triton's included: it launches through
     kernelgraft.driver) is recorded once and then replayed by the native extension."""
-    from kernelgraft import _native
-    from kernelgraft.aot._runner import BundledRunner
+    from kernelgraft import native as _native
+    from kernelgraft.aot.runner import BundledRunner
     from kernelgraft.examples.add_relu import add_relu
 
     assert _native.load() is not None, _native.reason()
@@ -111,7 +111,7 @@ def test_bundled_candidates_replay_natively(bundle):
 def test_cutedsl_candidates_from_a_bundle_equal_the_reference(bundle):
     """The Python loader: CuTe DSL candidates are served from the bundle's shared libraries (with
     allow_native) and match the reference; without it they are left out with a warning."""
-    from kernelgraft.aot._native_kernel import NativeKernel
+    from kernelgraft.aot.native_kernel import NativeKernel
     from kernelgraft.examples.add_relu import add_relu
     from kernelgraft.examples.rmsnorm import rmsnorm
 

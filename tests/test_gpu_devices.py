@@ -90,7 +90,7 @@ def _expected(op, sample: tuple) -> list[torch.Tensor]:
 
 def _compare(got: list[torch.Tensor], want: list[torch.Tensor], where: str, op=None, sample=None) -> None:
     if op is not None and op.compare:  # outputs with more than one right answer: the op's own rules
-        from kernelgraft import _verify
+        from kernelgraft.verify import oracle as _verify
 
         verdict = _verify.verify(_verify.reference(op, _to(sample, "cpu")), [g.detach().cpu() for g in got],
                                  op.tolerances)
@@ -188,7 +188,7 @@ def test_every_candidate_on_the_other_device_python_path(name):
 
 @pytest.mark.parametrize("name", MODULES)
 def test_each_backend_through_the_native_replay_on_the_other_device(name):
-    from kernelgraft import _native
+    from kernelgraft import native as _native
 
     assert _native.load() is not None, f"the native replay is not available: {_native.reason()}"
     op = _op(name)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernelgraft.aot import _manifest
+from kernelgraft.aot import manifest as _manifest
 from kernelgraft.examples import add_relu, rmsnorm  # registered before the per-test registry snapshot
 
 from _runtime_helpers import WITHOUT_KERNELGRAFT, backend_only, json_child, so  # noqa: F401 (so: a fixture)

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernelgraft import _verify
-from kernelgraft.check._inputs import samples
+from kernelgraft.verify import oracle as _verify
+from kernelgraft.check.inputs import samples
 
 from _aot_helpers import gpu_bundle
 from _runtime_helpers import WITHOUT_KERNELGRAFT, backend_only, json_child, so  # noqa: F401 (so: a fixture)

@@ -205,7 +205,7 @@ def test_inductor_is_told_the_dense_input_layout_the_op_takes():
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-    from kernelgraft.graft import _pattern
+    from kernelgraft.graft import pattern as _pattern
 
     class M(torch.nn.Module):
         def forward(self, q, cos, sin):

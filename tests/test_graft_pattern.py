@@ -9,7 +9,7 @@ import kernelgraft as kg
 from kernelgraft.examples.add_relu import add_relu
 from kernelgraft.examples.rmsnorm import rmsnorm
 from kernelgraft.examples.swiglu import swiglu, swiglu_pattern
-from kernelgraft.graft import _pattern
+from kernelgraft.graft import pattern as _pattern
 
 
 def _targets(ep) -> list[str]:
@@ -229,7 +229,7 @@ def _eager_wins(trial, settings):
 def _competing(tmp_path, monkeypatch):
     """PyTorch competes and wins every key it can (fake timer); compiles and tuning-cache writes are
     recorded. Yields the list of compiles."""
-    from kernelgraft._op import _compete
+    from kernelgraft.op import compete as _compete
 
     if not __import__("os").environ.get("TRITON_INTERPRET"):
         pytest.skip("the kernel runs on the CPU through Triton's interpreter")

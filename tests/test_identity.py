@@ -231,7 +231,7 @@ def test_identity_is_the_same_under_any_hash_seed(tmp_path):
             return f
     '''))
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import seeded; "
-            "from kernelgraft._spec import callable_source; import hashlib; "
+            "from kernelgraft.spec import callable_source; import hashlib; "
             "print(hashlib.sha256(callable_source(seeded.make(frozenset('xyzw'))).encode()).hexdigest())")
     out = {subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True,
                           env={**__import__("os").environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2", "3")}

@@ -15,8 +15,8 @@ import torch._inductor.config as inductor_config
 from torch._inductor.utils import run_and_get_code
 
 import kernelgraft as kg
-from kernelgraft._op import _compete
-from kernelgraft.graft import _inline
+from kernelgraft.op import compete as _compete
+from kernelgraft.graft import inline as _inline
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _tune_ops import FAKE_MS, launch_scale, make_scale  # noqa: E402

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import kernelgraft as kg
-from kernelgraft.aot import _manifest
-from kernelgraft.aot._expr import compile_exprs
-from kernelgraft.aot._program import _range, decision_table
-from kernelgraft.aot._rpn import EvalError, compile_rpn, evaluate
+from kernelgraft.aot import manifest as _manifest
+from kernelgraft.symbolic.expr import compile_exprs
+from kernelgraft.aot.program import _range, decision_table
+from kernelgraft.aot.rpn import EvalError, compile_rpn, evaluate
 from kernelgraft.examples import add_relu, rmsnorm  # registered before the per-test registry snapshot
 
 from _aot_helpers import build_bundle
@@ -218,7 +218,7 @@ def test_loader_reads_versions_1_to_3(bundle, tmp_path):
     ("points", 96, [65, 96]), ("points", 64, [1, 64]), ("exact", 37, [37, 37]),
 ], ids=lambda v: str(v))
 def test_bucket_ranges(rule, bucket, want):
-    from kernelgraft.tune._key import _boundaries, _exact, _pow2
+    from kernelgraft.tune.key import _boundaries, _exact, _pow2
 
     fn = {"pow2": _pow2, "points": _boundaries([64, 96, 128]), "exact": _exact}[rule]
     assert _range(fn, bucket) == want
@@ -253,7 +253,7 @@ def test_decision_table_from_tune_entries():
 
 
 def test_decisions_from_this_machines_cache(tmp_path, monkeypatch):
-    from kernelgraft.aot._program import read_decisions
+    from kernelgraft.aot.program import read_decisions
 
     entry = _tune_entry(add_relu.add_relu, [64], [])
     monkeypatch.setenv("KERNELGRAFT_CACHE_DIR", str(tmp_path))

@@ -13,8 +13,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import kernelgraft as kg
-from kernelgraft import _native
-from kernelgraft._native import _record
+from kernelgraft import native as _native
+from kernelgraft.native import record as _record
 from _graphs import check_graph_replay
 
 PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -362,7 +362,7 @@ def test_a_build_killed_midway_leaves_no_stale_lock(tmp_path):
     import sys
     import time
 
-    from kernelgraft._native import _build
+    from kernelgraft.native import build as _build
 
     if not _has_compiler():
         pytest.skip("no C++ compiler on this machine")
@@ -480,7 +480,7 @@ def test_a_directory_others_can_write_is_refused(fresh, monkeypatch, where):
         assert _native.get() is None
         assert "writable by group or others (mode 777)" in _native.reason()
         assert str(target) in _native.reason()
-        from kernelgraft._errors import CompileError
+        from kernelgraft.errors import CompileError
 
         with pytest.raises(CompileError, match="refusing to build or load"):
             _native.build()
@@ -710,7 +710,7 @@ _TRITON_PARAMS_CHILD = r"""
 import json, sys, torch, triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from kernelgraft._native import _triton
+from kernelgraft.native import _triton
 
 @triton.jit
 def scale_kernel(x, y, n, scale, flag, wide, BLOCK: tl.constexpr):
@@ -793,7 +793,7 @@ def test_the_replay_keeps_its_kernel_alive(native):
 def test_launch_record_packs_like_the_driver_buffer():
     """The Record the driver launcher and the Triton describer build: the driver's packed bytes
     padded to 8, each parameter's offset, and the pointer slots with their addresses (null too)."""
-    from kernelgraft.driver._params import ParamBuffer
+    from kernelgraft.driver.params import ParamBuffer
 
     buffer = ParamBuffer(["ptr", "i32", "f32", "i8", "ptr", "ptr"])
     values = [0x7F0000001000, 5, 0.5, 1, 0x7F0000002000, 0]
@@ -826,8 +826,8 @@ def test_the_fd_a_library_was_loaded_from_stays_open_so_the_next_memfd_library_i
     import os
 
     from kernelgraft import runtime
-    from kernelgraft._native import _build
-    from kernelgraft.aot._native_kernel import open_library
+    from kernelgraft.native import build as _build
+    from kernelgraft.aot.native_kernel import open_library
 
     # kernelgraft's own loads keep their fds: the runtime, loaded once per process
     so = runtime.load()

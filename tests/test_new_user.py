@@ -187,7 +187,7 @@ def layernorm(tmp_path):
 
 
 def test_the_users_layernorm_matches_f_layer_norm(layernorm):
-    from kernelgraft.check._inputs import samples
+    from kernelgraft.check.inputs import samples
 
     for x, w, b, eps in samples(layernorm, "cpu"):
         want = F.layer_norm(x.double(), (x.shape[-1],), w.double(), b.double(), eps)
@@ -248,7 +248,7 @@ _CHILD = r"""
 import json, sys, warnings
 import torch, torch.nn.functional as F
 import kernelgraft as kg
-from kernelgraft._op import _registry
+from kernelgraft.op import _registry
 
 bundle_dir, order, model_too = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 warnings.simplefilter("error", kg.KernelgraftWarning)  # a clean hand-over says nothing

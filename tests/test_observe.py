@@ -13,9 +13,10 @@ import triton
 import triton.language as tl
 
 from _host_backend import HOST_FN, HostImpl, _Runner
-from kernelgraft._native import _record, _triton
-from kernelgraft._spec import Config
-from kernelgraft.driver import _observe
+from kernelgraft.native import record as _record
+from kernelgraft.backends.triton import replay as _triton
+from kernelgraft.spec import Config
+from kernelgraft.driver import observe as _observe
 
 
 @triton.jit
@@ -228,7 +229,7 @@ def test_the_driver_does_not_import_native():
     import ast
     import inspect
 
-    from kernelgraft.driver import _cu, _module, _params
+    from kernelgraft.driver import cu as _cu, module as _module, params as _params
 
     for module in (_cu, _module, _observe, _params):
         tree = ast.parse(inspect.getsource(module))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import kernelgraft as kg
-from kernelgraft._op import _registry
+from kernelgraft.op import registry as _registry
 
 from _kernels import LAUNCHES, launch_add_inplace, launch_scale, launch_sum_diff
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import kernelgraft as kg
-from kernelgraft._op._overlap import modular_rule, overlap_guard
+from kernelgraft.op.overlap import modular_rule, overlap_guard
 from kernelgraft.examples.kv_append import kv_append
 
 
@@ -139,7 +139,7 @@ def _strided_accumulate(packed):
 def test_the_native_replay_accepts_and_refuses_the_same_calls():
     from _host_backend import HOST_FN, HostImpl
 
-    from kernelgraft import _native
+    from kernelgraft import native as _native
 
     if shutil.which("c++") is None and shutil.which("g++") is None:
         pytest.skip("no C++ compiler on this machine: the native replay cannot be built")

@@ -1,5 +1,5 @@
 """Declaring, replacing and unregistering an op while other threads call it never crashes, and
-every call reaches the old op or the new one (``kernelgraft._op._slot``).
+every call reaches the old op or the new one (``kernelgraft.op.slot``).
 
 The scenarios (``_registration_threads.py``) run in a child process, so a crash fails the test
 instead of killing pytest: 8 threads call one name through the op object (the first one, retired
@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import kernelgraft as kg
-from kernelgraft._op import _registry
+from kernelgraft.op import registry as _registry
 
 _HERE = Path(__file__).parent
 _SCENARIOS = ["replace_same_schema", "replace_new_schema", "unregister_redeclare",
@@ -55,7 +55,7 @@ def _run(scenarios: list[str], timeout: float = 300) -> dict:
 
 @pytest.fixture(scope="module")
 def results():
-    from kernelgraft import _native
+    from kernelgraft import native as _native
 
     if shutil.which(os.environ.get("CXX", "c++")) is not None:
         _native.load()  # built once (shared with the child and test_native.py); else the child skips
@@ -98,7 +98,7 @@ def test_a_new_schema_waits_for_calls_in_flight_and_refuses_after_a_bound(monkey
     """A call inside the op (here: blocked in its reference) keeps a new schema out; past the
     bound the declaration is refused, the old op keeps serving, and the blocked call finishes on
     it. Once no call is in flight, the new schema takes the name."""
-    from kernelgraft._op import _quiesce
+    from kernelgraft.op import quiesce as _quiesce
 
     entered, release, block = threading.Event(), threading.Event(), [True]
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import kernelgraft as kg
-from kernelgraft._op import _registry
+from kernelgraft.op import registry as _registry
 
 _RUNS = itertools.count()
 
@@ -88,7 +88,7 @@ def test_an_edit_without_replace_says_how_to_redeclare(nb):
 
 
 def test_replacing_drops_the_old_ops_plans_and_tuning_decisions(nb):
-    from kernelgraft.tune._tuner import TUNER, Decision
+    from kernelgraft.tune.tuner import TUNER, Decision
 
     first = nb.run(cell(2))["cell"]
     x = torch.ones(5)

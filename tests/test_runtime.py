@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernelgraft.aot import _manifest
-from kernelgraft.aot._expr import compile_exprs
-from kernelgraft.aot._sign import sign_bundle
+from kernelgraft.aot import manifest as _manifest
+from kernelgraft.symbolic.expr import compile_exprs
+from kernelgraft.aot.sign import sign_bundle
 from kernelgraft.examples import add_relu, rmsnorm  # registered before the per-test registry snapshot
 
 from _aot_helpers import build_bundle
@@ -74,7 +74,7 @@ def _same(cpp: str, py: str) -> bool:
     "next_pow2(x.shape[0]) * n", "next_pow2(n - x.shape[0])", "next_pow2(eps)", "next_pow2(n == 3)",
 ], ids=lambda t: t[:30])
 def test_programs_equal_python_on_random_inputs(so, text):
-    from kernelgraft.aot._rpn import compile_rpn
+    from kernelgraft.aot.rpn import compile_rpn
 
     names = ["x", "n", "eps"]
     program = compile_rpn(text, names)
@@ -87,7 +87,7 @@ def test_programs_equal_python_on_random_inputs(so, text):
 
 def test_integers_past_128_bits_are_errors_in_cpp(so):
     """Python's ints are unbounded (up to _expr's cap); the runtime's are 128-bit and checked."""
-    from kernelgraft.aot._rpn import compile_rpn
+    from kernelgraft.aot.rpn import compile_rpn
 
     program = compile_rpn("x.shape[0] ** 40", ["x"])
     assert _cpp_value(program, [{"shape": [18]}]) == "error: an integer overflow"
@@ -99,7 +99,7 @@ def test_integers_past_128_bits_are_errors_in_cpp(so):
 def test_next_pow2_equals_the_python_rpn_evaluator(so, value):
     """Edge values, and past 2**126 an overflow error (the result does not fit 128 bits), never a
     wrapped value; a literal carries values past int64 that an input cannot."""
-    from kernelgraft.aot._rpn import EvalError, compile_rpn, evaluate
+    from kernelgraft.aot.rpn import EvalError, compile_rpn, evaluate
 
     for text, args in [(f"next_pow2({value})", [7])] + ([("next_pow2(n)", [value])] if value < 2 ** 63 else []):
         program = compile_rpn(text, ["n"])
@@ -312,7 +312,7 @@ def _unreadable(x: torch.Tensor) -> dict:
 
 
 def test_tensors_no_kernel_may_read_are_refused_naming_the_argument(served):
-    """The admission rule of kernelgraft/_admit.py, in C++: sparse, mkldnn, nested and quantized
+    """The admission rule of kernelgraft/op/admit.py, in C++: sparse, mkldnn, nested and quantized
     tensors never reach a kernel (the dispatcher's own error would list its backends instead)."""
     x = torch.randn(4, 8)
     for kind, t in _unreadable(x).items():
@@ -553,7 +553,7 @@ def test_the_runtime_library_exports_no_copy_of_libstdcxx(so):
     import shutil
     import subprocess
 
-    from kernelgraft._native import _build
+    from kernelgraft.native import build as _build
 
     assert "-Wl,--exclude-libs,ALL" in _build.LDFLAGS
     if shutil.which("nm") is None:

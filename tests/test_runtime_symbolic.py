@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernelgraft.aot._expr import compile_exprs
-from kernelgraft.aot._rpn import compile_rpn
+from kernelgraft.symbolic.expr import compile_exprs
+from kernelgraft.aot.rpn import compile_rpn
 
 from _aot_helpers import build_bundle
 from _runtime_helpers import json_child, so, variant  # noqa: F401 (so: a fixture)

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 import kernelgraft as kg
-from kernelgraft._spec import Config, normalize_capability
+from kernelgraft.spec import Config, normalize_capability
 
 
 def launch(x, out, *, BLOCK, num_warps=4):
@@ -97,8 +97,8 @@ def test_config_lookup_by_index_and_value():
 def test_reference_hints_resolve_torch_imported_locally():
     # A reference defined where torch is imported inside a function, under
     # ``from __future__ import annotations``: its hints are strings naming a non-global ``torch``.
-    from kernelgraft._errors import SpecError
-    from kernelgraft._op._schema import parse_signature
+    from kernelgraft.errors import SpecError
+    from kernelgraft.op.schema import parse_signature
 
     ns: dict = {}
     exec("from __future__ import annotations\n"

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import kernelgraft as kg
-from kernelgraft.tune import _modes
+from kernelgraft.op import modes as _modes
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _torch_backend import kg_torch  # noqa: E402
@@ -205,7 +205,7 @@ def test_same_key_from_many_threads_is_tuned_once():
 def test_a_failed_tuning_is_not_redone_by_each_waiting_thread(monkeypatch, error):
     """Tuning that raises gives the default candidate; the threads that waited on the same key
     use that outcome instead of each failing the same tuning again (a transient failure too)."""
-    from kernelgraft.tune import _tuner
+    from kernelgraft.tune import tuner as _tuner
 
     op = _double_op(f"tthreads::failonce_{type(error).__name__}")
     barrier = threading.Barrier(5)
@@ -299,7 +299,7 @@ def test_nested_tuning_on_two_devices_in_opposite_orders_does_not_deadlock(monke
 def test_a_nested_tuning_that_meets_a_busy_device_keeps_no_plan(monkeypatch):
     """Nested inside another device's tuning, with this op's device busy: the default candidate
     serves that call, no plan is kept and nothing is remembered, and the next call tunes."""
-    from kernelgraft.tune import _tuner
+    from kernelgraft.tune import tuner as _tuner
 
     mine, busy = threading.RLock(), threading.RLock()
     monkeypatch.setattr(kg.tune.TUNER, "_device_lock", lambda op, args: busy)
@@ -333,7 +333,7 @@ def test_a_nested_tuning_that_meets_a_busy_device_keeps_no_plan(monkeypatch):
 def test_a_transient_tuning_failure_is_tuned_again_after_a_backoff(monkeypatch):
     """Out of memory while tuning: the default serves until the backoff passes, then the key is
     tuned again (the tuner's and the dispatcher's deadlines read time.monotonic: a fake clock)."""
-    from kernelgraft.tune import _tuner
+    from kernelgraft.tune import tuner as _tuner
 
     now = [1000.0]
     monkeypatch.setattr(time, "monotonic", lambda: now[0])
@@ -367,7 +367,7 @@ def test_a_transient_tuning_failure_is_tuned_again_after_a_backoff(monkeypatch):
 
 
 def test_a_lasting_tuning_failure_is_not_retried(monkeypatch):
-    from kernelgraft.tune import _tuner
+    from kernelgraft.tune import tuner as _tuner
 
     now = [1000.0]
     monkeypatch.setattr(time, "monotonic", lambda: now[0])
@@ -509,7 +509,7 @@ def test_short_of_memory_never_serves_a_candidate_the_gate_found_wrong(monkeypat
 
 
 def test_candidates_short_of_memory_tuning_after_tuning_are_saved_as_not_fitting(monkeypatch):
-    from kernelgraft.tune import _tuner
+    from kernelgraft.tune import tuner as _tuner
 
     now = [1000.0]
     monkeypatch.setattr(time, "monotonic", lambda: now[0])

@@ -155,7 +155,7 @@ def test_version_flag(capsys):
 def test_verbose_is_accepted_before_or_after_the_command(argv, monkeypatch):
     import logging
 
-    from kernelgraft.cli import _doctor, main
+    from kernelgraft.cli import doctor as _doctor, main
 
     levels = []
     monkeypatch.setattr(logging, "basicConfig", lambda **kw: levels.append(kw["level"]))
@@ -166,7 +166,7 @@ def test_verbose_is_accepted_before_or_after_the_command(argv, monkeypatch):
 
 def test_doctor_prints_pip_extras_literally(monkeypatch, capsys):
     from kernelgraft import backends
-    from kernelgraft.cli import _doctor, main
+    from kernelgraft.cli import doctor as _doctor, main
 
     cuda = backends.get("cuda")
     # what the backend says where cuda-bindings is missing

@@ -9,7 +9,7 @@ import torch
 from torch.export import Dim
 
 import kernelgraft as kg
-from kernelgraft import _verify
+from kernelgraft.verify import oracle as _verify
 from kernelgraft.check import check_op
 from kernelgraft.examples import topk_router as module
 from kernelgraft.examples.topk_router import topk_router

@@ -17,8 +17,8 @@ import torch
 
 import kernelgraft as kg
 from kernelgraft import TuneWarning
-from kernelgraft.tune import _key, _prune
-from kernelgraft.tune._cache import DiskCache
+from kernelgraft.tune import key as _key, prune as _prune
+from kernelgraft.tune.cache import DiskCache
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _tune_ops import CONFIGS, fake_timer, make_scale  # noqa: E402
@@ -253,8 +253,8 @@ def test_finalists_timed_at_a_slower_clock_do_not_hand_the_win_to_a_candidate_le
 def test_a_host_scored_candidate_is_not_timed_in_turn():
     # torch:compile's score is max(GPU, host): not a replay's to replace. Only the GPU-scored
     # finalists are timed together; the host-scored one keeps its score.
-    from kernelgraft.tune import _trials
-    from kernelgraft.tune._timing import Trial
+    from kernelgraft.tune import trials as _trials
+    from kernelgraft.tune.timing import Trial
 
     trials = {name: Trial(name, lambda i: None) for name in ("a", "compile", "c")}
     times = {id(trials["a"]): (1.00, 1.00, None), id(trials["compile"]): (1.01, 0.50, 1.01),
@@ -339,7 +339,7 @@ def test_cpu_without_timer_does_not_tune():
 
 
 def test_no_tuning_while_compiling_warns_once(monkeypatch):
-    from kernelgraft.tune import _modes
+    from kernelgraft.op import modes as _modes
 
     monkeypatch.setattr(_modes, "_warned", set())
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
@@ -609,7 +609,7 @@ def test_near_ties_go_to_the_first_listed_candidate(timings, winner):
 
 def test_cache_cli_survives_foreign_and_mistyped_data(tmp_path, monkeypatch, capsys):
     from kernelgraft.cli import main
-    from kernelgraft.tune._cache import DiskCache
+    from kernelgraft.tune.cache import DiskCache
 
     monkeypatch.setenv("KERNELGRAFT_CACHE_DIR", str(tmp_path / "cache"))
     bad = tmp_path / "list.json"

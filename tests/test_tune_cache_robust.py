@@ -16,9 +16,9 @@ import torch
 import kernelgraft as kg
 from kernelgraft import TuneWarning
 from kernelgraft.cli import main
-from kernelgraft.tune import _cache
-from kernelgraft.tune._cache import DiskCache, set_aside
-from kernelgraft.tune._key import _KEY_SCHEMA_VERSION
+from kernelgraft.tune import cache as _cache
+from kernelgraft.tune.cache import DiskCache, set_aside
+from kernelgraft.tune.key import _KEY_SCHEMA_VERSION
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _tune_ops import CONFIGS, fake_timer, make_scale  # noqa: E402

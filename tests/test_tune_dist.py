@@ -26,7 +26,7 @@ def _rank_main(rank: int, world: int, port: int, root: str, out: str) -> None:
 
     import kernelgraft as kg
     from _tune_ops import FAKE_MS, make_scale
-    from kernelgraft.tune._cache import DiskCache
+    from kernelgraft.tune.cache import DiskCache
 
     # The first op call imports torch._dynamo; imported after init_process_group, it keeps
     # references to the group, so destroy_process_group leaves the gloo worker threads running and

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import kernelgraft as kg
-from kernelgraft.tune import _timing
+from kernelgraft.tune import timing as _timing
 
 pytestmark = pytest.mark.gpu
 
@@ -127,7 +127,7 @@ def test_capture_does_not_tune_and_warns():
     gemm = _gemm()
     a = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
-    from kernelgraft.tune import _modes
+    from kernelgraft.op import modes as _modes
 
     _modes._warned.clear()
     tuned_before = kg.tune.stats().get("tuned", 0)

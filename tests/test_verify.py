@@ -1,4 +1,4 @@
-"""The one correctness oracle (kernelgraft._verify): the rule per dtype at its boundary, NaN and
+"""The one correctness oracle (kernelgraft.verify.oracle): the rule per dtype at its boundary, NaN and
 Inf, exact dtypes, tolerances, the float64 reference and its fallback, and the planted test: the
 tuner never chooses a candidate that kernelgraft check fails on the same inputs."""
 
@@ -12,9 +12,10 @@ import triton
 import triton.language as tl
 
 import kernelgraft as kg
-from kernelgraft import SpecError, _verify
+from kernelgraft import SpecError
+from kernelgraft.verify import oracle as _verify
 from kernelgraft.check import check_op
-from kernelgraft.graft import _verify as graft_verify
+from kernelgraft.graft import verify as graft_verify
 
 WIDE = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
 EXACT = [torch.int8, torch.int32, torch.int64, torch.uint8, torch.bool, torch.float8_e4m3fn, torch.float8_e5m2]
@@ -363,7 +364,7 @@ def test_every_example_candidate_passes_the_oracle_on_gpu(module):
     """The default tolerances hold real kernels (float32 1e-4, 8 roundoffs for half types)."""
     import importlib
 
-    from kernelgraft._op._operator import KernelOp
+    from kernelgraft.op.operator import KernelOp
 
     mod = importlib.import_module(f"kernelgraft.examples.{module}")
     ops = {id(v): v for v in vars(mod).values() if isinstance(v, KernelOp)}.values()

@@ -6,9 +6,9 @@ a test harness.
 """
 
 from . import driver
-from ._op._candidates import Candidate
-from ._spec import CudaImpl, Launch, ctype, cuda
-from ._errors import (
+from .op.candidates import Candidate
+from .spec import CudaImpl, Launch, ctype, cuda
+from .errors import (
     BundleError,
     CompileError,
     FallbackWarning,
@@ -23,12 +23,12 @@ from ._errors import (
     UnsupportedError,
     VerificationError,
 )
-from ._op._operator import KernelOp, op, unregister
-from ._compare import ties_by
+from .op.operator import KernelOp, op, unregister
+from .verify.compare import ties_by
 from .aot import Bundle, load_bundle
-from ._spec import Config, ImplSpec, triton
+from .spec import Config, ImplSpec, triton
 from .graft import GraftReport, graft, lower_as, ungraft
-from ._spec import CuteDSLImpl, CuTileImpl, cutedsl, cutile
+from .spec import CuteDSLImpl, CuTileImpl, cutedsl, cutile
 from . import tune  # noqa: E402  (installs the autotuner; kg.tune(...) is callable)
 from . import native  # noqa: E402
 

@@ -42,8 +42,8 @@ What is supported (and what is not):
   block and shared memory as expressions of input shapes, and ``scalar_order``.
 """
 
-from ._build import build_bundle
-from ._load import Bundle, load_bundle
-from ._sign import sign_bundle, verify_bundle
+from .build import build_bundle
+from .load import Bundle, load_bundle
+from .sign import sign_bundle, verify_bundle
 
 __all__ = ["build_bundle", "load_bundle", "Bundle", "sign_bundle", "verify_bundle"]

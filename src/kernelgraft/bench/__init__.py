@@ -7,14 +7,14 @@ TFLOP/s come from the op's ``cost`` hook (or tensor sizes) and are shown as frac
 bandwidth and bf16 GEMM throughput measured at the start of the run.
 """
 
-from ._ceilings import Ceilings, measure_ceilings
-from ._cost import call_cost, default_bytes
-from ._main import bench_inputs_of, run_benchmarks
-from ._peers import Peer, as_peers, parse_peer
-from ._report import load_json, plot, render_table, write_json
-from ._run import Row, bench_op
-from ._suite import REGIMES, SUITES, Case, cases, regime_of, shape_plan
-from ._timing import Timing, measure, measure_interleaved
+from .ceilings import Ceilings, measure_ceilings
+from .cost import call_cost, default_bytes
+from .main import bench_inputs_of, run_benchmarks
+from .peers import Peer, as_peers, parse_peer
+from .report import load_json, plot, render_table, write_json
+from .run import Row, bench_op
+from .suite import REGIMES, SUITES, Case, cases, regime_of, shape_plan
+from .timing import Timing, measure, measure_interleaved
 
 __all__ = [
     "Case",

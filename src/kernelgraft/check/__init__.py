@@ -7,10 +7,10 @@
 True
 """
 
-from ._harness import CheckOptions, CheckReport, Result, check_op, iter_check
-from ._isolate import check_in_process, check_isolated
-from ._progress import Events, Printer
-from ._report import render
+from .harness import CheckOptions, CheckReport, Result, check_op, iter_check
+from .isolate import check_in_process, check_isolated
+from .progress import Events, Printer
+from .report import render
 
 __all__ = ["check_op", "iter_check", "check_isolated", "check_in_process", "CheckOptions", "CheckReport",
            "Result", "Events", "Printer", "render"]

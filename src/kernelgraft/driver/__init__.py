@@ -18,11 +18,9 @@ Errors are ``kernelgraft.LaunchError`` naming the driver call and the CUDA error
 Requires ``cuda-bindings`` (``pip install 'kernelgraft[cuda]'``) and a driver at launch time only.
 """
 
-from ._cu import available, capability
-from ._module import Function, Launcher, Module, current_stream, load_module
-from ._params import (
-    KINDS, ParamBuffer, Scalar, f16, f32, f64, i8, i16, i32, i64, ptr, u8, u16, u32, u64,
-)
+from .cu import available, capability
+from .module import Function, Launcher, Module, current_stream, load_module
+from .params import KINDS, ParamBuffer, Scalar, f16, f32, f64, i8, i16, i32, i64, ptr, u8, u16, u32, u64
 
 __all__ = [
     "load_module", "Module", "Function", "Launcher", "current_stream", "available", "capability",

@@ -100,7 +100,7 @@ def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
         yield (nan_inf(torch.randn(5, 33, device=device, dtype=dt)), torch.randn(5, 33, device=device, dtype=dt))
 
 
-# Shapes for ``kernelgraft bench`` (kernelgraft.bench._suite): flat bf16 element counts.
+# Shapes for ``kernelgraft bench`` (kernelgraft.bench.suite): flat bf16 element counts.
 BENCH_SHAPES = {
     "short": {"elementwise": [(1 << 16,), (1 << 20,), (1 << 24,), (1 << 28,)]},
     "llm": {"elementwise": [(4096,), (64 * 4096,), (4096 * 4096,), (32768 * 8192,)]},

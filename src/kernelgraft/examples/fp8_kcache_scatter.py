@@ -50,7 +50,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 import kernelgraft as kg
 from kernelgraft.bench import cases
-from kernelgraft.backends._triton import interpreting
+from kernelgraft.backends.triton.jit import interpreting
 
 FP8_MAX = 448.0
 MIN_AMAX = 1e-4
@@ -495,7 +495,7 @@ def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.bfloat16):
     yield (k, cache, slots, 128, "")
 
 
-# Shapes for ``kernelgraft bench`` (kernelgraft.bench._suite): tokens scattered per call.
+# Shapes for ``kernelgraft bench`` (kernelgraft.bench.suite): tokens scattered per call.
 BENCH_SHAPES = {
     "short": {"prefill": [(256,), (4096,), (32768,), (131072,), (524288,)]},
     "llm": {"decode": [(1,), (16,), (64,)], "prefill": [(4096,), (32768,), (131072,)]},

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 import kernelgraft as kg
-from kernelgraft.backends._triton import interpreting
+from kernelgraft.backends.triton.jit import interpreting
 from kernelgraft.bench import cases
 
 from ._special import nan_inf
@@ -309,7 +309,7 @@ def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.bfloat16):
     yield (nan_inf(torch.randn(9, 40, device=device, dtype=dtype)), torch.randn(40, 24, device=device, dtype=dtype))
 
 
-# Shapes for ``kernelgraft bench`` (kernelgraft.bench._suite): (M, N, K) bf16. Llama-3 8B's
+# Shapes for ``kernelgraft bench`` (kernelgraft.bench.suite): (M, N, K) bf16. Llama-3 8B's
 # layers: qkv (6144, 4096), o (4096, 4096), gate+up (28672, 4096), down (4096, 14336); 70B's qkv
 # (10240, 8192) and down (8192, 28672).
 _LLAMA_NK = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]

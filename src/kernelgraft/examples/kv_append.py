@@ -116,7 +116,7 @@ def _case(device, tokens, n, heads, hd, blocks, bs, dtype, layout, g):
     return key, value, k_cache, v_cache, slots.to(device)
 
 
-# Shapes for ``kernelgraft bench`` (kernelgraft.bench._suite): tokens appended per call.
+# Shapes for ``kernelgraft bench`` (kernelgraft.bench.suite): tokens appended per call.
 BENCH_SHAPES = {
     "short": {"decode": [(64,)], "prefill": [(4096,)]},
     "llm": {"decode": [(1,), (16,), (64,), (256,)], "prefill": [(4096,), (16384,), (32768,)]},

@@ -186,7 +186,7 @@ def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
         yield (nan_inf(torch.randn(4, 48, device=device, dtype=dt)), torch.randn(48, device=device, dtype=dt), 1e-6)
 
 
-# Shapes for ``kernelgraft bench`` (kernelgraft.bench._suite): (rows, hidden) bf16 activations.
+# Shapes for ``kernelgraft bench`` (kernelgraft.bench.suite): (rows, hidden) bf16 activations.
 BENCH_SHAPES = {
     "short": {"prefill": [(512, 4096), (4096, 4096), (16384, 4096), (32768, 8192)]},
     "llm": {

@@ -185,7 +185,7 @@ def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
         )
 
 
-# Shapes for ``kernelgraft bench`` (kernelgraft.bench._suite): (tokens, hidden) bf16 x and residual.
+# Shapes for ``kernelgraft bench`` (kernelgraft.bench.suite): (tokens, hidden) bf16 x and residual.
 BENCH_SHAPES = {
     "short": {"prefill": [(64, 4096), (512, 4096), (2048, 4096), (8192, 4096), (32768, 4096)]},
     "llm": {

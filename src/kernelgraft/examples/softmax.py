@@ -128,7 +128,7 @@ def launch_softmax_split(x, out, *, splits, BLOCK, num_warps):
     # chunks of whole BLOCKs, so only a row's last block is masked
     chunk = triton.cdiv(triton.cdiv(n_cols, splits), BLOCK) * BLOCK
     # Two launches and a small float32 workspace (rows x splits x 2): stream-ordered, so safe to
-    # capture in a CUDA graph; the plan stays in Python (kernelgraft._native replays one launch).
+    # capture in a CUDA graph; the plan stays in Python (kernelgraft.native replays one launch).
     stats = torch.empty(n_rows * splits * 2, device=x.device, dtype=torch.float32)
     grid = (n_rows, splits)
     _softmax_split_stats_kernel[grid](x, stats, n_cols, chunk, SPLITS=splits, BLOCK=BLOCK, num_warps=num_warps)
@@ -256,7 +256,7 @@ def wide_nan_inf(device: str = "cpu", dtype: torch.dtype = torch.float32) -> tor
     return x
 
 
-# Shapes for ``kernelgraft bench`` (kernelgraft.bench._suite): (rows, cols) bf16.
+# Shapes for ``kernelgraft bench`` (kernelgraft.bench.suite): (rows, cols) bf16.
 BENCH_SHAPES = {
     "short": {"attention": [(64, 4096), (512, 4096), (4096, 4096), (32768, 4096)], "vocab": [(2048, 32768)]},
     "llm": {

@@ -110,7 +110,7 @@ def sample_inputs(device: str = "cpu", dtype: torch.dtype = torch.float32):
                nan_inf(torch.randn(5, 33, device=device, dtype=dt)))
 
 
-# Shapes for ``kernelgraft bench`` (kernelgraft.bench._suite): (tokens, intermediate) bf16 gate
+# Shapes for ``kernelgraft bench`` (kernelgraft.bench.suite): (tokens, intermediate) bf16 gate
 # and up; intermediate sizes of Llama-2 7B (11008), Llama-3 8B (14336), 70B (28672), 405B (53248).
 BENCH_SHAPES = {
     "short": {"prefill": [(16, 4096), (1024, 11008), (8192, 11008), (32768, 14336)]},

@@ -262,7 +262,7 @@ def sample_inputs(device: str = "cpu"):
     yield wide[:, ::2], 4, True  # strided: every other column
 
 
-# Shapes for ``kernelgraft bench`` (kernelgraft.bench._suite): (tokens, experts, top_k), bf16.
+# Shapes for ``kernelgraft bench`` (kernelgraft.bench.suite): (tokens, experts, top_k), bf16.
 BENCH_SHAPES = {
     "short": {"decode": [(64, 64, 8)], "prefill": [(4096, 8, 2), (4096, 128, 8)]},
     "llm": {

@@ -11,8 +11,8 @@ slower than a call of the kernel, max(its GPU time, its host time) (``_inline``;
 this package, active once a compile traces an op).
 """
 
-from . import _inline  # noqa: F401  (installs the trace hook)
-from ._graft import GraftReport, graft, ungraft
-from ._lower_as import lower_as
+from . import inline as _inline  # noqa: F401  (installs the trace hook)
+from .apply import GraftReport, graft, ungraft
+from .lower_as import lower_as
 
 __all__ = ["lower_as", "graft", "ungraft", "GraftReport"]

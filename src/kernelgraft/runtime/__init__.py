@@ -10,7 +10,7 @@ the library; Python loads it with ``torch.ops.load_library`` and then::
     torch.ops.kernelgraft.load_bundle("bundle/", key=None, arch=None, allow_native=False)   # -> the op names
 
 which verifies the bundle (checksums, the HMAC signature with ``key``: a key file), holds it to the
-bundle spec the Python loader enforces too (``kernelgraft.aot._bundle_spec``: caps, names, a schema
+bundle spec the Python loader enforces too (``kernelgraft.aot.bundle_spec``: caps, names, a schema
 that is exactly the recorded parameters; ``csrc/spec.cpp``), registers each op under its schema
 with a CUDA kernel and a Meta kernel, and returns the op names. CuTe DSL
 candidates are shared libraries (native code): they are loaded from a bundle verified with a key,
@@ -36,7 +36,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from .._native import _build
+from ..native import build as _build
 
 __all__ = ["SOURCE_DIR", "sources", "directory", "library", "load", "load_bundle"]
 
@@ -64,7 +64,7 @@ def _tag() -> str:
 
 def directory() -> Path:
     """The build directory for this torch and runtime source (created private: 0700)."""
-    from .._codecache import cache_root
+    from ..cache.code import cache_root
 
     root = cache_root()
     base = root / "runtime" if root is not None else Path(tempfile.mkdtemp(prefix="kernelgraft-runtime-"))
@@ -78,7 +78,7 @@ def library() -> Path:
     """The runtime's shared library, built first if needed (minutes, in a child process).
 
     Raises ``CompileError`` saying why it cannot be built or why the build there must not load."""
-    from .._errors import CompileError
+    from ..errors import CompileError
 
     path = directory()
     why = _build.untrusted(path.parent) or _build.untrusted(path)
@@ -118,7 +118,7 @@ def load() -> Path:
         so = library()
         found = _build.open_verified(so.parent)  # the bytes hashed are the bytes loaded (see _native)
         if not isinstance(found, tuple):
-            from .._errors import CompileError
+            from ..errors import CompileError
 
             raise CompileError(f"the kernelgraft runtime at {so} cannot be loaded: {found or 'no build record'}")
         fd, checked = found

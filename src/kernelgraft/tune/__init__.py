@@ -21,12 +21,12 @@ import sys
 import types
 from typing import Any
 
-from ._cache import DiskCache, cache_dir, cache_path
-from ._key import TuneKey, build_key, normalize_buckets
-from ._modes import MODES, Settings, settings, tune
-from ._prune import matmul_heuristics
-from ._tuner import TUNER, Decision, Tuner, install
-from ._api import clear, decision, pretune, stats
+from .cache import DiskCache, cache_dir, cache_path
+from .key import TuneKey, build_key, normalize_buckets
+from ..op.modes import MODES, Settings, settings, tune
+from .prune import matmul_heuristics
+from .tuner import TUNER, Decision, Tuner, install
+from .api import clear, decision, pretune, stats
 
 __all__ = [
     "tune", "settings", "Settings", "MODES", "Decision", "Tuner", "TuneKey", "build_key",

@@ -20,7 +20,7 @@ namespace {
 const char* kFormat = "kernelgraft-bundle";
 const char* kSignature = "signature.json";
 
-// The files one load reads (kernelgraft/aot/_manifest.py's Reads): each at most once, stat'ed and
+// The files one load reads (kernelgraft/aot/manifest.py's Reads): each at most once, stat'ed and
 // refused over its cap before a byte is read, all reads charged to spec::TOTAL_BYTES. A signed
 // bundle's files are the bytes the signature verified.
 class Reader {
@@ -138,7 +138,7 @@ bool signed_name(const std::string& n) {
 
 bool hex64(const std::string& s) { return s.size() == 64 && s.find_first_not_of("0123456789abcdef") == std::string::npos; }
 
-// kernelgraft/aot/_sign.py's verify_bundle: returns the verified manifest bytes (and leaves every
+// kernelgraft/aot/sign.py's verify_bundle: returns the verified manifest bytes (and leaves every
 // verified file's bytes in `reader`).
 std::string verify_signature(Reader& reader, const std::string& key) {
   const std::string& root = reader.root();
@@ -252,7 +252,7 @@ std::vector<std::string> strings(const Json& list, const std::string& where) {
   return out;
 }
 
-// What was checked of the files once (kernelgraft/aot/_load.py's _check_binaries does the same):
+// What was checked of the files once (kernelgraft/aot/load.py's _check_binaries does the same):
 // a cubin defines a kernel, per (file, kernel name), each such scan charged to the read budget; a
 // library, per file.
 using Checked = std::set<std::string>;

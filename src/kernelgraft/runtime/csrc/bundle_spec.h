@@ -1,6 +1,6 @@
 // What a valid bundle may hold: its caps, reserved names and kinds, as one table that both loaders
 // read. The C++ runtime includes it (each row is an X-macro, expanded by spec.cpp and ops.cpp);
-// kernelgraft/aot/_bundle_spec.py parses the rows with a regular expression. So a cap changed here
+// kernelgraft/aot/bundle_spec.py parses the rows with a regular expression. So a cap changed here
 // changes in both loaders at once, and the rules that use the rows are written out once, in that
 // module's docstring, and checked against one corpus of tampered bundles
 // (tests/test_bundle_verdicts.py).

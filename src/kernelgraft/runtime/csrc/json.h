@@ -18,7 +18,7 @@ struct BundleError : std::runtime_error {
 
 using Json = picojson::value;
 
-// Parses `text` under the bundle spec's JSON rules (kernelgraft/aot/_bundle_spec.py): UTF-8, the
+// Parses `text` under the bundle spec's JSON rules (kernelgraft/aot/bundle_spec.py): UTF-8, the
 // RFC 8259 grammar with integers within int64 and finite numbers, no key twice in an object, no
 // trailing data, nesting at most spec::JSON_DEPTH (checked before parsing, which recurses per
 // level); BundleError naming `where` otherwise.

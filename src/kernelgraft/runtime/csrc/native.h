@@ -1,5 +1,5 @@
 // Bundled kernels that are native code: a CuTe DSL candidate's shared library, which exports
-// kg_cutedsl_launch (kernelgraft/aot/_cutedsl_so.py documents the C ABI), and the CUDA dialect
+// kg_cutedsl_launch (kernelgraft/backends/cutedsl/so.py documents the C ABI), and the CUDA dialect
 // runtime library it needs. Loading one runs its code, so bundle.cpp reads these only from a
 // signed bundle or with allow_native. What is opened are the verified bytes themselves, copied to
 // an anonymous in-memory file (memfd_create) and dlopen-ed from /proc/self/fd: a file swapped in

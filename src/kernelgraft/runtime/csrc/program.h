@@ -1,4 +1,4 @@
-// The RPN programs of a manifest (kernelgraft/aot/_rpn.py documents the tokens): decoded once
+// The RPN programs of a manifest (kernelgraft/aot/rpn.py documents the tokens): decoded once
 // when the bundle loads, evaluated per call with a small stack of 128-bit checked integers and
 // doubles. Evaluation never throws: a division by zero, an overflow or a type mismatch is an
 // error value, which Python's and/or drop exactly where Python would not evaluate the operand.

@@ -1,5 +1,5 @@
-// check_manifest: the rules of kernelgraft/aot/_bundle_spec.py, walked in the same order and
-// naming fields by the same paths as kernelgraft/aot/_bundle_check.py. Every count is capped
+// check_manifest: the rules of kernelgraft/aot/bundle_spec.py, walked in the same order and
+// naming fields by the same paths as kernelgraft/aot/bundle_check.py. Every count is capped
 // before a loop runs over it; constant program parts are evaluated with the runtime's own
 // evaluator (program.h). What only the Python loader checks: that each expression text compiles
 // to its program (the runtime never reads the texts).

@@ -1,7 +1,7 @@
 // The bundle spec in C++: the caps and names of bundle_spec.h as constants, and check_manifest,
-// which holds a parsed manifest (checksum verified) to the rules kernelgraft/aot/_bundle_spec.py
+// which holds a parsed manifest (checksum verified) to the rules kernelgraft/aot/bundle_spec.py
 // states, before anything else reads it. The Python loader checks the same rules
-// (kernelgraft/aot/_bundle_check.py); a corpus of tampered bundles checks that both agree.
+// (kernelgraft/aot/bundle_check.py); a corpus of tampered bundles checks that both agree.
 // spec_walk.h and spec_schema.cpp hold the pieces of the walk.
 #pragma once
 

@@ -1,4 +1,4 @@
-// The schema grammar of the bundle spec (kernelgraft/aot/_bundle_spec.py states it) and the
+// The schema grammar of the bundle spec (kernelgraft/aot/bundle_spec.py states it) and the
 // check that an op's schema is exactly its parameters, in C++.
 #include "spec_walk.h"
 

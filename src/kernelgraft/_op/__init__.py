@@ -1,5 +1,0 @@
-"""The operator: its definition, schema, registry, candidates, plans and the dispatcher that owns them."""
-
-from ._operator import KernelOp, op
-
-__all__ = ["KernelOp", "op"]

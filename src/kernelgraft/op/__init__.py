@@ -1,0 +1,5 @@
+"""The operator: its definition, schema, registry, candidates, plans and the dispatcher that owns them."""
+
+from .operator import KernelOp, op
+
+__all__ = ["KernelOp", "op"]

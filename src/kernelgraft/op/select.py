@@ -1,0 +1,93 @@
+"""Choosing among supported candidates. The autotuner installs itself through ``set_chooser``;
+without it the first supported candidate runs."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from .candidates import Candidate
+
+__all__ = ["choose", "set_chooser", "epoch", "bump_epoch", "provisional", "take_provisional", "pinned"]
+
+Chooser = Callable[[Any, Sequence[Candidate], tuple], Candidate]
+
+
+def _first(op: Any, candidates: Sequence[Candidate], args: tuple) -> Candidate:
+    return candidates[0]
+
+
+_chooser: Chooser = _first
+# Ops cache one plan per input signature; bumping the epoch (tuning mode changed, cache cleared,
+# bundle loaded) makes every op rebuild its plans on the next call.
+_epoch = [0]
+
+
+# A chooser that could not decide yet (the tuner, when its device is busy or a tuning failed for a
+# reason that may pass) marks its choice provisional: the op serves it without keeping the plan
+# for good, so a later call asks again. Per thread: choices are made on the calling thread.
+_local = threading.local()
+
+
+# (op, candidate or None) pinned for this thread or task; see ``pinned``.
+_pin: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("kernelgraft_pin", default=None)
+
+
+def choose(op: Any, candidates: Sequence[Candidate], args: tuple) -> Candidate | None:
+    """The chooser's pick (None: the reference); read ``take_provisional()`` right after
+    (nested ops choose in between)."""
+    _local.until = None
+    pin = _pin.get()
+    if pin is None or pin[0] is not op:
+        return _chooser(op, candidates, args)
+    want = pin[1]
+    chosen = None if want is None else next(
+        (c for c in candidates if c.index == want.index and c.config == want.config), None)
+    if want is not None and chosen is None:  # it does not take this call: what the op would run
+        chosen = _chooser(op, candidates, args)
+    _local.until = 0.0  # a pinned plan serves this call only: the op keeps none
+    return chosen
+
+
+@contextlib.contextmanager
+def pinned(op: Any, candidate: Candidate | None) -> Iterator[None]:
+    """Inside the block, on this thread or task, a call of ``op`` that plans runs ``candidate``
+    (the reference when None) wherever that candidate supports the call. For checks that reach
+    the op only through ``torch.ops`` (``torch.library.opcheck``, tracing) and must see each
+    candidate. Plans made under the pin are not kept; a plan kept from before the block still
+    serves its signature, so call ``op.dispatcher.reset()`` inside the block first."""
+    token = _pin.set((op, candidate))
+    try:
+        yield
+    finally:
+        _pin.reset(token)
+
+
+def provisional(until: float = 0.0) -> None:
+    """Called by a chooser: its choice serves calls until ``time.monotonic()`` reaches ``until``
+    (0: this call only), then the op plans again and asks the chooser again."""
+    _local.until = until
+
+
+def take_provisional() -> float | None:
+    """The deadline of the choice just made on this thread (None: a lasting choice); resets it."""
+    until = getattr(_local, "until", None)
+    _local.until = None
+    return until
+
+
+def set_chooser(chooser: Chooser | None) -> None:
+    global _chooser
+    _chooser = chooser or _first
+    bump_epoch()
+
+
+def epoch() -> int:
+    return _epoch[0]
+
+
+def bump_epoch() -> None:
+    _epoch[0] += 1
