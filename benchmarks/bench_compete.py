@@ -3,7 +3,7 @@
 
     python benchmarks/bench_compete.py [--out DIR] [--ops rmsnorm,softmax] [--limit N]
 
-For each example op over its ``bench_inputs("cuda")``, each shape is tuned three times (forced, so
+For each example op over its ``BENCH_SHAPES`` (``kernelgraft.bench.module_inputs``), each shape is tuned three times (forced, so
 never from the cache): first with PyTorch competing, cold (it pays the Triton JIT of every config
 and the reference's torch.compile, a recompile for a later shape), then warm with
 ``kg.tune(compete=False)`` (kernels only) and warm with PyTorch competing (the default on CUDA).
@@ -54,11 +54,12 @@ def _us(entry: dict | None) -> float | None:
 
 def bench_op(name: str, limit: int | None) -> list[dict]:
     import kernelgraft as kg
+from kernelgraft.bench import module_inputs
 
     module = importlib.import_module(f"kernelgraft.examples.{name}")
     op = getattr(module, name)
     rows = []
-    for n, args in enumerate(module.bench_inputs("cuda")):
+    for n, args in enumerate(module_inputs(module, "cuda")):
         if limit is not None and n >= limit:
             break
         args = tuple(args)

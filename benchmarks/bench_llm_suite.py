@@ -38,6 +38,7 @@ sys.path.insert(0, str(HERE))
 
 from kernelgraft.bench import Row, shape_plan  # noqa: E402
 from kernelgraft.bench.run import COMPILE, EAGER, PEER, TUNED  # noqa: E402
+from kernelgraft.bench import module_inputs  # noqa: E402
 
 MODULES = ("rmsnorm", "rmsnorm_residual", "softmax", "swiglu", "fp8_kcache_scatter", "kv_append", "topk_router",
            "add_relu", "gemm")
@@ -74,7 +75,7 @@ def plan(quick: bool, only: Sequence[str] = ()) -> list[tuple[str, str, tuple]]:
 def input_megabytes(name: str, dims: tuple) -> float:
     """Megabytes of the shape's tensors, built on the meta device (nothing allocated)."""
     module = importlib.import_module(f"kernelgraft.examples.{name}")
-    for case in module.bench_inputs("meta", suite="llm"):
+    for case in module_inputs(module, "meta", "llm"):
         if case.dims == dims:
             return sum(t.numel() * t.element_size() for t in case if isinstance(t, torch.Tensor)) / 1e6
     raise KeyError(f"{name}: no llm shape {dims}")
@@ -298,7 +299,7 @@ def run(args) -> int:
     for name, dims_set in wanted.items():
         module = importlib.import_module(f"kernelgraft.examples.{name}")
         op = getattr(module, name)
-        cases = (c for c in module.bench_inputs("cuda", suite="llm") if c.dims in dims_set)
+        cases = (c for c in module_inputs(module, "cuda", "llm") if c.dims in dims_set)
         t0 = time.monotonic()
         try:
             rows += bench_op(op, _until(deadline, cases, skipped, name), ceilings=ceilings, timer=timer,

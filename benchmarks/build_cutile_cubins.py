@@ -15,6 +15,34 @@ import time
 import torch
 
 from kernelgraft.backends.cutile import jit as _cutile
+from kernelgraft.op.candidates import evaluate_one
+
+
+def build_for_op(op: Any, inputs: Any, out_dir: str | os.PathLike | None = None,
+                 arch: Sequence[str] | None = None) -> list[CubinArtifact]:
+    """Cubins for every cuTile candidate of ``op`` over the argument tuples ``inputs`` (CPU tensors
+    are fine), deduplicated by symbol; written under ``out_dir`` when given. This is the AOT hook
+    bundles use; candidates whose ``supports`` refuses an input are skipped for it."""
+    seen: dict[tuple[str, str, str], CubinArtifact] = {}
+    for args in inputs:
+        args = op.signature.bind(op.name, tuple(args), {})
+        outs = [torch.empty(s, dtype=d) for s, d, _ in op.dispatcher.output_specs(args)]
+        tensors = list(op.signature.tensors(args))
+        for index, spec in enumerate(op.impls):
+            if spec.backend != "cutile":
+                continue
+            for config in spec.configs:
+                cand = evaluate_one(index, spec, config, tensors, args)
+                if cand.reason is not None and cand.category not in ("device", "capability"):
+                    continue
+                for target in arch or spec.arch:  # type: ignore[attr-defined]
+                    art = _cutile.build_cubin(spec, config, (*args, *outs), target)
+                    key = (art.kernel_hash, art.symbol, art.arch)
+                    if key not in seen:
+                        seen[key] = art
+                        if out_dir is not None:
+                            art.write(out_dir)
+    return list(seen.values())
 
 
 def _rmsnorm_bench_inputs():
@@ -47,7 +75,7 @@ def main() -> int:
         op = getattr(module, module.__name__.rsplit(".", 1)[-1])
         t0 = time.time()
         inputs = list(module.sample_inputs("cpu")) + list(extra())
-        arts = _cutile.build_for_op(op, inputs, args.out, args.arch)
+        arts = build_for_op(op, inputs, args.out, args.arch)
         total += len(arts)
         print(f"{op.name}: {len(arts)} cubins in {time.time() - t0:.1f} s")
         for art in arts:

@@ -55,7 +55,7 @@ KINDS = {
     "slot_out_of_range": "refuse", "slots_length": "refuse", "bad_scale_fmt": "refuse",
     "bad_quant_block": "refuse",
 }
-# Tensors a kernel may not read as stored (kernelgraft/op/admit.py): views with the negative bit that
+# Tensors a kernel may not read as stored (kernelgraft/admit.py): views with the negative bit that
 # the op only reads are resolved (their values match), one it mutates is refused, and so are sparse,
 # nested, quantized and mkldnn tensors, naming the argument.
 ADMISSION_KINDS = {

@@ -1,4 +1,4 @@
-"""The admission rule (kernelgraft/op/admit.py): a tensor reaches a kernel only if it is dense, strided
+"""The admission rule (kernelgraft/admit.py): a tensor reaches a kernel only if it is dense, strided
 and read as stored. Views with the negative or conjugate bit are resolved when the op only reads
 them and refused when it mutates them; sparse, mkldnn, nested and quantized tensors are refused with
 an ``InputError`` naming the op and the argument; meta tensors get the meta function's outputs. Every

@@ -14,7 +14,7 @@ import torch
 
 from kernelgraft.aot import manifest as _manifest
 from kernelgraft.backends.cutile import jit as _cutile
-from kernelgraft.check.inputs import samples
+from kernelgraft.op.samples import samples
 from kernelgraft.examples import add_relu, rmsnorm
 
 from _aot_helpers import build_bundle

@@ -15,6 +15,7 @@ from kernelgraft.bench.peers import Peer, as_peers, parse_peer, peers_for
 from kernelgraft.bench.run import EAGER, PEER, TUNED
 from kernelgraft.bench.suite import check_shapes
 from kernelgraft.examples import MODULES
+from kernelgraft.bench import module_inputs
 
 # the regimes each example must cover in the llm suite
 REQUIRED = {
@@ -48,11 +49,11 @@ def test_llm_shapes_build_on_meta_within_budget(name):
     """Each shape's tensors fit easily in an H200 (under 4 GB; the GEMM's fp32 reference and the
     graph pool add a few times that), and the cases come out tagged in the declared order."""
     module = importlib.import_module(f"kernelgraft.examples.{name}")
-    built = list(module.bench_inputs("meta", suite="llm"))
+    built = list(module_inputs(module, "meta", "llm"))
     assert [(c.regime, c.dims) for c in built] == shape_plan(module.BENCH_SHAPES, "llm")
     assert all(isinstance(c, tuple) and 0 < _bytes(c) < 4 * GB for c in built)
     # the default stays the short suite
-    assert [c.dims for c in module.bench_inputs("meta")] == [d for _, d in shape_plan(module.BENCH_SHAPES, "short")]
+    assert [c.dims for c in module_inputs(module, "meta")] == [d for _, d in shape_plan(module.BENCH_SHAPES, "short")]
 
 
 def test_llm_suite_reaches_the_regimes_of_the_issue():
@@ -228,7 +229,7 @@ def test_graph_timing_on_gpu():
 def test_bench_op_with_peers_and_graph_timing_on_gpu():
     from kernelgraft.examples import rmsnorm as module
 
-    inputs = [c for c in module.bench_inputs("cuda", suite="llm") if c.dims in {(1, 4096), (65536, 128)}]
+    inputs = [c for c in module_inputs(module, "cuda", "llm") if c.dims in {(1, 4096), (65536, 128)}]
     peer = ("torch", lambda x, w, eps: torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), w.float(), eps).to(x.dtype))
     rows = bench_op(module.rmsnorm, inputs, ceilings=None, compile=False, peers=[peer], timing="graph",
                     candidates=False, untuned=False)
@@ -254,7 +255,7 @@ def test_liger_peers_match_the_examples_on_gpu():
     for op_name, fns in peer_module.PEERS.items():
         module = importlib.import_module(f"kernelgraft.examples.{op_name.split('::')[-1]}")
         op = getattr(module, op_name.split("::")[-1])
-        for case in module.bench_inputs("cuda", suite="llm"):
+        for case in module_inputs(module, "cuda", "llm"):
             if sum(t.numel() for t in case if isinstance(t, torch.Tensor)) > 1 << 26:
                 continue
             want = op(*case)

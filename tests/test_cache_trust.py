@@ -196,7 +196,7 @@ def test_kernelgraft_aot_never_ships_cubins_planted_in_a_shared_cache(tmp_path):
 
 def _decision_file(path: Path) -> None:
     entry = {"key": {"op": "x"}, "ranking": [], "excluded": [], "created": 1.0}
-    path.write_text(json.dumps({"format": "kernelgraft-tune-cache", "schema": tune_cache._KEY_SCHEMA_VERSION,
+    path.write_text(json.dumps({"format": "kernelgraft-tune-cache", "schema": tune_cache.KEY_SCHEMA_VERSION,
                                 "entries": {"d1": entry}}))
 
 

@@ -13,7 +13,7 @@ import torch
 import kernelgraft as kg
 from kernelgraft import backends
 from kernelgraft.op import candidates as _candidates
-from kernelgraft.backends import base as _base
+from kernelgraft.backends import device as _device
 from kernelgraft.driver import cu as _cu, module as _module
 
 
@@ -47,14 +47,14 @@ class _Devices:
 @pytest.fixture
 def devices(monkeypatch) -> _Devices:
     fake = _Devices()
-    monkeypatch.setattr(_base, "_current_device", fake.get)
-    monkeypatch.setattr(_base, "_use_device", fake.use)
+    monkeypatch.setattr(_device, "current_device", fake.get)
+    monkeypatch.setattr(_device, "use_device", fake.use)
     return fake
 
 
 def test_runner_switches_to_its_tensors_device_only_when_it_differs(devices):
     seen = []
-    run = _base.on_tensor_device(lambda *args: seen.append(devices.current) or "done")
+    run = _device.on_tensor_device(lambda *args: seen.append(devices.current) or "done")
     x = torch.zeros(2).as_subclass(_OnCuda)
     assert run(x, 3) == "done" and seen == [1] and devices.switches == [1]
     assert devices.current == 0  # switched back after the call
@@ -65,7 +65,7 @@ def test_runner_switches_to_its_tensors_device_only_when_it_differs(devices):
 
 def test_runner_finds_the_tensor_after_scalars_and_in_lists(devices):
     seen = []
-    run = _base.on_tensor_device(lambda *args: seen.append(devices.current))
+    run = _device.on_tensor_device(lambda *args: seen.append(devices.current))
     x = torch.zeros(2).as_subclass(_OnCuda)
     run(2.0, [x, x])
     run(None, 7, x)
@@ -76,10 +76,10 @@ def test_cpu_calls_never_ask_for_the_current_device(monkeypatch):
     def no_cuda() -> int:
         raise AssertionError("a CPU call asked for the current CUDA device")
 
-    monkeypatch.setattr(_base, "_current_device", no_cuda)
+    monkeypatch.setattr(_device, "current_device", no_cuda)
     lock = threading.Lock()
     held = []
-    run = _base.on_tensor_device(lambda *a: held.append(lock.locked()), cpu_lock=lock)
+    run = _device.on_tensor_device(lambda *a: held.append(lock.locked()), cpu_lock=lock)
     run(torch.zeros(1), torch.zeros(1))
     run(1, 2)  # no tensor at all: runs as is
     assert held == [True, True]
@@ -102,8 +102,8 @@ def test_the_wrapper_keeps_the_runners_replayable_flag():
         def __call__(self, *args):
             return None
 
-    assert _base.on_tensor_device(R()).replayable is False
-    assert not hasattr(_base.on_tensor_device(lambda: None), "replayable")
+    assert _device.on_tensor_device(R()).replayable is False
+    assert not hasattr(_device.on_tensor_device(lambda: None), "replayable")
 
 
 # ---------------------------------------------------------------- the driver, faked

@@ -15,6 +15,7 @@ from kernelgraft.examples import _softmax_cuda as softmax_cuda
 from kernelgraft.examples import fp8_kcache_scatter as fp8
 from kernelgraft.examples.rmsnorm_residual import rmsnorm_residual
 from kernelgraft.examples.softmax import softmax
+from kernelgraft.bench import module_inputs
 
 MODULES = ["rmsnorm_residual", "softmax", "fp8_kcache_scatter", "swiglu", "gemm"]
 # dtypes each module's CUDA C++ kernel is instantiated for (the GEMM is a 16-bit WMMA kernel)
@@ -253,7 +254,7 @@ def test_softmax_split_row_candidates_pass_check_op():
 
 def test_bench_inputs_are_declared():
     for module in MODULES:
-        assert callable(importlib.import_module(f"kernelgraft.examples.{module}").bench_inputs)
+        assert callable(importlib.import_module(f"kernelgraft.examples.{module}").bench_case)
 
 
 # ------------------------------------------------------------------ GPU
@@ -282,7 +283,7 @@ def test_fp8_scatter_every_candidate_byte_exact_on_gpu():
             n += 1
     assert n >= 16
     # a large DeepSeek-shaped case too
-    k, cache, slots, qbs, fmt = next(iter(fp8.bench_inputs("cuda")))
+    k, cache, slots, qbs, fmt = next(iter(module_inputs(fp8, "cuda")))
     want = cache.clone()
     op.run(k, want, slots, qbs, fmt, impl="reference")
     for cand in kernels(op.candidates(k, cache, slots, qbs, fmt)):

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from kernelgraft.verify import oracle as _verify
-from kernelgraft.check.inputs import samples
+from kernelgraft.op.samples import samples
 
 from _aot_helpers import gpu_bundle
 from _runtime_helpers import WITHOUT_KERNELGRAFT, backend_only, json_child, so  # noqa: F401 (so: a fixture)

@@ -187,7 +187,7 @@ def layernorm(tmp_path):
 
 
 def test_the_users_layernorm_matches_f_layer_norm(layernorm):
-    from kernelgraft.check.inputs import samples
+    from kernelgraft.op.samples import samples
 
     for x, w, b, eps in samples(layernorm, "cpu"):
         want = F.layer_norm(x.double(), (x.shape[-1],), w.double(), b.double(), eps)

@@ -312,7 +312,7 @@ def _unreadable(x: torch.Tensor) -> dict:
 
 
 def test_tensors_no_kernel_may_read_are_refused_naming_the_argument(served):
-    """The admission rule of kernelgraft/op/admit.py, in C++: sparse, mkldnn, nested and quantized
+    """The admission rule of kernelgraft/admit.py, in C++: sparse, mkldnn, nested and quantized
     tensors never reach a kernel (the dispatcher's own error would list its backends instead)."""
     x = torch.randn(4, 8)
     for kind, t in _unreadable(x).items():

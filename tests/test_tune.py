@@ -78,7 +78,7 @@ def test_key_differs_on(change, monkeypatch):
     elif change == "fingerprint":
         other = _key_of(make_scale("tk::d2", bug=True), x)
     else:
-        monkeypatch.setattr(_key, "_KEY_SCHEMA_VERSION", 999)
+        monkeypatch.setattr(_key, "KEY_SCHEMA_VERSION", 999)
         other = _key_of(op, x)
     assert other.digest != base.digest
 
@@ -90,7 +90,7 @@ def test_key_env_and_summary():
     assert env["torch"] == torch.__version__ and env["kernelgraft"] == kg.__version__
     assert env["compiler:triton"].startswith("triton==")
     assert key.summary() == "float32[8,8]ca16"
-    assert json.loads(json.dumps(key.as_json()))["schema"] == _key._KEY_SCHEMA_VERSION
+    assert json.loads(json.dumps(key.as_json()))["schema"] == _key.KEY_SCHEMA_VERSION
 
 
 @pytest.mark.parametrize("buckets,sizes,same", [

@@ -18,12 +18,12 @@ from kernelgraft import TuneWarning
 from kernelgraft.cli import main
 from kernelgraft.tune import cache as _cache
 from kernelgraft.tune.cache import DiskCache, set_aside
-from kernelgraft.tune.key import _KEY_SCHEMA_VERSION
+from kernelgraft.tune.key import KEY_SCHEMA_VERSION
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _tune_ops import CONFIGS, fake_timer, make_scale  # noqa: E402
 
-HEAD = f'{{"format": "kernelgraft-tune-cache", "schema": {_KEY_SCHEMA_VERSION}, "entries": '
+HEAD = f'{{"format": "kernelgraft-tune-cache", "schema": {KEY_SCHEMA_VERSION}, "entries": '
 
 
 def _deep(n: int) -> str:
@@ -106,7 +106,7 @@ def test_op_call_over_a_broken_file_tunes_and_writes_a_fresh_file(cache_file, va
     assert len(_tune_warnings(record)) == 1  # one warning, however many calls read the cache
     assert len(_cache.set_aside_files(cache_file)) == 1
     data = json.loads(cache_file.read_text())
-    assert len(data["entries"]) == 2 and data["schema"] == _KEY_SCHEMA_VERSION
+    assert len(data["entries"]) == 2 and data["schema"] == KEY_SCHEMA_VERSION
     assert plan.candidate.config.as_dict() == {"BLOCK": 256}
 
 
@@ -237,7 +237,7 @@ def test_an_entry_no_candidate_can_serve_is_a_miss_for_calls_and_decision(cache_
 
 def test_another_versions_file_is_left_whole_and_decisions_stay_in_memory(cache_file):
     # two kernelgraft versions sharing a cache directory must not erase each other's decisions
-    other = {"format": "kernelgraft-tune-cache", "schema": _KEY_SCHEMA_VERSION + 1,
+    other = {"format": "kernelgraft-tune-cache", "schema": KEY_SCHEMA_VERSION + 1,
              "entries": {f"k{i}": {"key": {}, "ranking": [], "excluded": []} for i in range(50)}}
     cache_file.write_text(json.dumps(other))
     before = cache_file.read_bytes()
@@ -257,7 +257,7 @@ def test_another_versions_file_is_left_whole_and_decisions_stay_in_memory(cache_
 
 def test_an_earlier_versions_file_is_replaced_and_clear_replaces_a_newer_one(cache_file, capsys):
     # an upgrade must keep caching: the file of an earlier key schema is read as empty and replaced
-    cache_file.write_text(json.dumps({"format": "kernelgraft-tune-cache", "schema": _KEY_SCHEMA_VERSION - 1,
+    cache_file.write_text(json.dumps({"format": "kernelgraft-tune-cache", "schema": KEY_SCHEMA_VERSION - 1,
                                       "entries": {"old": {"key": {}, "ranking": [], "excluded": []}}}))
     op = make_scale("tcr::earlier_schema")
     x = torch.randn(1000)
@@ -266,9 +266,9 @@ def test_an_earlier_versions_file_is_replaced_and_clear_replaces_a_newer_one(cac
         op(x)
     assert _tune_warnings(record) == []
     data = json.loads(cache_file.read_text())
-    assert data["schema"] == _KEY_SCHEMA_VERSION and len(data["entries"]) == 1
+    assert data["schema"] == KEY_SCHEMA_VERSION and len(data["entries"]) == 1
     # a newer version's file stays, but an explicit clear replaces it
-    cache_file.write_text(json.dumps({**data, "schema": _KEY_SCHEMA_VERSION + 1}))
+    cache_file.write_text(json.dumps({**data, "schema": KEY_SCHEMA_VERSION + 1}))
     assert main(["cache", "clear"]) == 0
-    assert json.loads(cache_file.read_text()) == {"format": "kernelgraft-tune-cache", "schema": _KEY_SCHEMA_VERSION,
+    assert json.loads(cache_file.read_text()) == {"format": "kernelgraft-tune-cache", "schema": KEY_SCHEMA_VERSION,
                                                   "entries": {}}

@@ -6,8 +6,11 @@ a test harness.
 """
 
 from . import driver
-from .op.candidates import Candidate
-from .spec import CudaImpl, Launch, ctype, cuda
+from .aot import Bundle, load_bundle
+from .backends.cuda import CudaImpl, Launch, ctype, cuda
+from .backends.cutedsl import CuteDSLImpl, cutedsl
+from .backends.cutile import CuTileImpl, cutile
+from .backends.triton import triton
 from .errors import (
     BundleError,
     CompileError,
@@ -23,16 +26,16 @@ from .errors import (
     UnsupportedError,
     VerificationError,
 )
-from .op.operator import KernelOp, op, unregister
-from .verify.compare import ties_by
-from .aot import Bundle, load_bundle
-from .spec import Config, ImplSpec, triton
 from .graft import GraftReport, graft, lower_as, ungraft
-from .spec import CuteDSLImpl, CuTileImpl, cutedsl, cutile
-from . import tune  # noqa: E402  (installs the autotuner; kg.tune(...) is callable)
-from . import native  # noqa: E402
+from .op.candidates import Candidate
+from .op import KernelOp, op, unregister
+from .spec import Config, ImplSpec
+from .verify.compare import ties_by
+from .version import __version__
+from . import native, tune  # kg.native; kg.tune (a package that is also callable: kg.tune(...))
+from .wiring import wire
 
-__version__ = "0.1.0"
+wire()
 
 __all__ = [
     "op",

@@ -41,6 +41,7 @@ from ..spec.layout import contiguous_names, declared
 from .program import decision_table, kernel_program, key_label, meta_rules, read_decisions, tuned_entries
 from .sign import SIGNATURE, load_key, sign_bundle
 from ..symbolic.trace import trace
+from ..version import __version__
 
 __all__ = ["build_bundle", "record_call", "compile_recorded", "call_identity", "AOT_BACKENDS"]
 
@@ -145,7 +146,6 @@ def build_bundle(
         entry["decisions"] = decision_table(op, entry["candidates"], tuned, archs)
         entry["torch_wins"] = _torch_wins(op, tuned, archs)
         manifest_ops.append(entry)
-    from .. import __version__
 
     pinned = any("pinned" in k for op in manifest_ops for c in op["candidates"] for k in c["kernels"])
     manifest = {
@@ -173,7 +173,7 @@ def _samples(op, inputs) -> list[tuple]:
         if op.sample_inputs is None:
             raise BundleError(f"{op.name}: no sample_inputs and no inputs given; declare signatures")
         # as ``kernelgraft check`` calls it: with the device ("cpu") when the function takes one
-        from ..check.inputs import samples
+        from ..op.samples import samples
 
         return samples(op, "cpu")
     if callable(given):
@@ -184,7 +184,7 @@ def _samples(op, inputs) -> list[tuple]:
 def _signatures(op, inputs) -> list[tuple[tuple, str, bool]]:
     """(sample, label, derived): the op's samples, each followed by the strided copy that
     ``kernelgraft check`` derives from it (when it has a tensor that can be made strided)."""
-    from ..check.inputs import noncontiguous
+    from ..op.samples import noncontiguous
 
     out = []
     for sample in _samples(op, inputs):

@@ -15,7 +15,6 @@ import torch
 
 from ..errors import BundleError, UnsupportedError
 from ..spec import Config, ImplSpec
-from ..backends.base import register
 from .bundle_spec import parse_schema
 from ..symbolic.expr import compile_exprs
 from .program import shape_guards
@@ -64,7 +63,8 @@ def _has_bindings() -> bool:
     return importlib.util.find_spec("cuda") is not None and importlib.util.find_spec("cuda.bindings") is not None
 
 
-register(BundleBackend())
+# Registered by kernelgraft.wiring: serves the candidates of ops rebuilt from a manifest.
+BACKEND = BundleBackend()
 
 
 def _covers(*args: Any, _key: str = "", **config: Any) -> bool | str:
@@ -154,7 +154,7 @@ def _meta(entry: dict, names: Sequence[str], n_inputs: int):
 
 def make_op(entry: dict, runners: dict, bundle_id: str):
     """Register a KernelOp for a manifest op entry whose module is not importable."""
-    from ..op.operator import op as kg_op
+    from ..op.api import op as kg_op
 
     impls = []
     by_impl: dict[int, list] = {}

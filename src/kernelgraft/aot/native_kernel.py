@@ -24,8 +24,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..driver import observe
 from ..errors import BundleError
-from ..native import record as _record
 from .manifest import read_binary
 from .runner import Kernel
 
@@ -144,8 +144,8 @@ class NativeKernel(Kernel):
         slots, packed, error = self._slots()
         for slot, v in zip(slots, values):
             slot.value = v
-        if _record.active() is not None:  # the shim's entry is not the packed ABI the replay calls
-            _record.note(None, f"{self.name} is a bundled CuTe DSL library, called through ctypes")
+        if observe.active() is not None:  # the shim's entry is not the packed ABI the replay calls
+            observe.note(None, f"{self.name} is a bundled CuTe DSL library, called through ctypes")
         status = self._fn(device, current_stream(device), packed, len(slots), error, len(error))
         if status != 0:
             from ..errors import LaunchError

@@ -31,7 +31,7 @@ from .manifest import MAX_BINARY_BYTES, MAX_MANIFEST_BYTES, Reads, _atomic_write
 __all__ = ["sign_bundle", "verify_bundle", "load_key", "SIGNATURE"]
 
 SIGNATURE = "signature.json"
-_FORMAT = "kernelgraft-bundle-signature"
+FORMAT = "kernelgraft-bundle-signature"
 _ALGORITHM = "hmac-sha256"
 _MIN_KEY = 16
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}\Z")
@@ -91,7 +91,7 @@ def sign_bundle(path: str | Path, key: bytes | str | os.PathLike) -> Path:
     root, secret = Path(path), load_key(key)
     reads = Reads(root)
     files = {name: _mac(secret, name, _read(reads, name)) for name in _files(root)}
-    body = {"format": _FORMAT, "version": 1, "algorithm": _ALGORITHM, "files": files,
+    body = {"format": FORMAT, "version": 1, "algorithm": _ALGORITHM, "files": files,
             "mac": _seal(secret, files)}
     out = root / SIGNATURE
     _atomic_write(out, json.dumps(body, indent=1, sort_keys=True).encode())
@@ -109,7 +109,7 @@ def verify_bundle(path: str | Path, key: bytes | str | os.PathLike, reads: Reads
                           "`kernelgraft aot ... --sign KEYFILE` or load it without key=")
     body = parse(root, reads.file(SIGNATURE, limit("SIGNATURE_BYTES")), SIGNATURE)
     files = body.get("files") if isinstance(body, dict) else None
-    if (not isinstance(body, dict) or body.get("format") != _FORMAT or body.get("algorithm") != _ALGORITHM
+    if (not isinstance(body, dict) or body.get("format") != FORMAT or body.get("algorithm") != _ALGORITHM
             or not isinstance(files, dict) or len(files) > limit("FILES") + 1
             or not all(isinstance(v, str) and _SHA256_HEX.match(v) and _NAME.match(k) for k, v in files.items())):
         raise BundleError(f"bundle {root}: {SIGNATURE} is not a {_ALGORITHM} bundle signature")

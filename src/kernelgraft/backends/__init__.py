@@ -1,9 +1,10 @@
-"""Backends behind one protocol (see ``_base.Backend``); importing this registers the built-in ones."""
+"""Backends: one folder each (``triton/``, ``cuda/``, ``cutile/``, ``cutedsl/``), behind the protocols
+of ``base`` and the registry of ``registry``. Nothing registers itself on import:
+``kernelgraft.wiring`` registers the built-in backends and the ``kernelgraft.backends`` entry points."""
 
-from .base import Backend, get, names, register
-from .triton import jit as _triton  # noqa: F401  (registers itself)
-from .cuda import jit as _cuda  # noqa: F401  (registers itself)
-from .cutile import jit as _cutile  # noqa: F401  (registers itself; unavailable without cuda-tile)
-from .cutedsl import jit as _cutedsl  # noqa: F401  (registers itself; unavailable without nvidia-cutlass-dsl)
+from .base import AotPath, Backend, Runner
+from .device import current_device, on_tensor_device, tensor_device, use_device
+from .registry import ENTRY_POINT_GROUP, get, load_entry_points, names, register, unregister
 
-__all__ = ["Backend", "get", "names", "register"]
+__all__ = ["Backend", "AotPath", "Runner", "get", "names", "register", "unregister", "load_entry_points",
+           "ENTRY_POINT_GROUP", "on_tensor_device", "tensor_device", "current_device", "use_device"]

@@ -1,5 +1,8 @@
-"""The protocol every backend implements, the name -> backend registry, and ``on_tensor_device``,
-which every backend's runner goes through."""
+"""The protocols a backend implements: ``Backend`` (what the op needs to run a spec: availability, the
+devices it runs on, a bound runner) and ``AotPath`` (what a bundle needs: record a launch on fake
+inputs, compile it for an arch). A backend is a folder under ``kernelgraft/backends/`` (or a package
+elsewhere, registered through the ``kernelgraft.backends`` entry point) whose ``BACKEND`` object
+implements both."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import torch
 
 from ..spec import Config, ImplSpec
 
-__all__ = ["Backend", "register", "get", "names", "on_tensor_device", "tensor_device"]
+__all__ = ["Backend", "AotPath", "Runner"]
 
 Runner = Callable[..., Any]
 
@@ -34,87 +37,21 @@ class Backend(Protocol):
         device of its tensors and that device's current stream (``on_tensor_device``).
         Compilation may happen here or on the first call; either is cached per device."""
 
-
-_REGISTRY: dict[str, Backend] = {}
-
-
-def register(backend: Backend) -> Backend:
-    _REGISTRY[backend.name] = backend
-    return backend
+    def aot(self) -> "AotPath | None":
+        """The backend's AOT path (imported on first use: only bundles need it), or None."""
 
 
-def get(name: str) -> Backend:
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"no kernelgraft backend named {name!r}; known: {sorted(_REGISTRY)}") from None
+class AotPath(Protocol):
+    """What ``kernelgraft aot`` needs from a backend, per (candidate, signature): ``record`` runs the
+    launch function on fake inputs whose sizes are symbols (``kernelgraft.symbolic.trace.Context``)
+    and returns a JSON-able description of the one launch it makes; ``compile_call`` turns that
+    description into a manifest entry and its binary images for one arch."""
 
+    def toolchain_version(self) -> str:
+        """The compiler's version (recorded in the bundle); raises when the toolchain is missing."""
 
-def names() -> list[str]:
-    return sorted(_REGISTRY)
+    def record(self, ctx: Any, args: tuple, kwargs: dict, spec: ImplSpec) -> dict:
+        """The launch ``spec``'s launch function makes on ``ctx``'s fake inputs."""
 
-
-# ---------------------------------------------------------------- the device a runner runs on
-_Tensor = torch.Tensor
-_get_device = getattr(torch._C, "_cuda_getDevice", None)
-
-
-def _current_device() -> int:
-    """torch's current CUDA device (one ``cudaGetDevice``; CUDA is initialised once a CUDA tensor
-    exists, which is the only time this is asked)."""
-    return _get_device() if _get_device is not None else torch.cuda.current_device()
-
-
-_use_device = torch.cuda.device  # a context manager making a device current; tests swap it
-
-
-def tensor_device(args: tuple) -> int:
-    """The CUDA device index of the first tensor among ``args`` (tensors or lists of tensors),
-    -1 when it is on the CPU or there is none."""
-    for a in args:
-        if isinstance(a, _Tensor):
-            return a.get_device()
-        if type(a) in (list, tuple) and a and isinstance(a[0], _Tensor):
-            return a[0].get_device()
-    return -1
-
-
-def on_tensor_device(runner: Runner, *, cpu_lock: Any = None) -> Runner:
-    """``runner`` made to run with its tensors' device current, whatever device the caller has
-    current: ``torch.cuda.device(d)`` is entered only when the first tensor's device ``d`` differs
-    from the current one, so the common case costs one ``get_device`` and one ``cudaGetDevice``.
-
-    Why here: every backend launches on the *current* device and stream (Triton compiles, loads and
-    launches on ``torch.cuda.current_device()``; ``ct.launch`` and CuTe DSL's compiled host code
-    launch in the current context; user launch functions may ask for the current stream), while an
-    op's plan is keyed on the tensors' device. The runner ``bind()`` returns is the one object that
-    every path calling a kernel goes through (plans, tuner trials and its gate, ``check``,
-    ``bench``, ``op.run(impl=..., config=...)``, bundle fallbacks), so switching here covers them
-    all once, and the stream each launch picks is then the current stream of the tensors' device.
-    An op's arguments are all on one device (the op checks it before planning), so the first
-    tensor speaks for all of them. Inside a switched call, the native replay's recorder sees the
-    launch on the tensors' device and stream, as the replay will make it.
-
-    ``cpu_lock``: a lock held around calls whose tensors are on the CPU (Triton's interpreter,
-    which is not thread-safe).
-    """
-
-    def run(*args: Any) -> Any:
-        index = tensor_device(args)
-        if index < 0:
-            if cpu_lock is not None:
-                with cpu_lock:
-                    return runner(*args)
-            return runner(*args)
-        if index != _current_device():
-            with _use_device(index):
-                return runner(*args)
-        return runner(*args)
-
-    run.runner = runner  # type: ignore[attr-defined]
-    run.__wrapped__ = runner  # type: ignore[attr-defined]
-    replayable = getattr(runner, "replayable", None)
-    if replayable is not None:
-        run.replayable = replayable  # type: ignore[attr-defined]
-    return run
-
+    def compile_call(self, call: dict, arch: str) -> tuple[dict, dict[str, bytes]]:
+        """(manifest entry, {kind: image bytes}) of one recorded launch compiled for ``arch``."""

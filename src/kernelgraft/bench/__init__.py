@@ -1,7 +1,7 @@
 """The harness behind ``kernelgraft bench``: ceilings, timing, per-op runs and the report.
 
-Each op is timed on its module's ``bench_inputs(device, suite)`` shapes (the "short" suite, or
-"llm": every regime an LLM meets, ``_suite``): every candidate, the best per backend, torch eager
+Each op is timed on its module's ``BENCH_SHAPES`` (the "short" suite, or "llm": every regime an LLM
+meets, ``suite``), each built by the module's ``bench_case(*dims, device=...)``: every candidate, the best per backend, torch eager
 and ``torch.compile`` of the reference, peers (``_peers``), and the tuned op; achieved GB/s and
 TFLOP/s come from the op's ``cost`` hook (or tensor sizes) and are shown as fractions of the copy
 bandwidth and bf16 GEMM throughput measured at the start of the run.
@@ -13,7 +13,7 @@ from .main import bench_inputs_of, run_benchmarks
 from .peers import Peer, as_peers, parse_peer
 from .report import load_json, plot, render_table, write_json
 from .run import Row, bench_op
-from .suite import REGIMES, SUITES, Case, cases, regime_of, shape_plan
+from .suite import REGIMES, SUITES, Case, cases, module_inputs, regime_of, shape_plan
 from .timing import Timing, measure, measure_interleaved
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "measure",
     "measure_ceilings",
     "measure_interleaved",
+    "module_inputs",
     "parse_peer",
     "plot",
     "regime_of",

@@ -10,12 +10,12 @@ from collections.abc import Callable, Iterable, Sequence
 from itertools import islice
 from typing import Any
 
-from ..check.inputs import samples
+from ..op.samples import samples
 from .ceilings import Ceilings, measure_ceilings
 from .peers import peers_for
 from .report import document, plot, render_table, write_json
 from .run import Row, bench_op, summary_rows
-from .suite import SUITES
+from .suite import SUITES, module_inputs
 
 __all__ = ["bench_inputs_of", "run_benchmarks"]
 
@@ -30,11 +30,16 @@ def _takes_suite(make: Callable) -> bool:
 
 
 def bench_inputs_of(op: Any, device: str, suite: str = "short") -> Iterable[tuple] | None:
-    """The op module's ``bench_inputs(device, suite)`` (``bench_inputs(device)`` when it takes no
-    suite: its shapes serve every suite), else its ``sample_inputs`` (small shapes), else None."""
+    """The inputs ``kernelgraft bench`` times ``op`` on: its module's ``BENCH_SHAPES`` of ``suite``,
+    each built by the module's ``bench_case(*dims, device=...)`` (one shape at a time); else the
+    module's ``bench_inputs(device, suite)`` (``bench_inputs(device)`` when it takes no suite: its
+    shapes serve every suite); else its ``sample_inputs`` (small shapes); else None."""
     if suite not in SUITES:
         raise ValueError(f"unknown benchmark suite {suite!r}; suites are {', '.join(SUITES)}")
     module = sys.modules.get(getattr(op, "__module__", ""), None)
+    declared = module_inputs(module, device, suite)
+    if declared is not None:
+        return declared
     make = getattr(module, "bench_inputs", None)
     if callable(make):
         if _takes_suite(make):
@@ -43,7 +48,8 @@ def bench_inputs_of(op: Any, device: str, suite: str = "short") -> Iterable[tupl
             log.warning("%s: bench_inputs(device) takes no suite; timing its own shapes for suite %r", op.name, suite)
         return make(device)
     if op.sample_inputs is not None:
-        log.warning("%s: no bench_inputs(device) in its module; using sample_inputs (small shapes)", op.name)
+        log.warning("%s: no BENCH_SHAPES and bench_case (or bench_inputs) in its module; using "
+                    "sample_inputs (small shapes)", op.name)
         return samples(op, device)  # as check and aot call it (with the device when it takes one)
     return None
 

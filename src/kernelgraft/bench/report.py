@@ -44,9 +44,9 @@ def environment() -> dict[str, Any]:
     except ImportError:
         env["triton"] = None
     try:
-        import kernelgraft
+        from ..version import __version__
 
-        env["kernelgraft"] = kernelgraft.__version__
+        env["kernelgraft"] = __version__
     except Exception:  # pragma: no cover
         pass
     if torch.cuda.is_available():

@@ -20,6 +20,9 @@ from .cost import call_cost, describe_inputs
 from .peers import Peer, as_peers
 from .suite import regime_of
 from .timing import Timing, measure, measure_interleaved
+from .. import tune
+from ..op.plan import kernel_plan
+from ..tune.tuner import entry_label
 
 __all__ = ["Row", "bench_op", "tuned_label"]
 
@@ -86,10 +89,8 @@ class Row:
 
 
 def tuned_label() -> str:
-    """'tuned (kg.tune)' when the autotuner is installed, else 'tuned (best measured)'."""
-    import kernelgraft as kg
-
-    return "tuned (kg.tune)" if callable(getattr(kg, "tune", None)) else "tuned (best measured)"
+    """The label of the row that times the op as the autotuner serves it."""
+    return "tuned (kg.tune)"
 
 
 def _device_of(args: tuple) -> torch.device | None:
@@ -104,20 +105,13 @@ def _device_of(args: tuple) -> torch.device | None:
 
 def _candidate_fn(op: Any, candidate: Any, args: tuple) -> Callable[[], object]:
     """The candidate's plan built once, so timing sees launch cost, not planning."""
-    from ..op.plan import kernel_plan
-
     plan = kernel_plan(op, candidate, op.dispatcher.runner(candidate), op.dispatcher.output_specs(args))
     return lambda: plan(args)
 
 
 def _mode(name: str, **options: Any):
-    """``kg.tune(name, **options)`` when the autotuner is installed, else a no-op context."""
-    import contextlib
-
-    import kernelgraft as kg
-
-    tune = getattr(kg, "tune", None)
-    return tune(name, **options) if callable(tune) else contextlib.nullcontext()
+    """``kg.tune(name, **options)``: the tuning mode a row is timed under."""
+    return tune.tune(name, **options)
 
 
 def _timed(row: Row, fn: Callable[[], object] | None, timer: Timer, ceilings: Ceilings | None) -> Row:
@@ -349,12 +343,8 @@ def bench_op(
 
 def _ranking(op: Any, args: tuple, top: int = 3) -> list | None:
     """The tuner's decision for ``args`` as ``[label, score, GPU, host]`` rows (ms), or None."""
-    import kernelgraft as kg
-
     try:
-        from ..tune.tuner import entry_label
-
-        decision = kg.tune.decision(op, *args)
+        decision = tune.decision(op, *args)
     except Exception:  # no tuner, or inputs it cannot key: the report goes without
         return None
     if decision is None:

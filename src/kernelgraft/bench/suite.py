@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-__all__ = ["Case", "REGIMES", "SUITES", "cases", "check_shapes", "regime_of", "shape_plan"]
+__all__ = ["module_inputs", "Case", "REGIMES", "SUITES", "cases", "check_shapes", "regime_of", "shape_plan"]
 
 # "short" is the quick default of ``kernelgraft bench``; "llm" covers every regime below that an
 # op meets in LLM inference and training.
@@ -85,3 +85,12 @@ def cases(
     only one shape's tensors are alive while it is timed."""
     for regime, dims in shape_plan(shapes, suite):
         yield Case(make(*dims), regime, dims)
+
+
+def module_inputs(module: Any, device: str = "cuda", suite: str = "short") -> Iterator[Case] | None:
+    """The benchmark inputs a module declares: its ``BENCH_SHAPES`` of ``suite``, each built by its
+    ``bench_case(*dims, device=...)``; None when it declares neither."""
+    shapes, case = getattr(module, "BENCH_SHAPES", None), getattr(module, "bench_case", None)
+    if shapes is None or not callable(case):
+        return None
+    return cases(shapes, suite, lambda *dims: case(*dims, device=device))

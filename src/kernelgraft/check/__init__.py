@@ -7,7 +7,8 @@
 True
 """
 
-from .harness import CheckOptions, CheckReport, Result, check_op, iter_check
+from .api import check_op
+from .harness import CheckOptions, CheckReport, Result, iter_check
 from .isolate import check_in_process, check_isolated
 from .progress import Events, Printer
 from .report import render

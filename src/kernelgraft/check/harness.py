@@ -17,11 +17,12 @@ import torch
 from ..verify import oracle as _verify
 from ..op.compete import is_torch
 from ..aot.build import signature_label
-from . import derive as _derive, inputs as _inputs, steps as _steps
+from ..op import samples as _inputs
+from . import derive as _derive, steps as _steps
 from .compile import Compiler
 from .steps import Result
 
-__all__ = ["Result", "CheckReport", "CheckOptions", "Key", "Plan", "check_op", "iter_check"]
+__all__ = ["Result", "CheckReport", "CheckOptions", "Key", "Plan", "iter_check"]
 
 log = logging.getLogger(__name__)
 
@@ -207,39 +208,3 @@ def iter_check(
             yield key, _steps.trace(op, vargs, sample)
         else:
             yield key, _steps.opcheck(op, vargs, sample, candidate)
-
-
-def check_op(
-    op: Any,
-    *,
-    device: str | None = None,
-    noncontiguous: bool = True,
-    opcheck: bool = True,
-    opcheck_samples: int = 2,
-    compile_arch: str | None = "sm_90",
-    isolate: bool = False,
-) -> CheckReport:
-    """Check every candidate of ``op`` on its sample inputs and the inputs derived from them;
-    see the module docstring.
-
-    ``noncontiguous=False`` checks the samples exactly as given (no strided copies, no derived
-    inputs). ``opcheck=False`` skips torch's own checks of the registration: ``opcheck`` (over the
-    op with its reference, and over each candidate) and tracing under ``torch.compile`` and
-    ``torch.export``. A candidate that cannot run here (no GPU, a GPU older than it needs) is
-    compiled for ``compile_arch`` instead (or the newer arch it needs): status ``compiled``, or
-    ``fail`` with the compiler's message. ``compile_arch=None`` skips such candidates without
-    compiling.
-
-    ``isolate=True`` runs the candidates in a child process: one that crashes it (a segfault from
-    an out-of-bounds store past the guards, a CUDA illegal address that kills the context) becomes
-    that candidate's failure once it crashes again alone, and the check goes on. Off by default:
-    in-process, a debugger, a profiler and the caller's state (tuning decisions, monkeypatches)
-    see the kernels run, and nothing is re-imported. ``kernelgraft check`` isolates unless given
-    ``--no-isolate``.
-    """
-    options = CheckOptions(device, noncontiguous, opcheck, opcheck_samples, compile_arch)
-    if isolate:
-        from .isolate import check_isolated
-
-        return check_isolated([op], options)
-    return CheckReport([result for _, result in iter_check(op, options)])

@@ -49,7 +49,7 @@ def _load_ops(targets: Sequence[str], names: Sequence[str]) -> list[Any]:
 
     missing = [name for name in names if _registry.lookup(name) is None]
     if missing:
-        from ..cli.common import load_target
+        from ..op.targets import load_target
 
         for target in targets:
             if target.endswith(".py") or os.path.isfile(target):

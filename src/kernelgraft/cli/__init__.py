@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="kernelgraft", description="GPU kernels as real PyTorch operators."
     )
-    from .. import __version__
+    from ..version import __version__
 
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"kernelgraft {__version__}")

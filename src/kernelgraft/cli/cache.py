@@ -62,8 +62,8 @@ def run(args) -> int:
     from rich.table import Table
     from rich.text import Text
 
-    from ..tune.cache import _FORMAT, BadFile, DiskCache, cache_path, read_json, set_aside_files
-    from ..tune.key import _KEY_SCHEMA_VERSION
+    from ..tune.cache import FORMAT, BadFile, DiskCache, cache_path, read_json, set_aside_files
+    from ..tune.key import KEY_SCHEMA_VERSION
 
     console = Console()
     path = cache_path()
@@ -104,15 +104,15 @@ def run(args) -> int:
     if args.action == "export":
         entries = {d: e for d, e in disk.entries().items() if _matches(e, args.op)}
         with open(args.path, "w", encoding="utf-8") as fh:
-            json.dump({"format": _FORMAT, "schema": _KEY_SCHEMA_VERSION, "entries": entries}, fh, indent=1)
+            json.dump({"format": FORMAT, "schema": KEY_SCHEMA_VERSION, "entries": entries}, fh, indent=1)
         console.print(Text(f"exported {len(entries)} entries to {args.path}"))
         return 0
     try:
         data = read_json(args.path)
-        if not isinstance(data, dict) or data.get("format") != _FORMAT or not isinstance(data.get("entries"), dict):
+        if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries"), dict):
             raise ValueError("not a kernelgraft tuning cache export")
-        if data.get("schema") != _KEY_SCHEMA_VERSION:
-            raise ValueError(f"key schema {data.get('schema')!r}, this kernelgraft uses {_KEY_SCHEMA_VERSION}")
+        if data.get("schema") != KEY_SCHEMA_VERSION:
+            raise ValueError(f"key schema {data.get('schema')!r}, this kernelgraft uses {KEY_SCHEMA_VERSION}")
     except (OSError, ValueError, BadFile) as exc:
         console.print(Text(f"kernelgraft cache import: cannot use {args.path}: {exc}"))
         return 1

@@ -30,7 +30,8 @@ def run(args) -> int:
     prepare_environment()
     import torch
 
-    from .. import __version__, backends
+    from .. import backends
+    from ..version import __version__
 
     console = Console(width=None if Console().is_terminal else 160)
     console.print(f"kernelgraft {__version__} | python {platform.python_version()} | {platform.machine()}")

@@ -19,7 +19,7 @@ import torch
 
 from ..errors import LaunchError, describe
 
-__all__ = [
+__all__ = ["packed_slots", 
     "Scalar", "KINDS", "SIZES", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "f16", "f32", "f64",
     "ptr", "kind_of", "value_of", "ParamBuffer",
 ]
@@ -151,3 +151,15 @@ class ParamBuffer:
                 f"cannot pack kernel arguments {list(values)!r} as {list(self.kinds)}: {exc}"
             ) from exc
         return addr
+
+
+def packed_slots(kinds: Sequence[type], values: Sequence[Any]) -> tuple[bytes, tuple[int, ...], list]:
+    """8-byte slots, one per value in its ctypes type; (bytes, offsets, pointer slots) where the
+    pointers are the ``c_void_p`` slots except the last one (the stream)."""
+    parts, pointers = [], []
+    for i, (kind, value) in enumerate(zip(kinds, values)):
+        raw = bytes(kind(value))
+        parts.append(raw + bytes(8 - len(raw)))
+        if kind is ctypes.c_void_p and i < len(values) - 1:
+            pointers.append((8 * i, int(value or 0)))
+    return b"".join(parts), tuple(8 * i for i in range(len(values))), pointers

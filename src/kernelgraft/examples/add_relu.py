@@ -14,7 +14,6 @@ import triton
 import triton.language as tl
 
 import kernelgraft as kg
-from kernelgraft.bench import cases
 
 from ._elementwise import launch_binary_cuda
 from ._special import nan_inf
@@ -107,10 +106,11 @@ BENCH_SHAPES = {
 }
 
 
-def bench_inputs(device: str = "cuda", suite: str = "short"):
-    """Sizes for ``kernelgraft bench``: 2^12 to 2^28 bf16 elements (the largest fill the H200)."""
-    return cases(BENCH_SHAPES, suite, lambda n: (torch.randn(n, device=device, dtype=torch.bfloat16),
-                                                torch.randn(n, device=device, dtype=torch.bfloat16)))
+def bench_case(n, device: str = "cuda"):
+    """Sizes for ``kernelgraft bench``: 2^12 to 2^28 bf16 elements (the largest fill the H200): the inputs
+    of one shape of ``BENCH_SHAPES``."""
+    return (torch.randn(n, device=device, dtype=torch.bfloat16),
+            torch.randn(n, device=device, dtype=torch.bfloat16))
 
 
 @kg.op(

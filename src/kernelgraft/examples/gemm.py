@@ -23,7 +23,6 @@ import triton.language as tl
 
 import kernelgraft as kg
 from kernelgraft.backends.triton.jit import interpreting
-from kernelgraft.bench import cases
 
 from ._special import nan_inf
 
@@ -324,10 +323,11 @@ BENCH_SHAPES = {
 }
 
 
-def bench_inputs(device: str = "cuda", suite: str = "short"):
-    """Sizes for ``kernelgraft bench``: skinny decode GEMMs and Llama projections, bf16 (M, N, K)."""
-    return cases(BENCH_SHAPES, suite, lambda m, n, k: (torch.randn(m, k, device=device, dtype=torch.bfloat16),
-                                                      torch.randn(k, n, device=device, dtype=torch.bfloat16)))
+def bench_case(m, n, k, device: str = "cuda"):
+    """Sizes for ``kernelgraft bench``: skinny decode GEMMs and Llama projections, bf16 (M, N, K): the
+    inputs of one shape of ``BENCH_SHAPES``."""
+    return (torch.randn(m, k, device=device, dtype=torch.bfloat16),
+            torch.randn(k, n, device=device, dtype=torch.bfloat16))
 
 
 def cost(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:

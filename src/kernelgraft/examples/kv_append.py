@@ -40,7 +40,6 @@ import triton.language as tl
 from torch._subclasses.fake_tensor import FakeTensor
 
 import kernelgraft as kg
-from kernelgraft.bench import cases
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 NAME = "kgexamples::kv_append"
@@ -141,9 +140,10 @@ def _bench_case(n_tokens, device="cuda"):
     return (qkv[:, 1], qkv[:, 2], k_cache, v_cache, slots)
 
 
-def bench_inputs(device: str = "cuda", suite: str = "short"):
-    """Decode- and prefill-sized appends of Llama-3-8B keys and values, by regime."""
-    return cases(BENCH_SHAPES, suite, lambda n: _bench_case(n, device))
+def bench_case(n, device: str = "cuda"):
+    """Decode- and prefill-sized appends of Llama-3-8B keys and values, by regime: the inputs of one shape
+    of ``BENCH_SHAPES``."""
+    return _bench_case(n, device)
 
 
 def cost(key, value, key_cache, value_cache, slot_mapping):

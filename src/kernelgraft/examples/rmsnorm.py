@@ -14,7 +14,6 @@ import triton
 import triton.language as tl
 
 import kernelgraft as kg
-from kernelgraft.bench import cases
 
 from ._special import nan_inf
 
@@ -207,9 +206,10 @@ def _bench_case(rows, cols, device="cuda"):
     )
 
 
-def bench_inputs(device: str = "cuda", suite: str = "short"):
-    """LLM-like (tokens, hidden) bf16 activations for ``kernelgraft bench``, by regime."""
-    return cases(BENCH_SHAPES, suite, lambda rows, cols: _bench_case(rows, cols, device))
+def bench_case(rows, cols, device: str = "cuda"):
+    """LLM-like (tokens, hidden) bf16 activations for ``kernelgraft bench``, by regime: the inputs of one
+    shape of ``BENCH_SHAPES``."""
+    return _bench_case(rows, cols, device)
 
 
 @kg.op(

@@ -29,7 +29,6 @@ import triton
 import triton.language as tl
 
 import kernelgraft as kg
-from kernelgraft.bench import cases
 
 from ._special import nan_inf
 
@@ -205,9 +204,10 @@ def _bench_case(rows, cols, device="cuda"):
     )
 
 
-def bench_inputs(device: str = "cuda", suite: str = "short"):
-    """Benchmark shapes: tokens x hidden in bf16, by regime (decode batch to 2^28 elements)."""
-    return cases(BENCH_SHAPES, suite, lambda rows, cols: _bench_case(rows, cols, device))
+def bench_case(rows, cols, device: str = "cuda"):
+    """Benchmark shapes: tokens x hidden in bf16, by regime (decode batch to 2^28 elements): the inputs of
+    one shape of ``BENCH_SHAPES``."""
+    return _bench_case(rows, cols, device)
 
 
 def add_rmsnorm_pattern(x, residual, weight, eps):

@@ -21,7 +21,6 @@ import triton
 import triton.language as tl
 
 import kernelgraft as kg
-from kernelgraft.bench import cases
 
 from ._softmax_cuda import CUDA, CUDA_CLUSTER, CUDA_ROW_REGS, CUDA_ROW_TMA, CUDA_STREAM, _fits_nonempty, _nonempty, _rows_cols
 from ._special import nan_inf
@@ -271,10 +270,10 @@ BENCH_SHAPES = {
 }
 
 
-def bench_inputs(device: str = "cuda", suite: str = "short"):
-    """Attention-score, router and vocabulary rows in bf16 for ``kernelgraft bench``, by regime."""
-    return cases(BENCH_SHAPES, suite,
-                 lambda rows, cols: (torch.randn(rows, cols, device=device, dtype=torch.bfloat16),))
+def bench_case(rows, cols, device: str = "cuda"):
+    """Attention-score, router and vocabulary rows in bf16 for ``kernelgraft bench``, by regime: the inputs
+    of one shape of ``BENCH_SHAPES``."""
+    return (torch.randn(rows, cols, device=device, dtype=torch.bfloat16),)
 
 
 @kg.op(

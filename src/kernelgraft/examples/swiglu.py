@@ -17,7 +17,6 @@ import triton
 import triton.language as tl
 
 import kernelgraft as kg
-from kernelgraft.bench import cases
 
 from ._elementwise import launch_binary_cuda
 from ._special import nan_inf
@@ -129,9 +128,10 @@ def _bench_case(tokens, inter, device="cuda"):
     )
 
 
-def bench_inputs(device: str = "cuda", suite: str = "short"):
-    """Sizes for ``kernelgraft bench``: (tokens, intermediate) bf16, decode to long prefill."""
-    return cases(BENCH_SHAPES, suite, lambda tokens, inter: _bench_case(tokens, inter, device))
+def bench_case(tokens, inter, device: str = "cuda"):
+    """Sizes for ``kernelgraft bench``: (tokens, intermediate) bf16, decode to long prefill: the inputs of
+    one shape of ``BENCH_SHAPES``."""
+    return _bench_case(tokens, inter, device)
 
 
 @kg.op(

@@ -34,7 +34,6 @@ import triton
 import triton.language as tl
 
 import kernelgraft as kg
-from kernelgraft.bench import cases
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 NAME = "kgexamples::topk_router"
@@ -273,11 +272,11 @@ BENCH_SHAPES = {
 }
 
 
-def bench_inputs(device: str = "cuda", suite: str = "short"):
+def bench_case(t, e, k, device: str = "cuda"):
     """Router logits of Mixtral (8 experts, top 2), Qwen-MoE (60-128, top 4-8) and
-    DeepSeek-V3-sized (256, top 8) routers at decode and prefill token counts."""
-    return cases(BENCH_SHAPES, suite, lambda t, e, k: (
-        torch.randn(t, e, device=device, dtype=torch.bfloat16), k, True))
+    DeepSeek-V3-sized (256, top 8) routers at decode and prefill token counts: the inputs of one
+    shape of ``BENCH_SHAPES``."""
+    return (torch.randn(t, e, device=device, dtype=torch.bfloat16), k, True)
 
 
 def cost(router_logits, top_k, renormalize):

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from ..errors import GraftWarning, KernelgraftError, SpecError, VerificationError, describe
-from ..check import inputs as _inputs
+from ..op import samples as _inputs
 from . import by_pattern as _by_pattern, modules as _modules, verify as _verify
 from .example import MAX_SAMPLES, as_call, run_failed, tune_at_example
 

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ..errors import GraftWarning, KernelgraftError, SpecError, VerificationError, describe
-from ..check import inputs as _inputs
+from ..op import samples as _inputs
 from . import pattern as _pattern, verify as _verify
 from .example import MAX_SAMPLES, as_call, run_failed, tune_at_example
 

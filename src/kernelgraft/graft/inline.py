@@ -48,10 +48,10 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from ..op import compete as _compete, operator as _operator, registry as _registry, select as _select
+from ..op import compete as _compete, registry as _registry, select as _select
 from ..tune import api as _tune_api
 from ..verify.oracle import tensors
-from ..op.modes import _env_tristate, settings
+from ..op.modes import env_tristate, settings
 from .passes import Slot
 
 __all__ = ["choose", "choices", "install", "inline_pass"]
@@ -65,7 +65,7 @@ _VERSION = 1
 
 
 def _enabled() -> bool:
-    return _env_tristate("KERNELGRAFT_INLINE") is not False
+    return env_tristate("KERNELGRAFT_INLINE") is not False
 
 
 def _signature(op: Any, args: tuple) -> tuple | None:
@@ -327,7 +327,7 @@ def install() -> None:
         _SLOT.install()
 
 
-def _on_trace(op: Any, args: tuple) -> None:
+def on_trace(op: Any, args: tuple) -> None:
     """``_operator``'s trace hook: fake tensors reached ``op`` inside a compile."""
     if torch._guards.TracingContext.try_get() is None:
         return  # the op's own shape inference (Dispatcher.output_specs), not a compile
@@ -338,4 +338,3 @@ def _on_trace(op: Any, args: tuple) -> None:
         log.debug("kernelgraft: in-graph choice for %s not made at trace time: %s", op.name, exc)
 
 
-_operator.TRACE_HOOKS.append(_on_trace)

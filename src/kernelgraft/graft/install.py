@@ -8,10 +8,11 @@ active patterns, so Inductor's caches never mix grafted and plain graphs.
 
 from __future__ import annotations
 
+
 import logging
 import threading
+from typing import Any
 import warnings
-from typing import TYPE_CHECKING
 
 import torch.fx as fx
 
@@ -20,19 +21,17 @@ from ..op import compete as _compete, registry as _registry
 from .passes import Slot
 from .rewrite import rewrite_graph
 
-if TYPE_CHECKING:
-    from .pattern import Pattern
 
 __all__ = ["active", "install", "uninstall", "retire_later"]
 
 log = logging.getLogger(__name__)
 
 _LOCK = threading.Lock()
-_ACTIVE: list[Pattern] = []
-_DEAD: list[Pattern] = []  # patterns whose models were collected, uninstalled at the next chance
+_ACTIVE: list[Any] = []
+_DEAD: list[Any] = []  # patterns whose models were collected, uninstalled at the next chance
 
 
-def active() -> list[Pattern]:
+def active() -> list[Any]:
     with _LOCK:
         _drain()
         return list(_ACTIVE)
@@ -52,7 +51,7 @@ def _identity() -> tuple:
     return (_REWRITE_VERSION, *(p.uuid for p in _applicable()))
 
 
-def retire_later(pattern: Pattern) -> None:
+def retire_later(pattern: Any) -> None:
     """Uninstall ``pattern`` at the next install, uninstall or compile: called by the finalizer
     of its model, which garbage collection may run anywhere, even where this thread holds _LOCK."""
     _DEAD.append(pattern)  # atomic: takes no lock
@@ -67,7 +66,7 @@ def _drain() -> None:
             _ACTIVE.remove(pattern)
 
 
-def _applicable() -> list[Pattern]:
+def _applicable() -> list[Any]:
     """The active patterns less those whose op's own reference is being compiled in this thread
     (its torch:compile candidate): that graph is the pattern, and must stay the reference; and
     less those whose op no longer holds its name (unregistered, or replaced by a declaration
@@ -79,7 +78,7 @@ def _applicable() -> list[Pattern]:
     return [p for p in active if p.op.name not in own and _current(p)]
 
 
-def _current(pattern: Pattern) -> bool:
+def _current(pattern: Any) -> bool:
     holder = _registry.lookup(pattern.op.name)
     if holder is pattern.op or (holder is not None and holder.fingerprint == pattern.op.fingerprint):
         return True  # the same op (a bundle's stand-in taken over by the module's own)
@@ -94,7 +93,7 @@ def _current(pattern: Pattern) -> bool:
 _SLOT = Slot("post_grad_custom_pre_pass", "kernelgraft", _run, _identity)
 
 
-def install(pattern: Pattern) -> None:
+def install(pattern: Any) -> None:
     """Make ``pattern`` part of every Inductor compilation from now on."""
     with _LOCK:
         _drain()
@@ -102,7 +101,7 @@ def install(pattern: Pattern) -> None:
         _SLOT.install()
 
 
-def uninstall(pattern: Pattern) -> None:
+def uninstall(pattern: Any) -> None:
     with _LOCK:
         if pattern in _ACTIVE:
             _ACTIVE.remove(pattern)

@@ -138,7 +138,7 @@ class lower_as:  # noqa: N801 (used as a decorator, like torch.no_grad)
             log.info("%s: the op has no sample_inputs; verified on first use only by kg.graft", where)
             return
         n = 0
-        from ..check.inputs import samples
+        from ..op.samples import samples
 
         for sample in samples(op, "cpu"):
             if n >= _MAX_SAMPLES:

@@ -16,7 +16,7 @@ import logging
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -34,8 +34,6 @@ from .admit import Binding
 from . import meta as _meta
 from .meta import fake_value
 
-if TYPE_CHECKING:
-    from .pattern import Pattern
 
 __all__ = ["Misses", "rewrite_graph", "rewrite_exported"]
 
@@ -54,7 +52,7 @@ class Misses:
         return max(self.reasons, key=lambda r: r[0])[1] if self.reasons else None
 
 
-def rewrite_graph(graph: fx.Graph, patterns: Sequence[Pattern], ir: str,
+def rewrite_graph(graph: fx.Graph, patterns: Sequence[Any], ir: str,
                   misses: Misses | None = None) -> tuple[int, dict[str, str]]:
     """Replace every admitted match of each pattern in ``graph``; returns (count, {old name: new
     name}). With ``misses``, records refused sites and, for a pattern that replaced nothing, why."""
@@ -181,7 +179,7 @@ def _live(node: fx.Node, graph: fx.Graph) -> bool:
     return node.graph is graph and not getattr(node, "_erased", False)
 
 
-def _replace(graph: fx.Graph, pattern: Pattern, match: Any, binding: Binding, renamed: dict[str, str],
+def _replace(graph: fx.Graph, pattern: Any, match: Any, binding: Binding, renamed: dict[str, str],
              substitutes: dict[fx.Node, fx.Node]) -> str | None:
     """Replace one match by one op call (and a getitem per output when it returns a tuple).
     None when replaced, else why not ("" when an earlier replacement took part of it)."""
@@ -261,7 +259,7 @@ def _same_kind(original: Any, val: Any) -> bool:
                 and (original.dtype != val.dtype or original.dim() != val.dim()))
 
 
-def _op_args(graph: fx.Graph, pattern: Pattern, inputs: list[fx.Node], scalars: dict[int, Any]) -> list[Any]:
+def _op_args(graph: fx.Graph, pattern: Any, inputs: list[fx.Node], scalars: dict[int, Any]) -> list[Any]:
     """The op call's arguments: the matched inputs in the pattern's tensor slots (made dense
     where a match took a strided view), the model's scalars where the pattern reads them, the
     example's elsewhere."""
@@ -288,7 +286,7 @@ def _erase_inner(graph: fx.Graph, match: Any) -> None:
 
 
 # ---------------------------------------------------------------------------- ExportedProgram
-def rewrite_exported(ep: Any, pattern: Pattern, misses: Misses | None = None) -> int:
+def rewrite_exported(ep: Any, pattern: Any, misses: Misses | None = None) -> int:
     """Rewrite ``ep``'s graph in place; returns the number of replacements."""
     gm = ep.graph_module
     n, renamed = rewrite_graph(gm.graph, [pattern], "export", misses)

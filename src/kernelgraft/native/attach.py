@@ -1,19 +1,14 @@
 """Giving a kernel plan a native replay: after the extension is ready, one call of the plan is
 recorded, and later calls with the same signature try the replay first (the dispatcher's
-``install_replay``; see _record.py)."""
+``install_replay``; see record.py)."""
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import backends
 from . import record as _record, enabled, get
-
-if TYPE_CHECKING:
-    from ..op.candidates import Candidate
-    from ..op.dispatcher import Dispatcher
-    from ..op.plan import Plan
 
 __all__ = ["attach"]
 
@@ -21,8 +16,8 @@ log = logging.getLogger(__name__)
 _OUT_KINDS = {"none": 0, "tensor": 1}
 
 
-def attach(dispatcher: "Dispatcher", plan: "Plan", candidate: "Candidate", runner: Any, plain: tuple,
-           scope: Any, epoch: int, guard: Any = None) -> "Plan":
+def attach(dispatcher: Any, plan: Any, candidate: Any, runner: Any, plain: tuple,
+           scope: Any, epoch: int, guard: Any = None) -> Any:
     """``plan`` wrapped to record its second call (the first may compile) into a native Replay.
     The runner says whether its launches can be recorded (``replayable``), else its backend does.
     ``scope`` and ``epoch`` are those the plan was made under: the replay serves only calls in that

@@ -16,7 +16,6 @@ plan in Python.
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,8 +23,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..op import admit as _admit
-from ..driver.observe import Record, active, address_of, launch_record, note, observing
+from .. import admit as _admit
+from ..driver.observe import Record, active, launch_record, note, observing
 from ..backends.triton import replay as _triton
 
 __all__ = ["Record", "recording", "note", "active", "launch_record", "replay_for"]
@@ -87,18 +86,6 @@ class recording:
         self.watch.__exit__(*exc)
 
 
-def packed_slots(kinds: Sequence[type], values: Sequence[Any]) -> tuple[bytes, tuple[int, ...], list]:
-    """8-byte slots, one per value in its ctypes type; (bytes, offsets, pointer slots) where the
-    pointers are the ``c_void_p`` slots except the last one (the stream)."""
-    parts, pointers = [], []
-    for i, (kind, value) in enumerate(zip(kinds, values)):
-        raw = bytes(kind(value))
-        parts.append(raw + bytes(8 - len(raw)))
-        if kind is ctypes.c_void_p and i < len(values) - 1:
-            pointers.append((8 * i, int(value or 0)))
-    return b"".join(parts), tuple(8 * i for i in range(len(values))), pointers
-
-
 # ---------------------------------------------------------------- building the replay
 def _device(d: torch.device) -> tuple[int, int] | None:
     kind = _DEVICE_TYPES.get(d.type)
@@ -158,7 +145,7 @@ def replay_for(native: Any, args: tuple, outs: Sequence[torch.Tensor], out_kind:
     specs = []
     for a in args:
         if type(a) in plain:
-            # Plans run admitted tensors only (kernelgraft.op.admit); a replay recorded from anything
+            # Plans run admitted tensors only (kernelgraft.admit); a replay recorded from anything
             # else would serve it by its memory.
             why = _admit.refusal(a) or _admit.deferred(a)
             if why is not None:

@@ -377,7 +377,7 @@ bool same_ints(c10::IntArrayRef got, const std::vector<int64_t>& want) {
 // (Python subclass, functorch, functionalization), values that are a function of the memory
 // (negative and conjugate bits, ZeroTensor), or a layout other than dense strided (sparse, sparse
 // compressed, mkldnn, quantized, nested). The Python path admits or refuses those
-// (kernelgraft/op/admit.py); a replay only ever serves the dense tensors it was recorded from. The
+// (kernelgraft/admit.py); a replay only ever serves the dense tensors it was recorded from. The
 // per-backend functionality keys (Sparse, Quantized, NestedTensor) match whatever the backend.
 const c10::DispatchKeySet kUnplain = c10::DispatchKeySet({
     c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot, c10::DispatchKey::FuncTorchBatched,

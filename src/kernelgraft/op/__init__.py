@@ -1,5 +1,9 @@
-"""The operator: its definition, schema, registry, candidates, plans and the dispatcher that owns them."""
+"""The operator: its definition, schema, registry, candidates, plans and the dispatcher that owns them.
 
-from .operator import KernelOp, op
+Other packages use the op's public surface (``KernelOp``'s methods and properties, ``op.dispatcher``)
+and the modules here by name; nothing in this package imports a package above it."""
 
-__all__ = ["KernelOp", "op"]
+from .api import op, unregister
+from .operator import KernelOp
+
+__all__ = ["KernelOp", "op", "unregister"]

@@ -42,7 +42,7 @@ forward-AD level itself and takes the dispatcher only when one of them asks.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch._functorch.utils import enable_single_level_autograd_function as _single_level
@@ -53,8 +53,6 @@ from ..errors import KernelgraftError, UnsupportedError
 from . import refusal as _refusal, vmap as _vmap
 from .function import make_function
 
-if TYPE_CHECKING:
-    from .operator import KernelOp
 
 __all__ = ["install", "set_backward"]
 
@@ -89,7 +87,7 @@ def _has_tangent(args: tuple) -> bool:
     return False
 
 
-def _forward_ad(op: "KernelOp", args: tuple) -> Any:
+def _forward_ad(op: Any, args: tuple) -> Any:
     """Forward-mode AD: the op's reference, run here as a composite of PyTorch ops. The op's
     argument checks (types, devices, declared dtypes and ranks) apply first, as on every call."""
     op.dispatcher.check(args)
@@ -163,7 +161,7 @@ def _differentiable(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())
 
 
-def _mutating_kernel(op: "KernelOp", holder: Any, kernel: Any, overload: Any) -> Any:
+def _mutating_kernel(op: Any, holder: Any, kernel: Any, overload: Any) -> Any:
     redispatch, known = overload.redispatch, _PLAIN
     names = [p.name for p in op.signature.params]
     mutated_idx = [i for i, p in enumerate(op.signature.params) if p.mutated]
@@ -200,7 +198,7 @@ def _mutating_kernel(op: "KernelOp", holder: Any, kernel: Any, overload: Any) ->
     return autograd_kernel
 
 
-def install(op: "KernelOp", lib: torch.library.Library, route: Any = None) -> None:
+def install(op: Any, lib: torch.library.Library, route: Any = None) -> None:
     """At definition (and again whenever the op is defined anew): register the op's autograd
     kernel and batching rule in its own library fragment ``lib``. ``route`` (the name's slot in the
     registry) is where calls go: its ``kernel`` forwards to the op that holds the name and its
@@ -224,7 +222,7 @@ def install(op: "KernelOp", lib: torch.library.Library, route: Any = None) -> No
     _vmap.install(op, lib, overload)
 
 
-def adopt(op: "KernelOp", previous: "KernelOp") -> None:
+def adopt(op: Any, previous: Any) -> None:
     """``op`` takes a name whose definition (of the same schema) ``previous`` held: the definition's
     autograd kernel serves it, running its backward from now on."""
     op._autograd_functional = previous._autograd_functional
@@ -232,7 +230,7 @@ def adopt(op: "KernelOp", previous: "KernelOp") -> None:
     set_backward(op)
 
 
-def set_backward(op: "KernelOp") -> None:
+def set_backward(op: Any) -> None:
     """Point the op's Function at its declared backward, or at the refusing one."""
     state = op._autograd_info
     if state is None:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from .. import backends
+from ..backends import device as backend_device
 from ..errors import KernelgraftWarning
 from ..spec import Config, ImplSpec
 
@@ -71,10 +72,8 @@ def _device_of(tensors: Sequence[tuple[str, torch.Tensor]]) -> torch.device:
 def _on(device: torch.device) -> contextlib.AbstractContextManager:
     """``device`` current inside the block when it is a CUDA device other than the current one."""
     if device.type == "cuda" and device.index is not None:
-        from ..backends.base import _current_device, _use_device
-
-        if device.index != _current_device():
-            return _use_device(device.index)
+        if device.index != backend_device.current_device():
+            return backend_device.use_device(device.index)
     return contextlib.nullcontext()
 
 

@@ -49,7 +49,7 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -58,8 +58,6 @@ from ..spec import ImplSpec
 from .candidates import Candidate
 from .quiet import quiet
 
-if TYPE_CHECKING:
-    from .operator import KernelOp
 
 __all__ = ["TorchImpl", "TORCH", "TORCH_INDEX", "NAMES", "normalize_compete", "offered",
            "torch_candidates", "is_torch", "key_backends", "CompileState", "servable",
@@ -191,7 +189,7 @@ def _detached(a: Any) -> Any:
     return a
 
 
-def _off_reason(op: "KernelOp", name: str, device: torch.device, settings: Any, listing: bool) -> str | None:
+def _off_reason(op: Any, name: str, device: torch.device, settings: Any, listing: bool) -> str | None:
     if getattr(op.reference, "kernelgraft_stub", False):
         return "the op's reference is a bundle stand-in and cannot run"
     if name not in op.compete:
@@ -208,7 +206,7 @@ def _off_reason(op: "KernelOp", name: str, device: torch.device, settings: Any, 
     return None
 
 
-def torch_candidates(op: "KernelOp", tensors: Sequence[tuple[str, torch.Tensor]], settings: Any, *,
+def torch_candidates(op: Any, tensors: Sequence[tuple[str, torch.Tensor]], settings: Any, *,
                      listing: bool = True) -> list[Candidate]:
     """``torch:eager`` and ``torch:compile`` with why each cannot compete here (None: it can).
 
@@ -225,7 +223,7 @@ def torch_candidates(op: "KernelOp", tensors: Sequence[tuple[str, torch.Tensor]]
     return out
 
 
-def offered(op: "KernelOp", kernels: Sequence[Candidate], tensors: Sequence[tuple[str, torch.Tensor]],
+def offered(op: Any, kernels: Sequence[Candidate], tensors: Sequence[tuple[str, torch.Tensor]],
             settings: Any) -> list[Candidate]:
     """What the tuner chooses among: the supported kernels, then the torch candidates that may
     compete (kernels first: the default candidate is a kernel; the tuner gives ties to torch:eager). Nothing when no kernel
@@ -236,7 +234,7 @@ def offered(op: "KernelOp", kernels: Sequence[Candidate], tensors: Sequence[tupl
     return supported + [c for c in torch_candidates(op, tensors, settings, listing=False) if c.supported]
 
 
-def servable(op: "KernelOp", candidates: Sequence[Candidate]) -> Sequence[Candidate]:
+def servable(op: Any, candidates: Sequence[Candidate]) -> Sequence[Candidate]:
     """``candidates`` less ``torch:compile`` once its compile failed (``CompileState.error``): it
     stays offered, for the key, but a cached decision naming it must not serve it again (it would
     fail again); the decision's next-ranked candidate serves instead."""
@@ -245,7 +243,7 @@ def servable(op: "KernelOp", candidates: Sequence[Candidate]) -> Sequence[Candid
     return [c for c in candidates if not (is_torch(c) and c.impl.name == "compile")]
 
 
-def bind(op: "KernelOp", candidate: Candidate) -> Callable[..., Any]:
+def bind(op: Any, candidate: Candidate) -> Callable[..., Any]:
     """``call(*args) -> the reference's outputs``: how a torch candidate runs (no preallocated
     outputs: it allocates its own, as the reference does)."""
     if candidate.impl.name == "compile":
@@ -253,7 +251,7 @@ def bind(op: "KernelOp", candidate: Candidate) -> Callable[..., Any]:
     return op.reference
 
 
-def kernel_runner(op: "KernelOp", candidate: Candidate) -> Callable[..., Any]:
+def kernel_runner(op: Any, candidate: Candidate) -> Callable[..., Any]:
     """A torch candidate behind the kernels' runner protocol, ``runner(*args, *outs)``: the
     reference's outputs copied into ``outs`` (code that runs every candidate of ``op.candidates()``
     through ``op.dispatcher.runner`` keeps working). The tuner and the op's plans call ``bind``'s
@@ -284,7 +282,7 @@ def candidate(name: str) -> Candidate:
     return Candidate(TORCH_INDEX[name], _IMPLS[name], _IMPLS[name].configs[0])
 
 
-def outputs_of(op: "KernelOp", result: Any) -> list[torch.Tensor]:
+def outputs_of(op: Any, result: Any) -> list[torch.Tensor]:
     """The reference's return value as the list of output tensors the oracle compares."""
     kind = op.signature.returns
     if kind == "none":

@@ -21,12 +21,12 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from . import admit as _admit
+from .. import admit as _admit
 from .. import backends
 from ..errors import FallbackWarning, InputError, LaunchError, SpecError, UnsupportedError, describe
 from ..native.attach import attach
@@ -36,32 +36,14 @@ from .modes import settings as current_settings
 from . import compete as _compete, overlap as _overlap, probe as _probe, select as _select
 from .candidates import LAYOUT, Candidate, evaluate, evaluate_one
 from .limits import check_allocatable, quiet_fake_tensor_errors
-from .plan import Plan, kernel_plan, meta_plan, reference_plan, torch_plan
+from .plan import Plan, guarded, kernel_plan, meta_plan, reference_plan, torch_plan
+from .warn import caller_stacklevel
 from .shape_error import named, shape_error
 
-if TYPE_CHECKING:
-    from .operator import KernelOp
 
 __all__ = ["Dispatcher", "PLAIN", "ANY_TENSOR"]
 
 log = logging.getLogger(__name__)
-
-# Frames in these directories are the library's own: a warning points past them at the user's line.
-_INTERNAL = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
-                  for m in (sys.modules["kernelgraft"], torch))
-
-
-def caller_stacklevel() -> int:
-    """The ``stacklevel`` for a ``warnings.warn`` in the caller that names the first frame outside
-    kernelgraft and torch: an op called eagerly (``op(x)``: ``__call__``, ``execute``, planning), as
-    ``torch.ops.ns.name`` (the dispatcher's frames) or from a compiled graph all point at user code."""
-    frame = sys._getframe(1)  # the function calling warnings.warn: stacklevel 1
-    level = 1
-    while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL):
-        frame = frame.f_back
-        level += 1
-    return level
-
 
 _Tensor = torch.Tensor
 # Tensor types the fast path treats as plain data; other subclasses (fake, functional, user
@@ -85,19 +67,6 @@ class _AnyTensor:
 ANY_TENSOR = _AnyTensor()
 
 
-def guarded(plan: Plan, guard: Callable[[tuple], None] | None) -> Plan:
-    """``plan`` that runs ``guard(args)`` first (None: ``plan`` itself)."""
-    if guard is None:
-        return plan
-
-    def checked(args: tuple) -> Any:
-        guard(args)
-        return plan(args)
-
-    checked.candidate = plan.candidate  # type: ignore[attr-defined]
-    return checked
-
-
 def _expiring(plan: Plan, table: dict[tuple, Plan], key: tuple, until: float,
               replan: Callable[[tuple, tuple], Any]) -> Plan:
     """``plan`` kept in ``table`` until ``time.monotonic()`` reaches ``until``; the call that finds
@@ -118,7 +87,7 @@ def _expiring(plan: Plan, table: dict[tuple, Plan], key: tuple, until: float,
 class Dispatcher:
     """Plans, runners, bundles and replays of one op (``op.dispatcher``)."""
 
-    def __init__(self, op: "KernelOp") -> None:
+    def __init__(self, op: Any) -> None:
         self.op = op
         self.tables: dict[Any, dict[tuple, Plan]] = {}  # tuning scope -> signature key -> plan
         self.forced: dict[tuple, Plan] = {}  # op.run: (key, impl index, config) -> plan
@@ -151,7 +120,7 @@ class Dispatcher:
         Per tensor: dtype, device, shape, strides, ``data_ptr() & 15`` when plans depend on
         alignment (else whether the pointer is null), the negative bit, and a complex tensor's
         conjugate bit when the op can take complex tensors: every property of the admission rule
-        (``kernelgraft.op.admit``) that a call can change without changing the rest. A null pointer
+        (``kernelgraft.admit``) that a call can change without changing the rest. A null pointer
         with elements is a ZeroTensor; sparse and mkldnn tensors have no data pointer and nested
         ones no strides: they raise here, and the None sends them to the checks that refuse them."""
         parts = []
@@ -353,7 +322,7 @@ class Dispatcher:
 
     def _resolving_plan(self) -> Plan:
         """The plan of a signature with deferred tensors (negative or conjugate bit, ZeroTensor;
-        see ``kernelgraft.op.admit``): they are materialized and the call runs the plan of the
+        see ``kernelgraft.admit``): they are materialized and the call runs the plan of the
         resolved arguments' own signature. ``check`` has refused mutated ones."""
         op = self.op
         name, params = op.name, op.signature.params

@@ -11,14 +11,12 @@ and the backward's gradients for it are gathered back into a list. ``setup_conte
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from ..errors import SpecError, UnsupportedError, describe
 
-if TYPE_CHECKING:
-    from .operator import KernelOp
 
 __all__ = ["make_function"]
 
@@ -42,7 +40,7 @@ class _Layout:
         self.lengths = lengths
 
 
-def _structure(op: "KernelOp"):
+def _structure(op: Any):
     """(flatten, regroup) between the op's arguments and the Function's flat inputs, or None when
     the op has no ``Tensor[]`` argument (its arguments are the Function's inputs as they are)."""
     if not any(p.kind == "tensor_list" for p in op.signature.params):
@@ -75,7 +73,7 @@ def _structure(op: "KernelOp"):
     return flatten, regroup
 
 
-def make_function(op: "KernelOp", overload: Any) -> type:
+def make_function(op: Any, overload: Any) -> type:
     """The op's Function class; ``kg_state`` holds its backward, ``kg_flatten`` turns the op's
     arguments into the Function's inputs."""
     state = _State()

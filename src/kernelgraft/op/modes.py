@@ -86,7 +86,7 @@ class Settings:
                             f"got {type(self.compete).__name__} {self.compete!r}")
 
 
-def _env_tristate(name: str) -> bool | None:
+def env_tristate(name: str) -> bool | None:
     """True/False for 1/on/true/yes and 0/off/false/no; None when unset (or unreadable, warned)."""
     text = os.environ.get(name, "").strip().lower()
     if not text:
@@ -111,7 +111,7 @@ def _from_env() -> Settings:
         budget_s=_env_float("KERNELGRAFT_TUNE_BUDGET", 60.0),
         cold_l2=_env_bool("KERNELGRAFT_TUNE_COLD_L2"),
         isolate=_env_bool("KERNELGRAFT_TUNE_ISOLATE"),
-        compete=_env_tristate("KERNELGRAFT_COMPETE"),
+        compete=env_tristate("KERNELGRAFT_COMPETE"),
     )
 
 

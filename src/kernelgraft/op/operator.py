@@ -25,11 +25,12 @@ import torch
 
 from ..errors import InputError, KernelgraftError, RegistrationError, SpecError, UnsupportedError, describe
 from ..spec import Config, ImplSpec
-from ..verify.compare import compare_identity, normalize_compare, output_names
+from ..verify.compare import normalize_compare, output_names
 from ..verify.oracle import check_tolerances
-from ..tune.key import normalize_buckets
+from .buckets import normalize_buckets
 from .modes import scope as _scope
 from . import (
+    declare,
     autograd as _autograd,
     compete as _compete,
     probe as _probe,
@@ -41,7 +42,7 @@ from .dispatcher import ANY_TENSOR, Dispatcher
 from .shape_error import shape_error
 from .schema import Signature, parse_signature
 
-__all__ = ["KernelOp", "op", "unregister"]
+__all__ = ["KernelOp", "add_trace_hook"]
 
 
 log = logging.getLogger(__name__)
@@ -55,8 +56,14 @@ _grad_enabled = torch.is_grad_enabled
 _FORWARD_AD = torch.autograd.forward_ad  # its _current_level >= 0 while a dual level is open
 _EPOCH = _select._epoch  # a one-element list; read directly on the hot path
 # Called as hook(op, args) whenever fake tensors reach an op (torch.compile and export tracing,
-# and the op's own shape inference); graft._inline installs Inductor's in-graph choice here.
+# and the op's own shape inference); kernelgraft.wiring adds Inductor's in-graph choice (graft).
 TRACE_HOOKS: list[Callable[[Any, tuple], None]] = []
+
+
+def add_trace_hook(hook: Callable[[Any, tuple], None]) -> None:
+    """Call ``hook(op, args)`` whenever fake tensors reach an op (once per hook)."""
+    if hook not in TRACE_HOOKS:
+        TRACE_HOOKS.append(hook)
 
 
 class KernelOp:
@@ -88,7 +95,7 @@ class KernelOp:
         if isinstance(mutates_args, str):
             mutates_args = (mutates_args,)
         mutates_args = tuple(mutates_args)
-        impls = self._check_impls(impls, where)
+        impls = declare.check_impls(impls, where)
         for impl in impls:
             if not isinstance(impl, ImplSpec):
                 raise SpecError(
@@ -119,15 +126,16 @@ class KernelOp:
         self.prune = prune  # tuning: which candidates to measure (see kernelgraft.tune)
         self.buckets = normalize_buckets(buckets, where=where, params=[
             p.name for p in self.signature.params if p.kind in ("tensor", "tensor_list")])
-        self._dtypes = self._normalize_dtypes(dtypes, where)
-        self._ndim = self._normalize_ndim(ndim, where)
+        self._dtypes = declare.normalize_dtypes(self.signature, dtypes, where)
+        self._ndim = declare.normalize_ndim(self.signature, ndim, where)
         params = self.signature.params
         # the names check, the gate and compare= use for what the op produces (kernelgraft.verify.compare)
         self.output_names = output_names(outputs, self.signature.n_returns, params, where)
         self._outputs_declared = outputs is not None
         self.compare = normalize_compare(
             compare, self.output_names + tuple(params[i].name for i in self.signature.mutated), params, where)
-        self.fingerprint = self._compute_fingerprint()
+        self.identity = declare.identity(self)  # when another declaration claims the name, the registry says what differs
+        self.fingerprint = hashlib.sha256(json.dumps(self.identity, sort_keys=True).encode()).hexdigest()
         self.name = name or _registry.default_name(fn, self.fingerprint)
         _registry.split_name(self.name)
         self._meta_fn: Callable[..., Any] = fn
@@ -147,107 +155,6 @@ class KernelOp:
         self._autograd: tuple | None = None  # (backward, setup_context) once register_autograd ran
         self._autograd_info: Any = None  # the backward its autograd Function uses (_autograd)
 
-    # ---------------------------------------------------------------- construction helpers
-    @staticmethod
-    def _check_impls(impls, where) -> tuple:
-        if isinstance(impls, ImplSpec):
-            raise SpecError(f"{where}: impls must be a list of kernel specs, got the single spec "
-                            f"{impls!r}; write impls=[spec]")
-        if isinstance(impls, (str, bytes, Mapping)) or not isinstance(impls, Iterable):
-            raise SpecError(f"{where}: impls must be a list of kernel specs made by kg.triton/kg.cuda/"
-                            f"kg.cutedsl/kg.cutile, got {describe(impls)}; write impls=[kg.triton(...), ...]")
-        return tuple(impls)
-
-    @staticmethod
-    def _dtype_list(value, where, what) -> tuple:
-        """A list of torch dtypes, or a SpecError saying what came and how to write it."""
-        if isinstance(value, torch.dtype):
-            raise SpecError(f"{where}: {what} must be a list of torch dtypes, got the single dtype "
-                            f"{value}; write [{value}]")
-        if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
-            raise SpecError(f"{where}: {what} must be a list of torch dtypes such as "
-                            f"[torch.float16, torch.float32], got {describe(value)}")
-        allowed = tuple(value)
-        if not allowed or not all(isinstance(d, torch.dtype) for d in allowed):
-            raise SpecError(f"{where}: {what} must be a non-empty list of torch dtypes such as "
-                            f"[torch.float16, torch.float32], got {allowed!r}")
-        return allowed
-
-    def _normalize_dtypes(self, dtypes, where):
-        names = {p.name for p in self.signature.params if p.kind in ("tensor", "tensor_list")}
-        if dtypes is None:
-            return {}
-        if isinstance(dtypes, Mapping):
-            out = {}
-            for key, allowed in dtypes.items():
-                if key not in names:
-                    raise SpecError(f"{where}: dtypes names {key!r}, which is not a Tensor parameter; "
-                                    f"the Tensor parameters are {sorted(names)}")
-                out[key] = self._dtype_list(allowed, where, f"dtypes[{key!r}]")
-            return out
-        allowed = self._dtype_list(dtypes, where, "dtypes")
-        return {n: allowed for n in names}
-
-    def _normalize_ndim(self, ndim, where):
-        if ndim is None:
-            return {}
-        names = sorted(p.name for p in self.signature.params if p.kind == "tensor")
-        example = names[0] if names else "x"
-        if not isinstance(ndim, Mapping):
-            raise SpecError(f"{where}: ndim must map Tensor parameter names to a rank or ranks, got "
-                            f"{describe(ndim)}; write ndim={{{example!r}: 2}} or "
-                            f"ndim={{{example!r}: (2, 3)}} (Tensor parameters: {names})")
-        out = {}
-        for key, value in ndim.items():
-            if key not in names:
-                raise SpecError(f"{where}: ndim names {key!r}, which is not a Tensor parameter; "
-                                f"the Tensor parameters are {names}")
-            ranks = (value,) if isinstance(value, int) else tuple(value) if isinstance(value, Iterable) else None
-            if not ranks or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks):
-                raise SpecError(f"{where}: ndim[{key!r}] must be a rank (int >= 0) or a list of ranks, "
-                                f"got {describe(value)}")
-            out[key] = ranks
-        return out
-
-    def _compute_fingerprint(self) -> str:
-        """sha256 of the op's identity (``_identity``). The identity itself is kept as
-        ``self.identity``: when another declaration claims the name, the registry says which
-        option differs."""
-        self.identity = self._identity()
-        return hashlib.sha256(json.dumps(self.identity, sort_keys=True).encode()).hexdigest()
-
-    def _identity(self) -> dict[str, Any]:
-        """Every option that changes what the op does, in one canonical JSON form that is the same
-        in every process: callables by their source (as the reference), dtypes by name, mappings
-        sorted, equivalent spellings (``dtypes=[...]`` vs one list per parameter) normalised."""
-        from ..tune.key import callable_identity as source, dtype_name, tolerances_identity
-
-        identity = {
-            "reference": source(self.reference),
-            "schema": self.signature.schema,
-            "mutates": sorted(self.mutates_args),
-            "impls": [impl.fingerprint for impl in self.impls],
-            "fallback": self.fallback,
-            "dtypes": {p: sorted({dtype_name(d) for d in allowed}) for p, allowed in sorted(self._dtypes.items())},
-            "ndim": {p: sorted(set(dims)) for p, dims in sorted(self._ndim.items())},
-            "tolerances": {name: value for name, value in tolerances_identity(self.tolerances)},
-            "sample_inputs": source(self.sample_inputs),
-            "cost": source(self.cost),
-            "prune": source(self.prune),
-            "buckets": self.buckets.identity(),
-        }
-        # Only when set: the fingerprints (default names, tune caches, bundles) of every op that
-        # keeps the default stay what they were.
-        if self.allow_overlap:
-            identity["allow_overlap"] = True
-        if self.compete != _compete.NAMES:
-            identity["compete"] = list(self.compete)
-        if self._outputs_declared:
-            identity["outputs"] = list(self.output_names)
-        if self.compare:
-            identity["compare"] = compare_identity(self.compare, source)
-        return identity
-
     def _bind_overload(self, overload: Any, lib: Any) -> None:
         self._overload = overload
         self._lib = lib
@@ -257,13 +164,11 @@ class KernelOp:
         serves it (plans, replays, runners, bundled runners, tuning decisions in memory) and turn
         it into a forwarder to whichever op holds the name now. The class is swapped rather than a
         flag tested in ``__call__``, so live ops pay nothing on the hot path."""
-        from ..tune.tuner import TUNER
-
         d = self._d
         d.runners.clear()
         d.bundled.clear()
         d.reset()
-        TUNER.forget(self.fingerprint)
+        _select.forget(self.fingerprint)
         self._retired = how
         self._live_class = type(self)
         self.__class__ = _RetiredOp
@@ -549,140 +454,3 @@ class _RetiredOp(KernelOp):
 
     def __repr__(self) -> str:
         return f"<kernelgraft op {self.name} ({self._retired}; calls go to the op of that name)>"
-
-
-def unregister(name: str | KernelOp) -> bool:
-    """Remove an op from kernelgraft (a notebook that drops or renames an op).
-
-    Returns whether an op was removed. Given an op object, it is removed only while it holds its
-    name: an op since replaced (``kg.op(..., replace=True)``) or unregistered returns False and
-    leaves the name's current op alone. The removed op object stops serving: calling it, or
-    ``torch.ops.<ns>.<name>``, raises ``kg.RegistrationError`` until an op of that name is
-    declared again, and then reaches that op. The name itself stays in ``torch.ops``: its operator
-    is never freed, as other code (another thread, a compiled graph) may still hold it.
-
-    >>> import torch, kernelgraft as kg
-    >>> @kg.op("doctest::gone")
-    ... def gone(x: torch.Tensor) -> torch.Tensor:
-    ...     return x + 1
-    >>> kg.unregister("doctest::gone")
-    True
-    >>> try:
-    ...     torch.ops.doctest.gone(torch.ones(1))
-    ... except kg.RegistrationError as error:
-    ...     print("unregistered" in str(error))
-    True
-    """
-    only = None
-    if isinstance(name, KernelOp):
-        name, only = name.name, name
-    if not isinstance(name, str):
-        raise SpecError(f"kg.unregister: give an op name like 'ns::name' or the op, got {describe(name)}")
-    removed = _registry.unregister(name, only)
-    if removed is None:
-        return False
-    _registry.retire(removed, "unregistered")
-    return True
-
-
-def op(
-    name_or_fn: str | Callable[..., Any] | None = None,
-    /,
-    *,
-    impls: Sequence[ImplSpec] = (),
-    mutates_args: Iterable[str] = (),
-    sample_inputs: Callable[..., Iterable[tuple]] | None = None,
-    dtypes: Sequence[torch.dtype] | Mapping[str, Sequence[torch.dtype]] | None = None,
-    ndim: Mapping[str, int | Sequence[int]] | None = None,
-    fallback: str = "reference",
-    tolerances: Mapping[torch.dtype, float] | None = None,
-    name: str | None = None,
-    cost: Callable[..., tuple[float, float]] | None = None,
-    prune: Callable[..., Any] | None = None,
-    buckets: Any = None,
-    allow_overlap: bool = False,
-    replace: bool = False,
-    compete: Any = True,
-    outputs: Sequence[str] | None = None,
-    compare: Any = None,
-    **unknown: Any,
-) -> Any:
-    """Turn a PyTorch reference function into an operator backed by kernels.
-
-    ``@kg.op("ns::name", impls=[...])`` decorates the reference; ``kg.op(fn, impls=[...])`` works
-    as a call. Without a name the op gets ``kernelgraft::<qualname>_<hash>``, the same in every
-    process. ``cost(*inputs) -> (bytes, flops)`` tells ``kernelgraft bench`` what one call moves
-    and computes (default: every input read once, every output written once, no flops).
-    ``prune(candidates, *inputs)`` and ``buckets`` shape autotuning (see ``kernelgraft.tune``).
-    ``tolerances={dtype: rtol}`` sets, for outputs of that dtype, the ``rtol`` of the one rule that
-    ``kernelgraft check``, the tuner's gate and graft verification apply: elementwise
-    ``|got - want| <= rtol * (|want| + rms(want))`` against the float64 reference, and 0 means
-    bit-exact (the default for integer, bool and 8-bit float outputs; see ``kernelgraft.verify.oracle``).
-    An op that mutates an argument refuses, with an ``InputError``, a call where another tensor
-    argument shares memory with the mutated one; ``allow_overlap=True`` declares that its kernels
-    handle that (they read each element before writing it, or the overlap is intended).
-    Kernels get dense strided tensors read as stored (``kernelgraft.op.admit``, on every route: eager,
-    ``torch.ops``, ``op.run``, ``torch.compile``): a view with the negative or conjugate bit
-    (``z.conj()``, ``z.conj().imag``) that the op only reads is materialized first, at the cost of one
-    copy, so the result is the reference's; one it mutates is an ``InputError``, as are sparse, mkldnn,
-    nested and quantized tensors. On meta tensors the op returns its meta function's outputs.
-    ``compete`` (default True): the reference itself, eager (``torch:eager``) and under
-    ``torch.compile`` (``torch:compile``), competes with the kernels in tuning on CUDA, so a shape
-    where PyTorch is faster runs PyTorch (never a PyTorch run that cannot be captured in a CUDA
-    graph); False turns that off, ``("eager",)`` or ``("compile",)`` keeps one (None is refused:
-    ``kg.tune(compete=False)`` / ``KERNELGRAFT_COMPETE=0`` turn it off for all ops).
-    ``outputs=("weights", "indices")`` names the returned tensors (default ``out0``, ``out1``, ...;
-    a mutated argument is named by its parameter); ``compare={name: rule}`` replaces the rule the
-    oracle judges that output by: ``kg.ties_by("logits")`` for indices that may pick any of tied
-    values, or a hook ``fn(got, want, inputs) -> None | str``; ``compare=fn`` judges the whole op
-    (see ``kernelgraft.verify.compare``).
-
-    Declaring the same op again (the same fingerprint: reference, impls, options) returns the op
-    already registered, so re-importing a module or re-running a notebook cell is harmless. A
-    *different* op under a taken name is a ``kg.RegistrationError`` unless ``replace=True``: then
-    the new declaration takes the name (a notebook cell edited and run again), the old op's plans
-    and tuning decisions go, and calls through the old op object forward to the new one; other
-    threads may be calling the op meanwhile (each call runs the old op or the new one).
-
-    >>> import torch, kernelgraft as kg
-    >>> @kg.op("doctest::scale2")
-    ... def scale2(x: torch.Tensor) -> torch.Tensor:
-    ...     return x * 2
-    >>> scale2(torch.ones(3)).tolist()
-    [2.0, 2.0, 2.0]
-    >>> torch.ops.doctest.scale2(torch.ones(2)).tolist()
-    [2.0, 2.0]
-    """
-    if unknown:
-        _unknown_options(unknown)
-    if not isinstance(replace, bool):
-        raise SpecError(f"kg.op: replace must be True or False, got {describe(replace)}")
-    options = dict(
-        impls=impls, mutates_args=mutates_args, sample_inputs=sample_inputs, dtypes=dtypes,
-        ndim=ndim, fallback=fallback, tolerances=tolerances, cost=cost, prune=prune,
-        buckets=buckets, allow_overlap=allow_overlap, compete=compete, outputs=outputs, compare=compare,
-    )
-
-    def wrap(fn: Callable[..., Any], qualname: str | None) -> KernelOp:
-        new = KernelOp(fn, name=qualname, **options)  # type: ignore[arg-type]
-        return _registry.register(new, replace=replace)
-
-    if callable(name_or_fn):
-        return wrap(name_or_fn, name)
-    if name_or_fn is not None and name is not None:
-        raise SpecError("kg.op: give the name once, positionally or as name=")
-    qualname = name_or_fn if name_or_fn is not None else name
-    if qualname is not None and not isinstance(qualname, str):
-        raise SpecError(f"kg.op: the name must be a string like 'ns::name', got {describe(qualname)}")
-    return lambda fn: wrap(fn, qualname)
-
-
-def _unknown_options(unknown: Mapping[str, Any]) -> None:
-    import difflib
-    import inspect
-
-    known = [n for n, p in inspect.signature(op).parameters.items() if p.kind is p.KEYWORD_ONLY]
-    name = sorted(unknown)[0]
-    close = difflib.get_close_matches(name, known, n=1)
-    hint = f"; did you mean {close[0]}=?" if close else ""
-    raise SpecError(f"kg.op: unknown option {name}={unknown[name]!r}{hint} (kg.op takes {', '.join(known)})")

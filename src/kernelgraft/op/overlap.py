@@ -29,15 +29,13 @@ list elements has no native form (``guard.native`` is None) and keeps its plan o
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import Any
 
-import torch
+from collections.abc import Callable, Sequence
+
 
 from ..errors import InputError
 
-if TYPE_CHECKING:
-    from .operator import KernelOp
 
 __all__ = ["overlap_guard", "modular_rule"]
 
@@ -75,7 +73,7 @@ def modular_rule(a: Layout, b: Layout) -> tuple[int, int, int] | None:
     return best
 
 
-def overlap_guard(op: "KernelOp", args: tuple) -> Callable[[tuple], None] | None:
+def overlap_guard(op: Any, args: tuple) -> Callable[[tuple], None] | None:
     """The per-call check of the module docstring for ``args``' signature, or None when the op
     has nothing to check (no mutated argument, ``allow_overlap=True``, or no other non-empty
     tensor)."""

@@ -7,7 +7,7 @@ path is one dict lookup plus the closure; ``plan.candidate`` says what it runs (
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -15,21 +15,19 @@ from . import probe as _probe
 from .candidates import Candidate
 from ..errors import KernelgraftError, LaunchError, LaunchOutOfMemoryError, out_of_memory
 
-if TYPE_CHECKING:
-    from .operator import KernelOp
 
-__all__ = ["Plan", "kernel_plan", "meta_plan", "reference_plan", "torch_plan"]
+__all__ = ["Plan", "guarded", "kernel_plan", "meta_plan", "reference_plan", "torch_plan"]
 
 Plan = Callable[[tuple], Any]
 _empty = torch.empty
 
 
-def _fail(op: "KernelOp", candidate: Candidate, exc: Exception) -> LaunchError:
+def _fail(op: Any, candidate: Candidate, exc: Exception) -> LaunchError:
     error = LaunchOutOfMemoryError if out_of_memory(exc) else LaunchError
     return error(f"{op.name}: {candidate.label} failed: {type(exc).__name__}: {exc}{_unpack_hint(op, exc)}")
 
 
-def _unpack_hint(op: "KernelOp", exc: Exception) -> str:
+def _unpack_hint(op: Any, exc: Exception) -> str:
     """A launch function that unpacks a shape (``n, e = x.shape``) fails this way on a tensor of
     another rank: say how to refuse such calls before any kernel sees them."""
     if not (isinstance(exc, ValueError) and "values to unpack" in str(exc)):
@@ -41,7 +39,7 @@ def _unpack_hint(op: "KernelOp", exc: Exception) -> str:
             "the argument")
 
 
-def _named(op: "KernelOp", exc: KernelgraftError) -> KernelgraftError:
+def _named(op: Any, exc: KernelgraftError) -> KernelgraftError:
     """The error with the op's name in front (a compile error deep in a backend cannot know it)."""
     if str(exc).startswith(op.name):
         return exc
@@ -62,7 +60,7 @@ def _like(args: tuple, spec) -> int | None:
 
 
 def kernel_plan(
-    op: "KernelOp", candidate: Candidate, runner: Callable[..., Any], out_specs, args: tuple = ()
+    op: Any, candidate: Candidate, runner: Callable[..., Any], out_specs, args: tuple = ()
 ) -> Plan:
     kind = op.signature.returns
     like = _like(args, out_specs[0]) if kind == "tensor" and args else None
@@ -122,7 +120,7 @@ def kernel_plan(
     return plan
 
 
-def reference_plan(op: "KernelOp") -> Plan:
+def reference_plan(op: Any) -> Plan:
     reference, fresh = op.reference, op._fresh_outputs
 
     def plan(args: tuple) -> Any:
@@ -142,7 +140,7 @@ def reference_plan(op: "KernelOp") -> Plan:
     return plan
 
 
-def meta_plan(op: "KernelOp") -> Plan:
+def meta_plan(op: Any) -> Plan:
     """The plan of a call on meta tensors: the meta function's outputs (new, empty, on meta), as
     ``torch.ops.<ns>.<name>`` gives them; no kernel and no reference runs (there is no data)."""
     fresh = op._fresh_outputs
@@ -154,7 +152,7 @@ def meta_plan(op: "KernelOp") -> Plan:
     return plan
 
 
-def torch_plan(op: "KernelOp", candidate: Candidate, call: Callable[..., Any]) -> Plan:
+def torch_plan(op: Any, candidate: Candidate, call: Callable[..., Any]) -> Plan:
     """The plan of a PyTorch candidate that won the tuning (``torch:eager``/``torch:compile``):
     the reference's outputs made fresh as the op promises them. Never given a native replay (a
     replay re-launches recorded kernels; a torch function is not one).
@@ -181,7 +179,7 @@ def torch_plan(op: "KernelOp", candidate: Candidate, call: Callable[..., Any]) -
     return plan
 
 
-def _compile_failed(op: "KernelOp", candidate: Candidate, args: tuple, exc: Exception) -> Any:
+def _compile_failed(op: Any, candidate: Candidate, args: tuple, exc: Exception) -> Any:
     """``torch:compile`` raised on ``args``: the eager reference serves the call instead."""
     try:
         out = op._fresh_outputs(op.reference(*args), empty=False, args=args)
@@ -190,3 +188,16 @@ def _compile_failed(op: "KernelOp", candidate: Candidate, args: tuple, exc: Exce
     op.dispatcher.compile_state.refused(exc)
     op.dispatcher.drop_torch_plans("compile")
     return out
+
+
+def guarded(plan: Plan, guard: Callable[[tuple], None] | None) -> Plan:
+    """``plan`` that runs ``guard(args)`` first (None: ``plan`` itself)."""
+    if guard is None:
+        return plan
+
+    def checked(args: tuple) -> Any:
+        guard(args)
+        return plan(args)
+
+    checked.candidate = plan.candidate  # type: ignore[attr-defined]
+    return checked

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch._guards import detect_fake_mode
@@ -42,8 +42,6 @@ from ..errors import InputError, SpecError, out_of_memory
 from ..verify.oracle import tensors
 from .limits import quiet_fake_tensor_errors
 
-if TYPE_CHECKING:
-    from .operator import KernelOp
 
 __all__ = ["data_dependent", "meta_error", "meta_outputs", "fake_probe", "zeros_probe", "reason", "refusal",
            "shape_error"]
@@ -67,7 +65,7 @@ def data_dependent(exc: BaseException) -> bool:
     return False
 
 
-def meta_error(op: "KernelOp", exc: BaseException | None, what: str) -> SpecError:
+def meta_error(op: Any, exc: BaseException | None, what: str) -> SpecError:
     """The error for a meta function that cannot give shapes without data (``what`` happened)."""
     detail = f" ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]})" if exc is not None else ""
     return SpecError(
@@ -91,7 +89,7 @@ def reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
 
 
-def refusal(op: "KernelOp", args: Sequence[Any], why: str, how: str = "", *, shapes: bool = True) -> InputError:
+def refusal(op: Any, args: Sequence[Any], why: str, how: str = "", *, shapes: bool = True) -> InputError:
     """The call's ``InputError`` for a reference that refused its inputs, saying ``why``; the
     tensors shown as ``name=dtype[shape]`` (``shapes=False``: ``name=dtype``)."""
     shown = ", ".join(
@@ -109,7 +107,7 @@ def _fake_args(mode: FakeTensorMode, args: Sequence[Any]) -> tuple:
                  else a for a in args)
 
 
-def fake_probe(op: "KernelOp", args: Sequence[Any]) -> None:
+def fake_probe(op: Any, args: Sequence[Any]) -> None:
     """Run the reference on fake tensors like ``args``; raise the call's ``InputError`` if it
     refuses their shapes (see the module docstring). Writes nothing, reads no data."""
     try:
@@ -130,7 +128,7 @@ def _zeros(t: torch.Tensor) -> torch.Tensor:
     return torch.zeros(span, dtype=t.dtype, device=t.device).as_strided(t.shape, t.stride())
 
 
-def zeros_probe(op: "KernelOp", args: Sequence[Any]) -> tuple[bool, str | None]:
+def zeros_probe(op: Any, args: Sequence[Any]) -> tuple[bool, str | None]:
     """Run the reference on zero-filled tensors like ``args``: (judged, why it refused or None).
     Out of memory is no verdict (judged False): a naive reference may not fit where the kernel
     does, which says nothing about dtypes."""
@@ -147,7 +145,7 @@ def zeros_probe(op: "KernelOp", args: Sequence[Any]) -> tuple[bool, str | None]:
     return True, None
 
 
-def meta_outputs(op: "KernelOp", args: tuple) -> Any:
+def meta_outputs(op: Any, args: tuple) -> Any:
     """The meta function's outputs under the tracer's fake mode, or a ``SpecError`` naming
     ``register_meta`` where it depends on data: a data-dependent size would otherwise surface
     as a Dynamo internal error (an unbacked symbol not in the outputs) with no hint to the op."""

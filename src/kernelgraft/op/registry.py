@@ -17,20 +17,19 @@ every call held out meanwhile. An unregistered name stays in torch.ops, and call
 
 from __future__ import annotations
 
+from typing import Any
+
 import json
 import logging
 import re
 import threading
-from typing import TYPE_CHECKING
 
 import torch
 
-from . import admit as _admit
+from .. import admit as _admit
 from ..errors import RegistrationError
 from . import autograd as _autograd, slot as _slot
 
-if TYPE_CHECKING:
-    from .operator import KernelOp
 
 __all__ = ["default_name", "split_name", "register", "unregister", "retire", "lookup", "holder",
            "all_ops", "differences"]
@@ -38,7 +37,7 @@ __all__ = ["default_name", "split_name", "register", "unregister", "retire", "lo
 log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_OPS: dict[str, "KernelOp"] = {}
+_OPS: dict[str, Any] = {}
 _LOCK = threading.RLock()
 
 
@@ -61,11 +60,11 @@ def split_name(qualname: str) -> tuple[str, str]:
     return ns, name
 
 
-def lookup(qualname: str) -> "KernelOp | None":
+def lookup(qualname: str) -> Any:
     return _OPS.get(qualname)
 
 
-def holder(qualname: str) -> "KernelOp | None":
+def holder(qualname: str) -> Any:
     """The op that holds the name, once a change of its schema in progress is done."""
     slot = _slot.get(qualname)
     if slot is not None:
@@ -73,11 +72,11 @@ def holder(qualname: str) -> "KernelOp | None":
     return _OPS.get(qualname)
 
 
-def all_ops() -> list["KernelOp"]:
+def all_ops() -> list[Any]:
     return list(_OPS.values())
 
 
-def register(op: "KernelOp", *, replace: bool = False) -> "KernelOp":
+def register(op: Any, *, replace: bool = False) -> Any:
     """Register ``op`` under its name and return the op that serves the name: ``op``, or the op
     already registered with the same fingerprint. ``replace=True`` retires a different op of the
     same name (its plans go; references to it forward)."""
@@ -104,12 +103,12 @@ def register(op: "KernelOp", *, replace: bool = False) -> "KernelOp":
     )
 
 
-def _source(op: "KernelOp") -> str:
+def _source(op: Any) -> str:
     ref = op.reference
     return f"{getattr(ref, '__module__', '?')}.{getattr(ref, '__qualname__', ref)}"
 
 
-def _replace(old: "KernelOp", new: "KernelOp") -> "KernelOp":
+def _replace(old: Any, new: Any) -> Any:
     with _LOCK:
         if _OPS.get(old.name) is not old:  # another thread replaced it first: try again
             return register(new, replace=True)
@@ -118,7 +117,7 @@ def _replace(old: "KernelOp", new: "KernelOp") -> "KernelOp":
     return new
 
 
-def _serve(op: "KernelOp", old: "KernelOp | None" = None) -> None:
+def _serve(op: Any, old: Any = None) -> None:
     """Make ``op`` the holder of its name, retiring ``old`` (the holder it replaces), with the
     registry's lock held. The name's slot forwards to ``op``; the dispatcher changes only for a
     first definition or a new schema (``_slot``)."""
@@ -156,7 +155,7 @@ def _serve(op: "KernelOp", old: "KernelOp | None" = None) -> None:
         retire(old, "replaced")
 
 
-def _adopt(slot: "_slot.Slot", op: "KernelOp") -> None:
+def _adopt(slot: "_slot.Slot", op: Any) -> None:
     """``op`` takes a name whose definition has its schema already: the definition's autograd
     kernel (which reaches the holder through the slot) now runs its backward, and the slot's
     kernels forward to it. Nothing in the dispatcher changes."""
@@ -165,7 +164,7 @@ def _adopt(slot: "_slot.Slot", op: "KernelOp") -> None:
     slot.serve(op)
 
 
-def retire(op: "KernelOp", how: str) -> None:
+def retire(op: Any, how: str) -> None:
     """Make a removed op unusable as itself: its plans, runners and in-memory tuning decisions go,
     and the object forwards every call to whichever op holds its name now (``how`` says why, for
     the error when none does)."""
@@ -220,7 +219,7 @@ def _show(value) -> str:
     return text if len(text) <= _SHORT else text[: _SHORT - 3] + "..."
 
 
-def _define(op: "KernelOp") -> None:
+def _define(op: Any) -> None:
     """Define the op's schema on its name's operator (new, or whose schema was just released) and
     send the name's calls to it."""
     ns, name = split_name(op.name)
@@ -277,7 +276,7 @@ def _has_schema(qualname: str) -> bool:
         return False
 
 
-def unregister(qualname: str, only: "KernelOp | None" = None) -> "KernelOp | None":
+def unregister(qualname: str, only: Any = None) -> Any:
     """Forget an op; returns it (None if the name was free, or held by another op than ``only``
     when given). The name stays in torch.ops (code may hold its operator; freeing it would crash
     that code's next call), and its calls raise RegistrationError until an op of that name is

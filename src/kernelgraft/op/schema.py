@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from . import admit as _admit
+from .. import admit as _admit
 from ..errors import InputError, SpecError, describe
 
 __all__ = ["Param", "Signature", "parse_signature"]
@@ -69,7 +69,7 @@ class Signature:
 
     def check_types(self, op_name: str, args: Sequence[Any]) -> None:
         """Every argument is of its parameter's kind, and every tensor is one a kernel may read,
-        or will once resolved (``kernelgraft.op.admit``): an ``InputError`` naming the argument."""
+        or will once resolved (``kernelgraft.admit``): an ``InputError`` naming the argument."""
         for param, value in zip(self.params, args):
             if not _matches(param, value):
                 raise InputError(

@@ -11,7 +11,7 @@ from typing import Any
 
 from .candidates import Candidate
 
-__all__ = ["choose", "set_chooser", "epoch", "bump_epoch", "provisional", "take_provisional", "pinned"]
+__all__ = ["choose", "set_chooser", "forget", "epoch", "bump_epoch", "provisional", "take_provisional", "pinned"]
 
 Chooser = Callable[[Any, Sequence[Candidate], tuple], Candidate]
 
@@ -91,3 +91,11 @@ def epoch() -> int:
 
 def bump_epoch() -> None:
     _epoch[0] += 1
+
+
+def forget(fingerprint: str) -> None:
+    """An op left its name (replaced or unregistered): the chooser drops what it remembers of it
+    (the tuner's in-memory decisions; its disk cache keeps them for when the same op comes back)."""
+    drop = getattr(_chooser, "forget", None)
+    if drop is not None:
+        drop(fingerprint)

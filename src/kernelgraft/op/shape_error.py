@@ -4,12 +4,10 @@ output shapes for the arguments, the same in eager planning and in ``torch.compi
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import InputError, describe
 
-if TYPE_CHECKING:
-    from .operator import KernelOp
 
 __all__ = ["named", "shape_error"]
 
@@ -23,12 +21,12 @@ def _is_shape_error(exc: Exception) -> bool:
                                       "size mismatch", "does not match the shape", "Expected size"))
 
 
-def named(op: "KernelOp", args: Sequence[Any]) -> str:
+def named(op: Any, args: Sequence[Any]) -> str:
     """The arguments by parameter name (``x=Tensor(shape=(3,), ...), eps=float 1e-06``)."""
     return ", ".join(f"{p.name}={describe(a)}" for p, a in zip(op.signature.params, args))
 
 
-def shape_error(op: "KernelOp", args: Sequence[Any], exc: Exception) -> InputError | None:
+def shape_error(op: Any, args: Sequence[Any], exc: Exception) -> InputError | None:
     """The ``InputError`` for a reference (or meta function) that failed on fake tensors because
     the arguments' shapes do not fit together, naming the op and each argument; None for any
     other failure. Raised in eager planning and inside ``torch.compile``'s tracing alike (where

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.fx.operator_schemas import _SCHEMA_TO_SIGNATURE_CACHE
@@ -34,8 +34,6 @@ from torch.fx.operator_schemas import _SCHEMA_TO_SIGNATURE_CACHE
 from ..errors import RegistrationError
 from . import quiesce as _quiesce
 
-if TYPE_CHECKING:
-    from .operator import KernelOp
 
 __all__ = ["Slot", "get", "claim"]
 
@@ -60,8 +58,8 @@ class Slot:
     def __init__(self, qualname: str) -> None:
         self.name = qualname
         self.ns, self.short = qualname.split("::")
-        self.op: "KernelOp | None" = None  # the op calls reach now; None: unregistered
-        self.last: "KernelOp | None" = None  # the op that held the definition last
+        self.op: Any = None  # the op calls reach now; None: unregistered
+        self.last: Any = None  # the op that held the definition last
         self.schema: str | None = None  # the schema defined now (KernelOp.signature.schema)
         self.definition: torch.library.Library | None = None
         self.overload: Any = None  # torch.ops.<ns>.<name>.default of the schema defined now
@@ -77,7 +75,7 @@ class Slot:
     def fake(self, *args: Any) -> Any:
         return self._fake(*args)
 
-    def holder(self) -> "KernelOp":
+    def holder(self) -> Any:
         """The op that holds the name now, else the one that held it last (a call that raced an
         unregister is served by the op it was made for)."""
         return self.op if self.op is not None else self.last  # type: ignore[return-value]
@@ -87,7 +85,7 @@ class Slot:
             f"{self.name}: no op holds this name (it was unregistered); declare it again with "
             "kg.op before calling it through torch.ops")
 
-    def serve(self, op: "KernelOp | None") -> None:
+    def serve(self, op: Any) -> None:
         """Send calls to ``op`` from now on (None: they raise RegistrationError)."""
         self.op = op
         if op is None:

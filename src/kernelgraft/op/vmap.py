@@ -10,14 +10,12 @@ with the op (``FuncTorchBatched``), so it costs nothing outside vmap.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from ..errors import UnsupportedError
 
-if TYPE_CHECKING:
-    from .operator import KernelOp
 
 __all__ = ["install"]
 
@@ -36,7 +34,7 @@ def _select(value: Any, dim: Any, b: int) -> Any:
     return value.select(dim, b)
 
 
-def install(op: "KernelOp", lib: torch.library.Library, overload: Any) -> None:
+def install(op: Any, lib: torch.library.Library, overload: Any) -> None:
     """Register the op's batching rule in its own library fragment ``lib``."""
     if _helper is None:
         return

@@ -1,11 +1,9 @@
-"""Kernel specs, one small class per backend: frozen, hashable, validated when created."""
+"""What every kernel spec shares: ``Config``, the ``ImplSpec`` base class (frozen, hashable,
+validated when created) and how a spec's code identity is read. Each backend's own spec class lives
+in its folder (``kernelgraft.backends.<name>.spec``)."""
 
-from .base import Config, ImplSpec, TritonImpl, callable_source, normalize_capability, triton
-from ..backends.cuda.spec import CudaImpl, Launch, ctype, cuda
-from ..backends.cute_specs import CuTileImpl, CuteDSLImpl, cutedsl, cutile, kernel_sources
+from .base import Config, ImplSpec, callable_source, normalize_capability, source_of, validate_launch_keywords
+from .sources import inner_function, kernel_sources
 
-__all__ = [
-    "Config", "ImplSpec", "TritonImpl", "callable_source", "normalize_capability", "triton",
-    "CudaImpl", "Launch", "ctype", "cuda", "CuTileImpl", "CuteDSLImpl", "cutedsl", "cutile",
-    "kernel_sources",
-]
+__all__ = ["Config", "ImplSpec", "callable_source", "normalize_capability", "source_of",
+           "validate_launch_keywords", "inner_function", "kernel_sources"]

@@ -16,7 +16,8 @@ from typing import Any
 
 from ..errors import SpecError
 
-__all__ = ["Config", "ImplSpec", "TritonImpl", "normalize_capability", "callable_source"]
+__all__ = ["Config", "ImplSpec", "normalize_capability", "callable_source", "source_of",
+           "validate_launch_keywords"]
 
 _CONFIG_VALUE_TYPES = (int, float, bool, str, type(None))
 
@@ -97,7 +98,7 @@ def callable_source(fn: Callable) -> str:
     an edited ``@triton.jit`` helper is another op. Module globals are left out: a function reads
     them when it runs (an edited one takes effect without a new op), and one derived from the
     machine would give an op another identity on each."""
-    parts = [_source_of(fn)]
+    parts = [source_of(fn)]
     _named_by(fn, parts, {id(fn)})
     return "\n".join(parts)
 
@@ -143,11 +144,11 @@ def _named_by(fn: Callable, parts: list[str], seen: set[int]) -> None:
         inner = getattr(obj, "fn", None)  # triton JITFunction, cute kernels, ...
         if inner is not None and callable(inner) and id(inner) not in seen:
             seen.add(id(inner))
-            parts.append(f"{name}:{_source_of(inner)}")
+            parts.append(f"{name}:{source_of(inner)}")
             _named_by(inner, parts, seen)  # the helpers a kernel calls are its code too
 
 
-def _source_of(fn: Callable) -> str:
+def source_of(fn: Callable) -> str:
     try:
         return inspect.getsource(fn)
     except (OSError, TypeError):  # no source (a REPL, exec of a string): the code, constants and all
@@ -162,7 +163,7 @@ def _code_text(code: Any) -> str:
     return f"{code.co_code.hex()}:{code.co_names}:{consts}"
 
 
-def _validate_launch_keywords(launch: Callable, configs: Sequence[Config], *, where: str) -> None:
+def validate_launch_keywords(launch: Callable, configs: Sequence[Config], *, where: str) -> None:
     try:
         params = inspect.signature(launch).parameters
     except (TypeError, ValueError):
@@ -224,7 +225,7 @@ class ImplSpec:
             raise SpecError(f"{where}: configs has duplicates: {[c.as_dict() for c in frozen]}")
         object.__setattr__(self, "configs", frozen)
         if self.launch is not None:
-            _validate_launch_keywords(self.launch, frozen, where=where)
+            validate_launch_keywords(self.launch, frozen, where=where)
         if self.supports is not None and not callable(self.supports):
             raise SpecError(f"{where}: supports must be callable, got {type(self.supports).__name__}")
         object.__setattr__(
@@ -289,49 +290,10 @@ class ImplSpec:
                 ) from None
         frozen = Config.of(config, where=f"kg.{self.backend}({self.display_name})")
         if self.launch is not None:
-            _validate_launch_keywords(self.launch, (frozen,), where=f"kg.{self.backend}({self.display_name})")
+            validate_launch_keywords(self.launch, (frozen,), where=f"kg.{self.backend}({self.display_name})")
         return frozen
 
     def __repr__(self) -> str:
         return (
             f"kg.{self.backend}({self.display_name}, configs={[c.as_dict() for c in self.configs]})"
         )
-
-
-@dataclasses.dataclass(frozen=True, eq=False, repr=False)
-class TritonImpl(ImplSpec):
-    """A Triton kernel behind a launch function ``launch(*inputs, *outputs, **config)``."""
-
-    backend = "triton"
-
-    def _validate(self) -> None:
-        if self.launch is None:
-            raise SpecError("kg.triton: launch is required")
-
-
-def triton(
-    launch: Callable[..., Any],
-    configs: Sequence[Mapping[str, Any]] = ({},),
-    *,
-    supports: Callable[..., bool | str] | None = None,
-    min_capability: Any = None,
-    contiguous: bool | Sequence[str] = True,
-    name: str | None = None,
-) -> TritonImpl:
-    """Describe a Triton kernel: ``launch(*inputs, *outputs, **config)`` issues the launch.
-
-    Examples:
-        >>> import kernelgraft as kg
-        >>> def launch(x, out, *, BLOCK): ...
-        >>> spec = kg.triton(launch, configs=[{"BLOCK": 256}, {"BLOCK": 1024}])
-        >>> [c.as_dict() for c in spec.configs]
-        [{'BLOCK': 256}, {'BLOCK': 1024}]
-    """
-    return TritonImpl(
-        launch=launch,
-        configs=configs,  # type: ignore[arg-type]
-        supports=supports,
-        min_capability=min_capability,
-        contiguous=contiguous,  # type: ignore[arg-type]
-        name=name,
-    )

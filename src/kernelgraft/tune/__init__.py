@@ -25,7 +25,7 @@ from .cache import DiskCache, cache_dir, cache_path
 from .key import TuneKey, build_key, normalize_buckets
 from ..op.modes import MODES, Settings, settings, tune
 from .prune import matmul_heuristics
-from .tuner import TUNER, Decision, Tuner, install
+from .tuner import TUNER, Decision, Tuner
 from .api import clear, decision, pretune, stats
 
 __all__ = [
@@ -43,4 +43,3 @@ class _CallableModule(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _CallableModule
-install()

@@ -42,7 +42,7 @@ from filelock import FileLock, Timeout
 from ..cache import root as _cache
 from ..errors import TuneWarning
 from ..cache.trust import foreign_file, untrusted
-from .key import _KEY_SCHEMA_VERSION
+from .key import KEY_SCHEMA_VERSION
 
 __all__ = ["cache_dir", "cache_path", "DiskCache", "MAX_BYTES", "BadFile", "Foreign", "OtherSchema", "entry_problem",
            "read_json", "set_aside_files"]
@@ -54,7 +54,7 @@ FILE_NAME = "tune.json"
 # when it changes), which at this size costs ~0.3 s of JSON parsing on an idle core (~0.6 s on a
 # busy one, measured); a 32 MiB file already took 1.2-2 s there.
 MAX_BYTES = 16 << 20
-_FORMAT = "kernelgraft-tune-cache"
+FORMAT = "kernelgraft-tune-cache"
 _LOCK_TIMEOUT_S = 60.0
 # A reader that finds a bad file sets it aside only if it gets the lock at once: an op call never
 # waits on another process's write (the next writer sets the file aside under the lock anyway).
@@ -73,7 +73,7 @@ def cache_path() -> Path | None:
 
 
 def _empty() -> dict[str, Any]:
-    return {"format": _FORMAT, "schema": _KEY_SCHEMA_VERSION, "entries": {}}
+    return {"format": FORMAT, "schema": KEY_SCHEMA_VERSION, "entries": {}}
 
 
 def _is_number(value: Any) -> bool:
@@ -177,7 +177,7 @@ def load(path: Path) -> tuple[dict[str, Any], int]:
         data = read_json(path, owner_only=True)
     except FileNotFoundError:
         return {}, 0
-    if not isinstance(data, dict) or data.get("format") != _FORMAT:
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise BadFile("it is not a kernelgraft tuning cache (no 'format': 'kernelgraft-tune-cache')")
     entries = data.get("entries")
     if not isinstance(entries, dict):
@@ -185,12 +185,12 @@ def load(path: Path) -> tuple[dict[str, Any], int]:
     schema = data.get("schema")
     if not isinstance(schema, int) or isinstance(schema, bool):
         raise BadFile(f"'schema' is {schema!r}, not an integer")
-    if schema > _KEY_SCHEMA_VERSION:
+    if schema > KEY_SCHEMA_VERSION:
         raise OtherSchema(f"the tuning cache {path} has key schema {schema}, from a newer version of "
-                          f"kernelgraft (this one uses {_KEY_SCHEMA_VERSION})")
-    if schema != _KEY_SCHEMA_VERSION:
+                          f"kernelgraft (this one uses {KEY_SCHEMA_VERSION})")
+    if schema != KEY_SCHEMA_VERSION:
         log.info("tuning cache %s has key schema %s, from an earlier kernelgraft (this one uses %s); "
-                 "its decisions are ignored and the next write replaces it", path, schema, _KEY_SCHEMA_VERSION)
+                 "its decisions are ignored and the next write replaces it", path, schema, KEY_SCHEMA_VERSION)
         return {}, 0
     good = {k: v for k, v in entries.items() if entry_problem(v) is None}
     return good, len(entries) - len(good)

@@ -474,6 +474,3 @@ class Tuner:
 
 TUNER = Tuner()
 
-
-def install() -> None:
-    _select.set_chooser(TUNER)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ...spec import Launch
+from .spec import Launch
 from ...driver.params import Scalar, kind_of
 from ...symbolic.expr import Unsupported
 from ...symbolic.trace import Context

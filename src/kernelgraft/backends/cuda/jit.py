@@ -10,13 +10,13 @@ from typing import Any
 
 import torch
 
-from ...spec import CudaImpl, Launch
+from .spec import CudaImpl, Launch
 from ...errors import CompileError, LaunchError, describe
 from .nvrtc import compile_cuda
 from ...spec import Config, ImplSpec
 from ...driver import load_module
 from ...driver.params import kind_of, value_of
-from ..base import on_tensor_device, register
+from ..device import on_tensor_device
 
 __all__ = ["CudaBackend", "CudaRunner"]
 
@@ -95,5 +95,3 @@ class CudaBackend:
         # function the tensors' device as the current one (its own torch calls, streams).
         return on_tensor_device(CudaRunner(spec, config))
 
-
-register(CudaBackend())

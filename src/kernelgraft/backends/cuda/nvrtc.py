@@ -1,6 +1,6 @@
 """CUDA C++ to cubin/PTX with NVRTC (through cuda-bindings), cached by a deliberate key.
 
-The key is a sha256 over ``_KEY_SCHEMA_VERSION``, the source, the name expression, the normalised
+The key is a sha256 over ``KEY_SCHEMA_VERSION``, the source, the name expression, the normalised
 options, the target arch, the output kind and the NVRTC version, so a toolchain upgrade or a
 different arch never reuses old code. Works without a GPU (compiling for a named arch).
 """
@@ -21,7 +21,7 @@ from ...errors import CompileError
 __all__ = ["Compiled", "compile_cuda", "nvrtc_version", "include_dirs", "cache_key", "CACHE"]
 
 log = logging.getLogger(__name__)
-_KEY_SCHEMA_VERSION = 1
+KEY_SCHEMA_VERSION = 1
 CACHE = CodeCache("nvrtc")
 
 
@@ -86,7 +86,7 @@ def normalize_options(options: Sequence[str]) -> tuple[str, ...]:
 
 def cache_key(source: str, name: str, options: Sequence[str], arch: str, kind: str) -> str:
     payload = {
-        "v": _KEY_SCHEMA_VERSION,
+        "v": KEY_SCHEMA_VERSION,
         "source": hashlib.sha256(source.encode()).hexdigest(),
         "name": name,
         "options": list(normalize_options(options)),

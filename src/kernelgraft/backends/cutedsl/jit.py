@@ -31,9 +31,10 @@ from typing import Any
 import torch
 
 from ...errors import CompileError, LaunchError, describe
-from ...native import record as _record
 from ...spec import Config, ImplSpec
-from ..base import on_tensor_device, register, tensor_device
+from ...driver import observe
+from ...driver.params import packed_slots
+from ..device import on_tensor_device, tensor_device
 
 __all__ = ["CuteDSLBackend", "compile_key", "compile_for", "stats", "default_arch", "abi_mismatch"]
 
@@ -276,7 +277,7 @@ class _FastCall:
         slots, packed = self._slots()
         for slot, v in zip(slots, values):
             slot.value = v
-        if _record.active() is not None:
+        if observe.active() is not None:
             self._note(values)
         self.capi(packed)
         if self.result is not None and self.result.value != 0:
@@ -285,13 +286,13 @@ class _FastCall:
 
     def _note(self, values: Sequence[Any]) -> None:
         """Describe this call to the native replay's recorder (kernelgraft.native.record)."""
-        fn = _record.address_of(self.capi) if isinstance(self.capi, ctypes._CFuncPtr) else 0
+        fn = observe.address_of(self.capi) if isinstance(self.capi, ctypes._CFuncPtr) else 0
         if not fn or (self.result is not None and not isinstance(self.result, ctypes.c_int32)):
-            _record.note(None, f"the compiled CuTe DSL entry point is a {type(self.capi).__name__}, "
+            observe.note(None, f"the compiled CuTe DSL entry point is a {type(self.capi).__name__}, "
                                f"its result slot a {type(self.result).__name__}")
             return
-        buffer, offsets, pointers = _record.packed_slots(self.kinds, values)
-        _record.note(_record.Record(
+        buffer, offsets, pointers = packed_slots(self.kinds, values)
+        observe.note(observe.Record(
             kind=1, fn=fn, function=0, grid=(1, 1, 1), block=(1, 1, 1), smem=0, buffer=buffer,
             offsets=offsets, pointers=pointers, stream=int(values[-1] or 0), device=self.device,
             tail=tuple(self.tail), stream_offset=offsets[-1],
@@ -397,5 +398,3 @@ def _stream_obj(raw: int) -> Any:
 
     return cu.CUstream(raw)
 
-
-register(CuteDSLBackend())

@@ -44,7 +44,7 @@ import torch
 from ...cache import root as _cache
 from ...errors import CompileError, LaunchError, describe
 from ...spec import Config, ImplSpec
-from ..base import on_tensor_device, register, tensor_device
+from ..device import on_tensor_device, tensor_device
 
 __all__ = [
     "CuTileBackend", "CubinArtifact", "toolchain_reason", "build_cubin", "add_cubin",
@@ -456,35 +456,3 @@ def _driver_entry(image: bytes, sig: Any) -> Callable[[tuple, tuple], None]:
         launcher(dev, grid, block, values)
 
     return run
-
-
-register(CuTileBackend())
-
-
-def build_for_op(op: Any, inputs: Any, out_dir: str | os.PathLike | None = None,
-                 arch: Sequence[str] | None = None) -> list[CubinArtifact]:
-    """Cubins for every cuTile candidate of ``op`` over the argument tuples ``inputs`` (CPU tensors
-    are fine), deduplicated by symbol; written under ``out_dir`` when given. This is the AOT hook
-    bundles use; candidates whose ``supports`` refuses an input are skipped for it."""
-    from ...op.candidates import evaluate_one
-
-    seen: dict[tuple[str, str, str], CubinArtifact] = {}
-    for args in inputs:
-        args = op.signature.bind(op.name, tuple(args), {})
-        outs = [torch.empty(s, dtype=d) for s, d, _ in op.dispatcher.output_specs(args)]
-        tensors = list(op.signature.tensors(args))
-        for index, spec in enumerate(op.impls):
-            if spec.backend != "cutile":
-                continue
-            for config in spec.configs:
-                cand = evaluate_one(index, spec, config, tensors, args)
-                if cand.reason is not None and cand.category not in ("device", "capability"):
-                    continue
-                for target in arch or spec.arch:  # type: ignore[attr-defined]
-                    art = build_cubin(spec, config, (*args, *outs), target)
-                    key = (art.kernel_hash, art.symbol, art.arch)
-                    if key not in seen:
-                        seen[key] = art
-                        if out_dir is not None:
-                            art.write(out_dir)
-    return list(seen.values())

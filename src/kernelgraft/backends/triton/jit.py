@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ...spec import Config, ImplSpec
-from ..base import on_tensor_device, register
+from ..device import on_tensor_device
 
 __all__ = ["TritonBackend", "interpreting", "bind_arguments", "ptx_param_sizes"]
 
@@ -82,5 +82,3 @@ class TritonBackend:
         return on_tensor_device(functools.partial(spec.launch, **config.as_dict()),
                                 cpu_lock=INTERPRETER_LOCK)
 
-
-register(TritonBackend())

@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 
 import kernelgraft as kg
-from kernelgraft.bench import cases
 
 from .._special import nan_inf
 from . import _liger, _quack
@@ -31,11 +30,11 @@ BENCH_SHAPES = {
 }
 
 
-def bench_inputs(device: str = "cuda", suite: str = "short"):
-    return cases(BENCH_SHAPES, suite, lambda rows, cols: (
+def bench_case(rows, cols, device: str = "cuda"):
+    return (
         torch.randn(rows, cols, device=device, dtype=torch.bfloat16),
         torch.randn(rows, cols, device=device, dtype=torch.bfloat16),
-        torch.randn(cols, device=device, dtype=torch.bfloat16), 1e-6))
+        torch.randn(cols, device=device, dtype=torch.bfloat16), 1e-6)
 
 
 @kg.op("kglib::add_rmsnorm", impls=IMPLS, sample_inputs=sample_inputs,

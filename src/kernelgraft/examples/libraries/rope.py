@@ -7,7 +7,6 @@ from __future__ import annotations
 import torch
 
 import kernelgraft as kg
-from kernelgraft.bench import cases
 
 from . import _liger
 
@@ -38,13 +37,11 @@ BENCH_SHAPES = {
 }
 
 
-def bench_inputs(device: str = "cuda", suite: str = "short"):
-    def case(batch, seq, qh, kh, dim):
-        cos, sin = _angles(1, seq, dim, device, torch.bfloat16)
-        return (torch.randn(batch, seq, qh, dim, device=device, dtype=torch.bfloat16),
-                torch.randn(batch, seq, kh, dim, device=device, dtype=torch.bfloat16), cos, sin)
-
-    return cases(BENCH_SHAPES, suite, case)
+def bench_case(batch, seq, qh, kh, dim, device: str = "cuda"):
+    """q and k of (batch, seq, heads, dim) in bf16 with their cos and sin: one shape of ``BENCH_SHAPES``."""
+    cos, sin = _angles(1, seq, dim, device, torch.bfloat16)
+    return (torch.randn(batch, seq, qh, dim, device=device, dtype=torch.bfloat16),
+            torch.randn(batch, seq, kh, dim, device=device, dtype=torch.bfloat16), cos, sin)
 
 
 def _rotate(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

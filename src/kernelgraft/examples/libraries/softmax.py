@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 
 import kernelgraft as kg
-from kernelgraft.bench import cases
 
 from .. import softmax as _own
 from .._special import nan_inf
@@ -33,9 +32,8 @@ BENCH_SHAPES = {
 }
 
 
-def bench_inputs(device: str = "cuda", suite: str = "short"):
-    return cases(BENCH_SHAPES, suite,
-                 lambda rows, cols: (torch.randn(rows, cols, device=device, dtype=torch.bfloat16),))
+def bench_case(rows, cols, device: str = "cuda"):
+    return (torch.randn(rows, cols, device=device, dtype=torch.bfloat16),)
 
 
 @kg.op("kglib::softmax", impls=IMPLS, sample_inputs=sample_inputs,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 
 import kernelgraft as kg
-from kernelgraft.bench import cases
 
 from .. import swiglu as _own
 from .._special import nan_inf
@@ -29,10 +28,10 @@ BENCH_SHAPES = {
 }
 
 
-def bench_inputs(device: str = "cuda", suite: str = "short"):
-    return cases(BENCH_SHAPES, suite, lambda tokens, inter: (
+def bench_case(tokens, inter, device: str = "cuda"):
+    return (
         torch.randn(tokens, inter, device=device, dtype=torch.bfloat16) * 3,
-        torch.randn(tokens, inter, device=device, dtype=torch.bfloat16)))
+        torch.randn(tokens, inter, device=device, dtype=torch.bfloat16))
 
 
 @kg.op("kglib::swiglu", impls=IMPLS, sample_inputs=sample_inputs,

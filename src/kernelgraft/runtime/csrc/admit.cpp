@@ -14,7 +14,7 @@ const c10::DispatchKeySet kUnusual = c10::DispatchKeySet({
     c10::DispatchKey::Negative, c10::DispatchKey::Conjugate, c10::DispatchKey::ZeroTensor,
 });
 
-// What makes `t` unreadable by any kernel, or "" (the words of kernelgraft/op/admit.py).
+// What makes `t` unreadable by any kernel, or "" (the words of kernelgraft/admit.py).
 std::string refusal(const at::Tensor& t) {
   switch (t.layout()) {
     case c10::kStrided: break;

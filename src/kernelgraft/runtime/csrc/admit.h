@@ -1,4 +1,4 @@
-// Which tensors may reach a bundle's kernel: the admission rule of kernelgraft/op/admit.py, applied
+// Which tensors may reach a bundle's kernel: the admission rule of kernelgraft/admit.py, applied
 // by the runtime's ops. A kernel reads a tensor through its data pointer, dtype, sizes and
 // strides, so only a dense strided tensor whose values are its memory is served:
 // - sparse (COO, CSR, CSC, BSR, BSC), mkldnn, quantized and nested tensors are refused;

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from ..errors import InputError, describe
+from .errors import InputError, describe
 
 __all__ = ["refusal", "deferred", "check", "resolve", "dispatcher_kernels"]
 
