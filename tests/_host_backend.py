@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from kernelgraft.driver import observe
+from kernelgraft.driver.params import packed_slots
 from kernelgraft.native import record as _record
 from kernelgraft.spec import Config, ImplSpec
 from kernelgraft.backends import register
@@ -38,13 +40,13 @@ class _Runner:
         values = [v.data_ptr() if isinstance(v, torch.Tensor) else v
                   for v in self.spec.launch(*tensors, **self.kwargs)]
         kinds = list(self.spec.kinds) + [ctypes.c_void_p]  # the stream slot, as CuTe DSL's
-        buffer, offsets, pointers = _record.packed_slots(kinds, values + [0])
+        buffer, offsets, pointers = packed_slots(kinds, values + [0])
         storage = ctypes.create_string_buffer(buffer, len(buffer))
         base = ctypes.addressof(storage)
         packed = (ctypes.c_void_p * len(offsets))(*(base + o for o in offsets))
-        fn = _record.address_of(self.spec.fn)
-        if _record.active() is not None:
-            _record.note(_record.Record(
+        fn = observe.address_of(self.spec.fn)
+        if observe.active() is not None:
+            observe.note(observe.Record(
                 kind=1, fn=fn, function=0, grid=(1, 1, 1), block=(1, 1, 1), smem=0, buffer=buffer,
                 offsets=offsets, pointers=pointers, stream=0, device=-1, stream_offset=offsets[-1],
                 owner=self.spec.fn))

@@ -198,7 +198,7 @@ import json, sys, warnings
 warnings.simplefilter("ignore")
 import torch
 sys.path.insert(0, sys.argv[1])
-from kernelgraft import _native
+from kernelgraft import native as _native
 from test_admission import double_op
 
 assert _native.load() is not None, _native.reason()

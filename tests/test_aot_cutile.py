@@ -104,7 +104,7 @@ def test_the_cpp_runtime_plans_cutile_calls_as_python_launches_them(cutile_only,
 
 _EXPORT = """
 import sys, torch
-from kernelgraft.backends import _cutile
+from kernelgraft.backends.cutile import jit as _cutile
 from kernelgraft.examples._cute_kernels import CUTILE_IMPLS
 
 spec = CUTILE_IMPLS["add_relu"]

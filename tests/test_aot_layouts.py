@@ -164,7 +164,7 @@ import json, sys
 sys.modules["triton"] = None  # as if triton were not installed: the ops are rebuilt from the manifest
 import torch
 import kernelgraft as kg
-from kernelgraft.driver import _module
+from kernelgraft.driver import module as _module
 
 calls = []
 def fake(self, device_index, grid, block, values, shared_mem=0, stream=None):

@@ -325,8 +325,8 @@ def test_a_bundle_cannot_give_binaries_to_an_op_whose_impl_code_differs(signed, 
 _CHILD = r"""
 import json, sys, warnings
 import kernelgraft as kg
-from kernelgraft.op import _registry
-from kernelgraft.aot import _manifest
+from kernelgraft.op import registry as _registry
+from kernelgraft.aot import manifest as _manifest
 path, renamed = sys.argv[1], sys.argv[2]
 out = {}
 with warnings.catch_warnings(record=True) as caught:

@@ -218,7 +218,7 @@ def test_loader_reads_versions_1_to_3(bundle, tmp_path):
     ("points", 96, [65, 96]), ("points", 64, [1, 64]), ("exact", 37, [37, 37]),
 ], ids=lambda v: str(v))
 def test_bucket_ranges(rule, bucket, want):
-    from kernelgraft.tune.key import _boundaries, _exact, _pow2
+    from kernelgraft.op.buckets import _boundaries, _exact, _pow2
 
     fn = {"pow2": _pow2, "points": _boundaries([64, 96, 128]), "exact": _exact}[rule]
     assert _range(fn, bucket) == want

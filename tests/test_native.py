@@ -14,6 +14,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import kernelgraft as kg
 from kernelgraft import native as _native
+from kernelgraft.driver import observe
+from kernelgraft.driver.params import packed_slots
 from kernelgraft.native import record as _record
 from _graphs import check_graph_replay
 
@@ -55,10 +57,10 @@ class HostKernel:
 
     def record(self, a, b, out, n, scale, *, result=True) -> _record._Recorder:
         kinds = [ctypes.c_void_p] * 3 + [ctypes.c_int32, ctypes.c_float, ctypes.c_void_p]
-        buf, offsets, pointers = _record.packed_slots(kinds, [a, b, out, n, scale, 0])
+        buf, offsets, pointers = packed_slots(kinds, [a, b, out, n, scale, 0])
         recorder = _record._Recorder()
-        recorder.launches.append(_record.Record(
-            kind=1, fn=_record.address_of(self.fn), function=0, grid=(1, 1, 1), block=(1, 1, 1),
+        recorder.launches.append(observe.Record(
+            kind=1, fn=observe.address_of(self.fn), function=0, grid=(1, 1, 1), block=(1, 1, 1),
             smem=0, buffer=buf, offsets=offsets, pointers=pointers, stream=0, device=-1,
             stream_offset=offsets[-1], result=ctypes.addressof(self.result) if result else 0,
             owner=self))
@@ -182,9 +184,9 @@ def test_recording_refuses_what_it_cannot_replay(native):
     two.launches *= 2
     assert "2 recorded launches" in _record.replay_for(native, (x, y, 2.0), (out,), 1, two, PLAIN)
     with _record.recording() as rec:
-        _record.note(None, "no ctypes here")
+        observe.note(None, "no ctypes here")
     assert _record.replay_for(native, (x, y, 2.0), (out,), 1, rec, PLAIN) == "no ctypes here"
-    assert _record.active() is None
+    assert observe.active() is None
 
 
 def test_recording_refuses_arguments_a_kernel_may_not_read_as_stored(native):
@@ -202,7 +204,7 @@ def test_recording_refuses_arguments_a_kernel_may_not_read_as_stored(native):
 def test_bad_specs_are_refused(native):
     kernel = HostKernel()
     good = dict(tensor_types=PLAIN, args=(("v", 1),), outs=(), out_kind=0, launch_kind=1,
-                fn=_record.address_of(kernel.fn), function=0, grid=(1, 1, 1), block=(1, 1, 1), smem=0,
+                fn=observe.address_of(kernel.fn), function=0, grid=(1, 1, 1), block=(1, 1, 1), smem=0,
                 buffer=bytes(48), offsets=(0,), tail=(), patches=(), stream_offset=-1, result=0,
                 stream_device=(0, -1))
     native.Replay(**good)
@@ -367,7 +369,7 @@ def test_a_build_killed_midway_leaves_no_stale_lock(tmp_path):
     if not _has_compiler():
         pytest.skip("no C++ compiler on this machine")
     env = {**os.environ, "KERNELGRAFT_CACHE_DIR": str(tmp_path)}
-    where = subprocess.run([sys.executable, "-c", "from kernelgraft import _native; print(_native.directory())"],
+    where = subprocess.run([sys.executable, "-c", "from kernelgraft import native as _native; print(_native.directory())"],
                            env=env, capture_output=True, text=True, timeout=120)
     directory = Path(where.stdout.strip())
     child = subprocess.Popen([sys.executable, _build.__file__, str(directory), str(_native._SOURCE)], env=env)
@@ -378,7 +380,7 @@ def test_a_build_killed_midway_leaves_no_stale_lock(tmp_path):
     child.kill()
     child.wait()
     assert not (directory / "record.json").exists()
-    code = "from kernelgraft import _native; m = _native.load(); print(m is not None, _native.reason())"
+    code = "from kernelgraft import native as _native; m = _native.load(); print(m is not None, _native.reason())"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=400)
     assert done.stdout.split()[:1] == ["True"], done.stdout + done.stderr
     assert isinstance(_build.verified_library(directory), Path)
@@ -710,7 +712,7 @@ _TRITON_PARAMS_CHILD = r"""
 import json, sys, torch, triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from kernelgraft.native import _triton
+from kernelgraft.backends.triton import replay as _triton
 
 @triton.jit
 def scale_kernel(x, y, n, scale, flag, wide, BLOCK: tl.constexpr):

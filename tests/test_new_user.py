@@ -248,7 +248,7 @@ _CHILD = r"""
 import json, sys, warnings
 import torch, torch.nn.functional as F
 import kernelgraft as kg
-from kernelgraft.op import _registry
+from kernelgraft.op import registry as _registry
 
 bundle_dir, order, model_too = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 warnings.simplefilter("error", kg.KernelgraftWarning)  # a clean hand-over says nothing
