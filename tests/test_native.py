@@ -364,7 +364,7 @@ def test_a_build_killed_midway_leaves_no_stale_lock(tmp_path):
     import sys
     import time
 
-    from kernelgraft.native import build as _build
+    from kernelgraft.native import builder as _build
 
     if not _has_compiler():
         pytest.skip("no C++ compiler on this machine")
@@ -828,7 +828,7 @@ def test_the_fd_a_library_was_loaded_from_stays_open_so_the_next_memfd_library_i
     import os
 
     from kernelgraft import runtime
-    from kernelgraft.native import build as _build
+    from kernelgraft.native import builder as _build
     from kernelgraft.aot.native_kernel import open_library
 
     # kernelgraft's own loads keep their fds: the runtime, loaded once per process

@@ -553,7 +553,7 @@ def test_the_runtime_library_exports_no_copy_of_libstdcxx(so):
     import shutil
     import subprocess
 
-    from kernelgraft.native import build as _build
+    from kernelgraft.native import builder as _build
 
     assert "-Wl,--exclude-libs,ALL" in _build.LDFLAGS
     if shutil.which("nm") is None:

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from types import ModuleType
 
-from . import build as _build
+from . import builder as _build
 
 __all__ = ["get", "load", "build", "busy", "reason", "enabled", "directory"]
 

@@ -36,7 +36,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from ..native import build as _build
+from ..native import builder as _build
 
 __all__ = ["SOURCE_DIR", "sources", "directory", "library", "load", "load_bundle"]
 

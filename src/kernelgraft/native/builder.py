@@ -1,11 +1,11 @@
 """Building the native replay's extension, in a child process, and checking what a build left.
 
-Run as a script (``python _build.py DIRECTORY SOURCE [SOURCE ...] [--library NAME]``) by
+Run as a script (``python builder.py DIRECTORY SOURCE [SOURCE ...] [--library NAME]``) by
 ``kernelgraft.native`` (and ``kernelgraft.runtime``, whose ``--library`` build is a plain shared
 library loaded with ``torch.ops.load_library`` rather than a Python module): compiling
 takes 10-15 s of CPU and torch's C++ extension tooling, and neither belongs in the user's process,
 whose first seconds may be timed. The script imports nothing of kernelgraft (it loads
-``_trust.py`` by its path), so the child imports only torch, filelock and those two files.
+``cache/trust.py`` by its path), so the child imports only torch, filelock and those two files.
 
 A finished build is two files in DIRECTORY: ``<name>-<sha256 prefix>.so`` and
 ``record.json`` naming it with its full sha256, written last and atomically (a temporary file and
@@ -31,7 +31,7 @@ try:
 except ImportError:  # run as a script, by a child that imports nothing of kernelgraft: the one copy, by path
     import importlib.util as _util
 
-    _spec = _util.spec_from_file_location("kernelgraft_trust", Path(__file__).resolve().parents[1] / "_trust.py")
+    _spec = _util.spec_from_file_location("kernelgraft_trust", Path(__file__).resolve().parents[1] / "cache" / "trust.py")
     _trust = _util.module_from_spec(_spec)
     _spec.loader.exec_module(_trust)
     untrusted, _owned_privately = _trust.untrusted, _trust.owned_privately
