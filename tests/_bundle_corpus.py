@@ -9,7 +9,8 @@ returns per case ``(verdict, message, seconds)``. ``tests/test_bundle_verdicts.p
 verdicts; ``benchmarks/bench_bundle_verdicts.py`` prints the times.
 
 Edits change an expression's text and program together (``set_expr``) and re-derive the op's output
-rules (``resum``): what someone who recomputes every unkeyed sum does."""
+rules from the kernels' programs (``resum``, with ``_program.meta_rules``, which both loaders hold the
+manifest's rules equal to): what someone who recomputes every unkeyed sum does."""
 
 from __future__ import annotations
 
@@ -55,7 +56,8 @@ def real_bundle(base: Path) -> Path:
 # --- editing helpers ---------------------------------------------------------------------------
 
 def resum(root: Path, m: dict) -> None:
-    """Re-derive every op's output rules and write the manifest with a fresh checksum."""
+    """Re-derive every op's output rules (from its kernels' programs) and write the manifest with a
+    fresh checksum."""
     for op in m["ops"]:
         if "meta" in op:
             op["meta"] = meta_rules(op["candidates"])
@@ -75,10 +77,11 @@ def first(m: dict, backend: str = "triton") -> tuple[dict, dict]:
 
 
 def set_expr(op: dict, k: dict, field: str, text, index: int | None = None) -> None:
-    """Set an expression's text and its program together."""
+    """Set an expression's text and its program together (guards: the list of texts, each with its
+    own program)."""
     if field == "guards":
         k["guards"] = list(text)
-        k["program"]["guard"] = compile_rpn(" and ".join(text) or "True", names(op))
+        k["program"]["guards"] = [compile_rpn(g, names(op)) for g in text]
     elif field == "grid":
         k["grid"][index] = text
         k["program"]["grid"][index] = compile_rpn(text, names(op))
@@ -92,6 +95,16 @@ def _edit(fn: Callable[[dict], None]):
     def edit(root: Path, m: dict) -> None:
         fn(m)
         resum(root, m)
+
+    return edit
+
+
+def _stale(fn: Callable[[dict], None]):
+    """A case that edits the parsed manifest and writes it with a fresh checksum, its output rules
+    as they were (not derived again)."""
+    def edit(root: Path, m: dict) -> None:
+        fn(m)
+        _manifest.write(root, m)
 
     return edit
 
@@ -279,6 +292,46 @@ def _distinct_guards(m: dict) -> None:
     first(m)[1]["guards"] = [f"(x.shape[0] >= {-i})" + " and (x.shape[0] >= 0)" * 90 for i in range(140)]
 
 
+def _add_stride_guard(m: dict) -> None:
+    op, k = first(m)
+    set_expr(op, k, "guards", k["guards"] + ["(x.stride(0) == 1)"])
+
+
+def _stride_guard_in_meta(root: Path, m: dict) -> None:
+    """A kernel guards a stride (its rule leaves it out); the rule is written with it anyway: a Meta
+    kernel would then give no shapes for the layouts the rule covers."""
+    _add_stride_guard(m)
+    resum(root, m)
+    op, k = first(m)
+    sizes_only = [g for g in k["program"]["guards"] if not any(t[0] == "stride" for t in g)]
+    rule = next(r for r in op["meta"] if r["guards"] == sizes_only and r["dtypes"] == k["dtypes"]
+                and r["ranks"] == k["ranks"] and r["shapes"] == k["program"]["outputs"])
+    rule["guards"].append(k["program"]["guards"][-1])
+    _manifest.write(root, m)
+
+
+def _guard_program_edited(root: Path, m: dict) -> None:
+    """A size guard edited (its text and program) after the rules were derived: the rules no longer
+    follow from the kernels' programs."""
+    op, k = first(m)
+    at = next(i for i, g in enumerate(k["guards"]) if "stride" not in g)
+    set_expr(op, k, "guards", k["guards"][:at] + ["(x.shape[0] >= 12345)"] + k["guards"][at + 1:])
+    _manifest.write(root, m)
+
+
+def _drop_a_rule_guard(m: dict) -> None:
+    max(m["ops"][0]["meta"], key=lambda r: len(r["guards"]))["guards"].pop()
+
+
+def _or_guard(m: dict) -> None:
+    """Every add_relu kernel gains a guard whose top level is an ``or``, and a second guard: each
+    compiles alone, so the kernel's guard is (a or b) and c, never a or (b and c)."""
+    op = m["ops"][0]
+    for c in op["candidates"]:
+        for k in c["kernels"]:
+            set_expr(op, k, "guards", k["guards"] + ["x.shape[0] < 4 or x.shape[0] > 8", "x.shape[0] % 2 == 0"])
+
+
 def _meta_stale(root: Path, m: dict) -> None:
     """A manifest whose output rules were not re-derived after a kernel changed."""
     op, k = first(m)
@@ -362,7 +415,7 @@ CASES: dict[str, tuple] = {
     "config-nested": (_edit(lambda m: m["ops"][0]["candidates"][0].update(config={"BLOCK": {"a": 1}})),
                       "config.BLOCK"),
     "pointer-source-and-null": (_edit(lambda m: first(m)[1]["params"][0].update(null=True)), "params[0]"),
-    "pinned-in-version-2": (_edit(lambda m: first(m)[1].update(pinned={})), "pinned"),
+    "pinned-not-a-str-param": (_edit(lambda m: first(m)[1].update(pinned={"x": "a"})), "pinned"),
     "library-without-runtime": (_edit(lambda m: first(m, "cutedsl")[1]["images"].pop("runtime")), "images"),
     "image-bytes-negative": (_edit(lambda m: first(m)[1]["images"]["cubin"].update(bytes=-1)), "cubin.bytes"),
     "label-too-long": (_edit(lambda m: m["ops"][0]["candidates"][0].update(label="x" * 5000)), "label"),
@@ -401,6 +454,23 @@ CASES: dict[str, tuple] = {
     "signed-signature-names-outside": (_signature_escape, "not a hmac-sha256 bundle signature", KEY),
     "signed-schema-injection-still-refused": (_sign_with(_add_param(_param("z"), None)), "ops[0].schema", KEY),
     "meta-stale": (_meta_stale, "ops[0].meta"),
+    # guards: one program per text, the rules' guards those of them that read no stride
+    "guard-or-and-another": (_edit(_or_guard), LOADED),
+    "guard-reads-a-stride": (_edit(_add_stride_guard), LOADED),
+    "guard-program-edited-rules-stale": (_guard_program_edited, "ops[0].meta"),
+    "guard-program-malformed": (_edit(lambda m: first(m)[1]["program"]["guards"][0].append(["int", "1"])),
+                                "program.guards[0]"),
+    "guard-program-stride-out-of-range": (_edit(lambda m: first(m)[1]["program"]["guards"].__setitem__(
+        0, [["stride", 9, 0], ["int", "1"], ["op", "=="]])), "program.guards[0]"),
+    "guard-programs-fewer-than-texts": (_edit(lambda m: first(m)[1]["program"]["guards"].pop()),
+                                        "program.guards"),
+    "guard-programs-more-than-texts": (_edit(lambda m: first(m)[1]["program"]["guards"].append([["int", "1"]])),
+                                       "program.guards"),
+    "guard-program-joined-as-before": (_stale(lambda m: first(m)[1]["program"].update(
+        guard=first(m)[1]["program"].pop("guards")[0])), "lacks 'guards'"),
+    "meta-holds-a-stride-guard": (_stride_guard_in_meta, "ops[0].meta"),
+    "meta-rule-guard-dropped": (_stale(_drop_a_rule_guard), "ops[0].meta"),
+    "version-unknown": (_edit(lambda m: m.update(version=5)), "manifest version 5"),
 }
 def derive(bundle: Path, out: Path, only: list[str] | None = None) -> list[tuple[str, Path, bytes | None]]:
     """The corpus under ``out``: per case (name, bundle directory, key), each op in a namespace of
