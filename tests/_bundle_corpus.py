@@ -24,11 +24,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kernelgraft.aot import _manifest
-from kernelgraft.aot._program import meta_rules
-from kernelgraft.aot._rpn import compile_rpn
 from kernelgraft.aot._sign import SIGNATURE
 
 from _aot_helpers import EXAMPLES, env
+from _bundle_edits import (add_stride_guard, drop_a_rule_guard, edited as _edit, first, guard_program_edited, kernels,
+                           or_guard, raw as _raw, resum, set_expr, stale as _stale, stride_guard_in_meta)
+
+__all__ = ["CASES", "KEY", "LOADED", "derive", "first", "real_bundle", "resum", "set_expr", "verdicts"]
 
 KEY = b"kernelgraft-test-key-0123456789abcdef"
 LOADED = "loaded"
@@ -51,71 +53,6 @@ def real_bundle(base: Path) -> Path:
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=900)
             assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return out
-
-
-# --- editing helpers ---------------------------------------------------------------------------
-
-def resum(root: Path, m: dict) -> None:
-    """Re-derive every op's output rules (from its kernels' programs) and write the manifest with a
-    fresh checksum."""
-    for op in m["ops"]:
-        if "meta" in op:
-            op["meta"] = meta_rules(op["candidates"])
-    _manifest.write(root, m)
-
-
-def names(op: dict) -> list[str]:
-    return [p["name"] for p in op["params"]]
-
-
-def kernels(m: dict, backend: str = "triton"):
-    return [(op, k) for op in m["ops"] for c in op["candidates"] if c["backend"] == backend for k in c["kernels"]]
-
-
-def first(m: dict, backend: str = "triton") -> tuple[dict, dict]:
-    return kernels(m, backend)[0]
-
-
-def set_expr(op: dict, k: dict, field: str, text, index: int | None = None) -> None:
-    """Set an expression's text and its program together (guards: the list of texts, each with its
-    own program)."""
-    if field == "guards":
-        k["guards"] = list(text)
-        k["program"]["guards"] = [compile_rpn(g, names(op)) for g in text]
-    elif field == "grid":
-        k["grid"][index] = text
-        k["program"]["grid"][index] = compile_rpn(text, names(op))
-    else:
-        k[field] = text
-        k["program"][field] = compile_rpn(text, names(op))
-
-
-def _edit(fn: Callable[[dict], None]):
-    """A case that edits the parsed manifest, then resums it."""
-    def edit(root: Path, m: dict) -> None:
-        fn(m)
-        resum(root, m)
-
-    return edit
-
-
-def _stale(fn: Callable[[dict], None]):
-    """A case that edits the parsed manifest and writes it with a fresh checksum, its output rules
-    as they were (not derived again)."""
-    def edit(root: Path, m: dict) -> None:
-        fn(m)
-        _manifest.write(root, m)
-
-    return edit
-
-
-def _raw(fn: Callable[[str], str]):
-    """A case that edits manifest.json as text (no resum)."""
-    def edit(root: Path, m: dict) -> None:
-        path = root / "manifest.json"
-        path.write_text(fn(path.read_text()))
-
-    return edit
 
 
 def _param(name: str, kind: str = "tensor", default=None, required: bool = True, optional: bool = False,
@@ -292,46 +229,6 @@ def _distinct_guards(m: dict) -> None:
     first(m)[1]["guards"] = [f"(x.shape[0] >= {-i})" + " and (x.shape[0] >= 0)" * 90 for i in range(140)]
 
 
-def _add_stride_guard(m: dict) -> None:
-    op, k = first(m)
-    set_expr(op, k, "guards", k["guards"] + ["(x.stride(0) == 1)"])
-
-
-def _stride_guard_in_meta(root: Path, m: dict) -> None:
-    """A kernel guards a stride (its rule leaves it out); the rule is written with it anyway: a Meta
-    kernel would then give no shapes for the layouts the rule covers."""
-    _add_stride_guard(m)
-    resum(root, m)
-    op, k = first(m)
-    sizes_only = [g for g in k["program"]["guards"] if not any(t[0] == "stride" for t in g)]
-    rule = next(r for r in op["meta"] if r["guards"] == sizes_only and r["dtypes"] == k["dtypes"]
-                and r["ranks"] == k["ranks"] and r["shapes"] == k["program"]["outputs"])
-    rule["guards"].append(k["program"]["guards"][-1])
-    _manifest.write(root, m)
-
-
-def _guard_program_edited(root: Path, m: dict) -> None:
-    """A size guard edited (its text and program) after the rules were derived: the rules no longer
-    follow from the kernels' programs."""
-    op, k = first(m)
-    at = next(i for i, g in enumerate(k["guards"]) if "stride" not in g)
-    set_expr(op, k, "guards", k["guards"][:at] + ["(x.shape[0] >= 12345)"] + k["guards"][at + 1:])
-    _manifest.write(root, m)
-
-
-def _drop_a_rule_guard(m: dict) -> None:
-    max(m["ops"][0]["meta"], key=lambda r: len(r["guards"]))["guards"].pop()
-
-
-def _or_guard(m: dict) -> None:
-    """Every add_relu kernel gains a guard whose top level is an ``or``, and a second guard: each
-    compiles alone, so the kernel's guard is (a or b) and c, never a or (b and c)."""
-    op = m["ops"][0]
-    for c in op["candidates"]:
-        for k in c["kernels"]:
-            set_expr(op, k, "guards", k["guards"] + ["x.shape[0] < 4 or x.shape[0] > 8", "x.shape[0] % 2 == 0"])
-
-
 def _meta_stale(root: Path, m: dict) -> None:
     """A manifest whose output rules were not re-derived after a kernel changed."""
     op, k = first(m)
@@ -455,9 +352,9 @@ CASES: dict[str, tuple] = {
     "signed-schema-injection-still-refused": (_sign_with(_add_param(_param("z"), None)), "ops[0].schema", KEY),
     "meta-stale": (_meta_stale, "ops[0].meta"),
     # guards: one program per text, the rules' guards those of them that read no stride
-    "guard-or-and-another": (_edit(_or_guard), LOADED),
-    "guard-reads-a-stride": (_edit(_add_stride_guard), LOADED),
-    "guard-program-edited-rules-stale": (_guard_program_edited, "ops[0].meta"),
+    "guard-or-and-another": (_edit(or_guard), LOADED),
+    "guard-reads-a-stride": (_edit(add_stride_guard), LOADED),
+    "guard-program-edited-rules-stale": (guard_program_edited, "ops[0].meta"),
     "guard-program-malformed": (_edit(lambda m: first(m)[1]["program"]["guards"][0].append(["int", "1"])),
                                 "program.guards[0]"),
     "guard-program-stride-out-of-range": (_edit(lambda m: first(m)[1]["program"]["guards"].__setitem__(
@@ -468,8 +365,8 @@ CASES: dict[str, tuple] = {
                                        "program.guards"),
     "guard-program-joined-as-before": (_stale(lambda m: first(m)[1]["program"].update(
         guard=first(m)[1]["program"].pop("guards")[0])), "lacks 'guards'"),
-    "meta-holds-a-stride-guard": (_stride_guard_in_meta, "ops[0].meta"),
-    "meta-rule-guard-dropped": (_stale(_drop_a_rule_guard), "ops[0].meta"),
+    "meta-holds-a-stride-guard": (stride_guard_in_meta, "ops[0].meta"),
+    "meta-rule-guard-dropped": (_stale(drop_a_rule_guard), "ops[0].meta"),
     "version-unknown": (_edit(lambda m: m.update(version=5)), "manifest version 5"),
 }
 def derive(bundle: Path, out: Path, only: list[str] | None = None) -> list[tuple[str, Path, bytes | None]]:
