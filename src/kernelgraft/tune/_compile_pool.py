@@ -40,7 +40,7 @@ import torch
 from ._compile_jobs import BACKENDS, Job, NotDescribable, Outcome, Source, Target, describe
 from ._compile_worker import receive, send
 
-__all__ = ["CompilePool", "Summary", "compile_ahead", "jobs_for", "source_of", "workers", "POOL", "MAX_WORKERS", "TOTALS", "run_jobs"]
+__all__ = ["CompilePool", "Summary", "compile_ahead", "jobs_for", "source_of", "workers", "POOL", "MAX_WORKERS", "TOTALS", "run_jobs", "prestart"]
 
 log = logging.getLogger(__name__)
 MAX_WORKERS = 16
@@ -286,6 +286,14 @@ def _say_once(tag: str, message: str, *args: Any) -> None:
     if tag not in _said:
         _said.add(tag)
         log.info(message, *args)
+
+
+def prestart() -> None:
+    """Start the compile workers now, in the background (they take seconds to import torch and
+    Triton): a tool about to tune many keys overlaps that with its own set-up."""
+    size = workers()
+    if size >= 2:
+        POOL.get(size).start()
 
 
 def compile_ahead(op: Any, candidates: Sequence[Any], args: Sequence[Any], device: torch.device) -> Summary | None:
