@@ -122,6 +122,10 @@ def test_worker_count(monkeypatch):
     monkeypatch.delenv("KERNELGRAFT_COMPILE_WORKERS")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
     assert workers() == pool_mod.MAX_WORKERS
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two ranks on this host: half the cores each
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    assert workers() == 7
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     assert workers() == 0  # one worker beside the tuning process gains nothing
     monkeypatch.setenv("KERNELGRAFT_COMPILE_WORKER", "1")

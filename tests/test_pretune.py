@@ -123,7 +123,7 @@ def test_model_sites_from_an_hf_config_and_from_example_inputs():
         want = {_digest(rmsnorm, torch.randn(b, s, 64), w, 1e-6) for b, s in ranges.points()}
         assert len(want) == 5  # batches 1 2 3 4 -> buckets 1 2 4; prefills 16 and 64
         with kg.tune("on", timer=_crc_timer):
-            report = kg.tune.pretune(model, ranges=ranges, config=config, progress=False)
+            report = kg.tune.pretune(model, ranges=ranges, hf_config=config, progress=False)
         assert report.sites == 1 and not report.left_out  # 5 RMSNorm calls per pass, one site
         assert {k.digest for k in report.keys} == want and report.count("tuned") == 5
         ids = torch.randint(0, 256, (2, 12))

@@ -250,4 +250,4 @@ def _model_report(args, modules, ranges, common):
     example = find(args.example) if args.example else None
     if example is None and config is None:
         raise SystemExit("kernelgraft tune: --model needs --hf-config or --example to make its inputs")
-    return kg.tune.pretune(model, ranges=ranges, config=config, example_inputs=example, **common)
+    return kg.tune.pretune(model, ranges=ranges, hf_config=config, example_inputs=example, **common)

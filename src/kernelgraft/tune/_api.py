@@ -23,7 +23,7 @@ __all__ = ["pretune", "decision", "clear", "stats"]
 
 
 def pretune(target: Any = None, *args: Any, ranges: Ranges | None = None, example_inputs: Any = None,
-            config: Any = None, calls: Sequence[tuple[Any, Any]] | None = None,
+            hf_config: Any = None, calls: Sequence[tuple[Any, Any]] | None = None,
             token_dims: dict[str, int] | None = None,
             device: Any = None, force: bool = False, progress: bool = True,
             on_key: Callable[[KeyResult], None] | None = None, **kwargs: Any) -> Decision | Report | None:
@@ -31,11 +31,11 @@ def pretune(target: Any = None, *args: Any, ranges: Ranges | None = None, exampl
 
     - ``pretune(op, *args)``: tune ``op`` for these inputs (mode 'on' for the call) and return the
       decision (None when no candidate supports them); the cache is used unless ``force``.
-    - ``pretune(model, ranges=Ranges(decode=64, prefill=[512, 2048]), config=hf_config)`` or
+    - ``pretune(model, ranges=Ranges(decode=64, prefill=[512, 2048]), hf_config=config)`` or
       ``example_inputs=...``: record the kernelgraft op calls of the (grafted) model at a few
       ``(batch, seq)`` passes (``_record``: the ops answer with their references, nothing
       compiles), find each call site's sizes as functions of the batch and the sequence length,
-      and tune every distinct key of every site over the ranges. ``config``: a Hugging Face
+      and tune every distinct key of every site over the ranges. ``hf_config``: a Hugging Face
       config (its ``vocab_size`` gives token ids); ``example_inputs``: one call of the model
       (``args`` or ``(args, kwargs)``), resized along dimensions 0 (batch) and 1 (sequence) of
       its tensors, or a function ``(batch, seq) -> args or (args, kwargs)``.
@@ -44,13 +44,14 @@ def pretune(target: Any = None, *args: Any, ranges: Ranges | None = None, exampl
     - ``pretune(calls=[(op, args), ...])``: these calls (``args`` a tuple, or a function that makes
       it: one call's tensors alive at a time), e.g. a benchmark suite's shapes.
 
-    Those return a ``Report``. Keys already decided (memory, or tune.json for this device and
+    Those return a ``Report``. In the one-call form, an argument of the op named like an option
+    here (``ranges``, ``device``, ...) is passed positionally. Keys already decided (memory, or tune.json for this device and
     toolchain) are skipped unless ``force``; each decision is written to tune.json when made, so an
     interrupted run resumes. Under torch.distributed (``torchrun``) every rank makes the same call
     and the keys are split across the ranks, then every rank's tune.json gets all the decisions
     (``_shard``). ``device``: where tuning inputs are made (default: CUDA when available).
     """
-    if ranges is None and calls is None and example_inputs is None and config is None and _is_op(target):
+    if ranges is None and calls is None and example_inputs is None and hf_config is None and _is_op(target):
         return _one(target, args, kwargs, force)
     started = time.perf_counter()
     dev = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -67,7 +68,7 @@ def pretune(target: Any = None, *args: Any, ranges: Ranges | None = None, exampl
         if _is_op(target) or (isinstance(target, (list, tuple)) and target and all(_is_op(t) for t in target)):
             found = _op_sites(target, args, kwargs, dev, token_dims)
         else:
-            found = _model_sites(target, example_inputs, config, dev)
+            found = _model_sites(target, example_inputs, hf_config, dev)
         site_list, left_out = found
         sites = len(site_list)
         calls = calls_of_sites(site_list, ranges, dev)
@@ -148,7 +149,7 @@ def _model_sites(model: Any, example_inputs: Any, config: Any, device: torch.dev
         param = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
         make = inputs_from_config(config, param.device if param is not None else device)
     else:
-        raise SpecError("kg.tune.pretune: a model needs example_inputs=... or config=<a Hugging Face config> "
+        raise SpecError("kg.tune.pretune: a model needs example_inputs=... or hf_config=<a Hugging Face config> "
                         "to record its op calls")
     return sites_of_model(model, make)
 

@@ -16,8 +16,8 @@ loses only its own job. Started once, at the first key that needs them, they sta
 The pool is used when the op's tensors are on a GPU, at least two jobs are to be compiled, the
 op is importable by a worker (an op defined at module level; one defined inside a function, or in
 a script run as ``__main__``, compiles serially, said once in the log) and
-``KERNELGRAFT_COMPILE_WORKERS`` is not 0 (default: one worker per CPU core but one, at most 16; a
-machine with fewer than three cores compiles serially). A job that fails compiles again in its gate
+``KERNELGRAFT_COMPILE_WORKERS`` is not 0 (default: one worker per CPU core but one, at most 16, the
+cores shared among the ranks of a host; fewer than two workers compile serially). A job that fails compiles again in its gate
 run, as it would have without the pool: the pool can only save time, never change a decision.
 """
 
@@ -70,7 +70,12 @@ def workers() -> int:
             return max(0, int(text))
         except ValueError:
             log.warning("%s=%r is not a number; using the default", _ENV, text)
-    n = min(MAX_WORKERS, cores - 1)
+    # ranks of one host (torchrun's LOCAL_WORLD_SIZE) share its cores: each gets its part
+    try:
+        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        local = 1
+    n = min(MAX_WORKERS, cores // local - 1)
     return n if n >= 2 else 0
 
 
@@ -188,6 +193,12 @@ class CompilePool:
         env = dict(os.environ)
         env.pop("TRITON_INTERPRET", None)  # workers compile; Triton's interpreter would refuse to
         env[_IN_WORKER] = "1"  # a worker that tunes (an op whose module tunes on import) never nests a pool
+        try:  # the Triton cache this process uses, also when set in code rather than in the environment
+            from triton import knobs
+
+            env["TRITON_CACHE_DIR"] = str(knobs.cache.dir)
+        except Exception:  # an older Triton without knobs reads TRITON_CACHE_DIR as the workers do
+            pass
         paths = [p or os.getcwd() for p in sys.path]  # as multiprocessing's spawn passes sys.path
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
         return env

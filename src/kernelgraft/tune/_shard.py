@@ -49,7 +49,7 @@ def share(costs: Sequence[int], world: int) -> list[list[int]]:
     """Job indices per rank, each in plan order: longest first to the least loaded rank.
 
     >>> share([36, 10, 10, 36, 4], 2)
-    [[0, 2, 4], [1, 3]]
+    [[0, 1, 4], [2, 3]]
     """
     loads = [0] * world
     owned: list[list[int]] = [[] for _ in range(world)]
