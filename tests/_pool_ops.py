@@ -45,3 +45,14 @@ def launch_axpy_cuda(x, y, alpha, out, *, BLOCK):
 ])
 def axpy(x: torch.Tensor, y: torch.Tensor, alpha: float) -> torch.Tensor:
     return alpha * x + y
+
+
+def launch_die(x, out, *, BLOCK):
+    import os
+
+    os._exit(3)  # what a compiler crash does to the process compiling
+
+
+@kg.op("tpool::die", impls=[kg.triton(launch_die, configs=[{"BLOCK": 64}, {"BLOCK": 128}])])
+def die(x: torch.Tensor) -> torch.Tensor:
+    return x.clone()

@@ -55,11 +55,15 @@ def test_pool_compiles_and_the_launching_side_hits_the_caches(tmp_path, monkeypa
     cands = _pool_ops.axpy.candidates(x, y, alpha)
     jobs = jobs_for(_pool_ops.axpy, cands, (x, y, alpha, out), Target(90), source_of(_pool_ops.axpy))
     assert sorted(j.impl for j in jobs) == [0, 0, 1, 1]
+    # a job that kills its worker (a compiler crash) fails alone; the pool replaces the worker
+    dying = jobs_for(_pool_ops.die, _pool_ops.die.candidates(y)[:1], (y, out), Target(90), source_of(_pool_ops.die))
     pool = CompilePool(2)
     try:
-        outcomes = pool.run(jobs)
+        outcomes = pool.run(dying + jobs)
     finally:
         pool.close()
+    assert not outcomes[0].ok and "exited (3)" in outcomes[0].detail
+    outcomes = outcomes[1:]
     assert all(o.ok for o in outcomes), [o.detail for o in outcomes]
 
     # NVRTC: the variants compile again here as the launch would (same source, options, arch):

@@ -26,7 +26,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import pickle
 import queue
+import select
 import subprocess
 import sys
 import threading
@@ -38,7 +40,7 @@ from typing import Any
 import torch
 
 from ._compile_jobs import BACKENDS, Job, NotDescribable, Outcome, Source, Target, describe
-from ._compile_worker import receive, send
+from ._compile_worker import HEADER, send
 
 __all__ = ["CompilePool", "Summary", "compile_ahead", "jobs_for", "source_of", "workers", "POOL", "MAX_WORKERS", "TOTALS", "run_jobs", "prestart"]
 
@@ -46,6 +48,7 @@ log = logging.getLogger(__name__)
 MAX_WORKERS = 16
 IDLE_S = 120.0
 _STARTUP_S = 120.0  # a worker that has not imported torch and triton by then is not coming
+JOB_TIMEOUT_S = 600.0  # one compile; a worker silent for longer is killed (the gate compiles it)
 _ENV = "KERNELGRAFT_COMPILE_WORKERS"
 _IN_WORKER = "KERNELGRAFT_COMPILE_WORKER"
 _said: set[str] = set()
@@ -143,20 +146,46 @@ class _Worker:
     def __init__(self, env: dict[str, str]) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kernelgraft.tune._compile_worker"], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, bufsize=0)
         self.ready = False
+
+    def _receive(self, timeout_s: float) -> Any:
+        """The next answer, read unbuffered within ``timeout_s`` (a silent worker is killed)."""
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout_s
+
+        def exactly(n: int) -> bytes:
+            out = b""
+            while len(out) < n:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([fd], [], [], left)[0]:
+                    self.proc.kill()
+                    raise TimeoutError(f"no answer in {timeout_s:.0f} s")
+                chunk = os.read(fd, n - len(out))
+                if not chunk:
+                    raise EOFError
+                out += chunk
+            return out
+
+        (size,) = HEADER.unpack(exactly(HEADER.size))
+        return pickle.loads(exactly(size))
 
     def call(self, job: Job) -> Outcome:
         try:
             if not self.ready:
-                if receive(self.proc.stdout) != "ready":
+                if self._receive(_STARTUP_S) != "ready":
                     raise EOFError
                 self.ready = True
             send(self.proc.stdin, job)
-            return receive(self.proc.stdout)
-        except (EOFError, OSError, ValueError) as exc:
-            code = self.proc.poll()
-            return Outcome(False, 0.0, f"the compile worker exited ({code if code is not None else exc})")
+            return self._receive(JOB_TIMEOUT_S)
+        except TimeoutError as exc:
+            return Outcome(False, 0.0, f"the compile worker was stopped: {exc}")
+        except (EOFError, OSError, ValueError, pickle.UnpicklingError) as exc:
+            try:
+                code: Any = self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                code = f"{type(exc).__name__}: {exc}"
+            return Outcome(False, 0.0, f"the compile worker exited ({code})")
 
     @property
     def alive(self) -> bool:

@@ -14,21 +14,24 @@ import struct
 import sys
 from typing import Any, BinaryIO
 
-_HEADER = struct.Struct("<Q")
+HEADER = struct.Struct("<Q")  # the length of each pickled message that follows
 
 
 def send(stream: BinaryIO, value: Any) -> None:
     blob = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(_HEADER.pack(len(blob)) + blob)
+    view = memoryview(HEADER.pack(len(blob)) + blob)
+    while view:  # an unbuffered pipe may take part of a large write
+        written = stream.write(view)
+        view = view[written if written is not None else len(view):]
     stream.flush()
 
 
 def receive(stream: BinaryIO) -> Any:
     """The next message; EOFError when the other side closed the pipe."""
-    head = stream.read(_HEADER.size)
-    if len(head) < _HEADER.size:
+    head = stream.read(HEADER.size)
+    if len(head) < HEADER.size:
         raise EOFError
-    (size,) = _HEADER.unpack(head)
+    (size,) = HEADER.unpack(head)
     blob = stream.read(size)
     if len(blob) < size:
         raise EOFError
