@@ -170,3 +170,30 @@ def test_cli_tune_ahead_lists_the_keys(tmp_path, capsys):
     assert "tpre::scale" in out and "4 keys" in out  # 1, 2, 4 and 64 rows
     report = json.loads((tmp_path / "r.json").read_text())
     assert [k["status"] for k in report["keys"]] == ["not measured"] * 4  # the CPU has no timer
+
+
+@pytest.mark.gpu
+def test_gpu_pretuned_llama_serves_its_shapes_without_tuning():
+    """On the GPU: the Llama's RMSNorm sites tuned ahead over decode and prefill ranges; the
+    model's calls at those shapes then measure nothing."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from kernelgraft.examples.rmsnorm import rmsnorm
+
+    config = transformers.LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
+                                      max_position_embeddings=256)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
+    kg.graft(model, {LlamaRMSNorm: rmsnorm}, verify=False)
+    try:
+        report = kg.tune.pretune(model, ranges=Ranges(decode=4, prefill=[64]), hf_config=config, progress=False)
+        assert report.count("tuned") == 4 and not report.count("failed"), report.keys
+        tuned = kg.tune.stats().get("tuned", 0)
+        with torch.no_grad():
+            for ids in (torch.randint(0, 512, (3, 1), device="cuda"), torch.randint(0, 512, (1, 64), device="cuda")):
+                model(ids, use_cache=False)
+        assert kg.tune.stats().get("tuned", 0) == tuned  # every shape was decided ahead
+    finally:
+        kg.ungraft(model)
