@@ -153,7 +153,7 @@ def main() -> int:
     shutil.rmtree(root, ignore_errors=True)
     path = write_json("bench_compile_pool", report, args.out)
     print(f"\nresults: {path}")
-    ok = not report["triton_compiles_after_pool"] and not report["nvrtc_misses_after_pool"] and not report["pool_failed"]
+    ok = not (report["triton_compiles_after_pool"] or report["nvrtc_misses_after_pool"] or report["pool_failed"])
     rows = [
         ("kernel candidates (jobs)", f"{len(cands)} ({len(jobs)})"),
         ("workers / cores", f"{size} / {os.cpu_count()}"),

@@ -45,11 +45,12 @@ def pretune(target: Any = None, *args: Any, ranges: Ranges | None = None, exampl
       it: one call's tensors alive at a time), e.g. a benchmark suite's shapes.
 
     Those return a ``Report``. In the one-call form, an argument of the op named like an option
-    here (``ranges``, ``device``, ...) is passed positionally. Keys already decided (memory, or tune.json for this device and
-    toolchain) are skipped unless ``force``; each decision is written to tune.json when made, so an
-    interrupted run resumes. Under torch.distributed (``torchrun``) every rank makes the same call
-    and the keys are split across the ranks, then every rank's tune.json gets all the decisions
-    (``_shard``). ``device``: where tuning inputs are made (default: CUDA when available).
+    here (``ranges``, ``device``, ...) is passed positionally. Keys already decided (memory, or
+    tune.json for this device and toolchain) are skipped unless ``force``; each decision is
+    written to tune.json when made, so an interrupted run resumes. Under torch.distributed
+    (``torchrun``) every rank makes the same call and the keys are split across the ranks, then
+    every rank's tune.json gets all the decisions (``_shard``). ``device``: where tuning inputs
+    are made (default: CUDA when available).
     """
     if ranges is None and calls is None and example_inputs is None and hf_config is None and _is_op(target):
         return _one(target, args, kwargs, force)

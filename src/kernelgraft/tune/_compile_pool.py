@@ -16,9 +16,10 @@ loses only its own job. Started once, at the first key that needs them, they sta
 The pool is used when the op's tensors are on a GPU, at least two jobs are to be compiled, the
 op is importable by a worker (an op defined at module level; one defined inside a function, or in
 a script run as ``__main__``, compiles serially, said once in the log) and
-``KERNELGRAFT_COMPILE_WORKERS`` is not 0 (default: one worker per CPU core but one, at most 16, the
-cores shared among the ranks of a host; fewer than two workers compile serially). A job that fails compiles again in its gate
-run, as it would have without the pool: the pool can only save time, never change a decision.
+``KERNELGRAFT_COMPILE_WORKERS`` is not 0 (default: one worker per CPU core but one, at most 16,
+the cores shared among the ranks of a host; fewer than two workers compile serially). A job that
+fails compiles again in its gate run, as it would have without the pool: the pool can only save
+time, never change a decision.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ import torch
 from ._compile_jobs import BACKENDS, Job, NotDescribable, Outcome, Source, Target, describe
 from ._compile_worker import HEADER, send
 
-__all__ = ["CompilePool", "Summary", "compile_ahead", "jobs_for", "source_of", "workers", "POOL", "MAX_WORKERS", "TOTALS", "run_jobs", "prestart"]
+__all__ = ["CompilePool", "Summary", "compile_ahead", "jobs_for", "source_of", "workers", "prestart", "run_jobs",
+           "POOL", "MAX_WORKERS", "TOTALS"]
 
 log = logging.getLogger(__name__)
 MAX_WORKERS = 16

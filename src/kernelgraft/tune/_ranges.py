@@ -201,11 +201,13 @@ def fit_site(op: Any, calls: Sequence[Sequence[tuple]], points: Sequence[tuple[i
         for d in range(len(shape)):
             f = _fit([s[2][d] for s in seen], points)
             if f is None:
-                return f"dimension {d} of argument {i} ({[s[2][d] for s in seen]}) follows neither the batch nor the sequence length"
+                return (f"dimension {d} of argument {i} ({[s[2][d] for s in seen]}) follows neither the batch "
+                        "nor the sequence length")
             sizes.append(f)
             f = _fit([s[3][d] for s in seen], points)
             if f is None:
-                return f"stride {d} of argument {i} ({[s[3][d] for s in seen]}) follows neither the batch nor the sequence length"
+                return (f"stride {d} of argument {i} ({[s[3][d] for s in seen]}) follows neither the batch "
+                        "nor the sequence length")
             strides.append(f)
         args.append(Arg("tensor", dtype, tuple(sizes), tuple(strides), offset))
         samples.append(sample)
