@@ -190,22 +190,27 @@ def compile_only_triton(target: Target) -> Iterator[None]:
     from triton.runtime.jit import JITFunction, KernelInterface
 
     original = KernelInterface.__getitem__
+    only = _CompileOnlyDriver(target)
+    used: list[Any] = []
 
     def getitem(kernel: Any, grid: Any) -> Any:
         def warm(*args: Any, **kwargs: Any) -> None:
             if not isinstance(kernel, JITFunction):  # autotune/heuristics wrappers would time configs
                 raise TypeError(f"{type(kernel).__name__} launches are not compiled ahead")
+            used.append(kernel)
             kernel.run(*args, grid=grid, warmup=True, **kwargs)
 
         return warm
 
     previous = getattr(driver, "_active", None)
-    driver.set_active(_CompileOnlyDriver(target))
+    driver.set_active(only)
     KernelInterface.__getitem__ = getitem
     try:
         yield
     finally:
         KernelInterface.__getitem__ = original
+        for kernel in used:  # the compiled code is on disk: a long-lived worker keeps none of it
+            kernel.device_caches.pop(only.device, None)
         if previous is not None:
             driver.set_active(previous)
         else:

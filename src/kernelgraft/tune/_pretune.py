@@ -207,7 +207,7 @@ def run_keys(jobs: Sequence[KeyJob], *, force: bool = False, progress: bool = Tr
                 result = KeyResult(job.op.name, job.label, job.digest, "unsupported", rank=rank)
             else:
                 known = None if force else known_decision(key)
-                if known is not None:
+                if known is not None and known.source != "default":  # a failed tuning is tried again
                     status, decision = "cached", known
                 else:
                     with tune(progress=False, distributed=False):  # the ranks' split is _shard's
