@@ -50,12 +50,13 @@ def _worker(args) -> int:
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        if args.device == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
         dist.init_process_group("gloo")
     from kernelgraft.cli._common import ops_of
 
     ops = [o for name in MODULES for o in ops_of(importlib.import_module(f"kernelgraft.examples.{name}"))]
-    calls = suite_calls(ops, "cuda", "llm")
+    calls = suite_calls(ops, args.device, "llm")
     if args.max_keys:
         calls = calls[: args.max_keys]
     if world > 1:
@@ -63,7 +64,7 @@ def _worker(args) -> int:
     started = time.perf_counter()
     options = {"compete": False} if args.no_compete else {}
     with kg.tune("on", **options):
-        report = kg.tune.pretune(calls=calls, progress=False)
+        report = kg.tune.pretune(calls=calls, device=args.device, progress=False)
     wall = time.perf_counter() - started
     result = {"rank": rank, "world": world, "shapes": len(calls), "wall_s": wall, "report": str(report),
               "keys": [vars(k) for k in report.keys], "entries": DiskCache().entries()}
@@ -86,10 +87,12 @@ def _phase(name: str, args, launcher: list[str]) -> float:
     cache = _fresh(os.path.join(args.state, name))
     env = dict(os.environ)
     env["TRITON_CACHE_DIR"] = _fresh(os.path.join(args.state, name + "-triton"))
-    env.pop("TRITON_INTERPRET", None)
+    if args.device == "cuda":
+        env.pop("TRITON_INTERPRET", None)
     cmd = launcher + [os.path.abspath(__file__), "--worker", "--cache", cache]
     cmd += ["--max-keys", str(args.max_keys)] if args.max_keys else []
     cmd += ["--no-compete"] if args.no_compete else []
+    cmd += ["--device", args.device]
     started = time.perf_counter()
     done = subprocess.run(cmd, env=env)
     took = time.perf_counter() - started
@@ -145,10 +148,11 @@ def _compare(args) -> int:
     path = write_json("bench_pretune_suite", report, args.out)
     s = report["summary"]
     print(f"\nresults: {path}")
-    where = "two GPUs" if gpus >= 2 else "one GPU (ranks share it: split and merge, not speed)"
+    where = ("two GPUs" if gpus >= 2 else "one GPU (ranks share it: split and merge, not speed)" if gpus
+             else "the CPU (a dry run: nothing timed)")
     rows = [
         ("shapes / distinct keys", f"{s['shapes']} / {s['keys']}"),
-        ("1 GPU: wall time (s)", f"{wall1:.1f}"),
+        ("1 process: wall time (s)", f"{wall1:.1f}"),
         (f"2 ranks on {where}: wall time (s)", f"{wall2:.1f}"),
         ("ratio (<= 0.55 on two GPUs)", f"{s['ratio']:.3f}" if s["ratio"] else "-"),
         ("keys tuned per rank", str(per_rank)),
@@ -172,6 +176,7 @@ def main() -> int:
     parser.add_argument("--max-keys", type=int, default=None, help="only the first N shapes (a quick look)")
     parser.add_argument("--no-compete", action="store_true",
                         help="kernels only (by default PyTorch's eager and compiled runs compete, as in ops)")
+    parser.add_argument("--device", default="cuda", help="cpu: a dry run of the orchestration (nothing is timed)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--cache", help=argparse.SUPPRESS)
     args = parser.parse_args()
