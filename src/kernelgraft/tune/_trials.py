@@ -1,13 +1,14 @@
 """Trials: run every candidate once through the correctness gate, then time the ones that pass.
 
-Phases: (1) gate every candidate (compilation happens here: seconds of host work with the GPU
-idle); (2) keep the GPU busy for ``WARM_MS``, then time every candidate back to back; (3) re-time
-the finalists: those scored by GPU time within ``TOGETHER_MARGIN`` of the fastest (at most
-``MAX_TOGETHER``) together, their CUDA graphs replayed in turn, every one at the same clock; that
-timing orders them (on the first pass's scale). Where the timer cannot (no ``timer.together``,
-inputs restored per launch, cold L2, a failed capture), the finalists within ``FINAL_MARGIN`` (at
-most ``MAX_FINALISTS``, torch:compile's host-scored time included) are timed ``FINAL_ROUNDS`` more
-times one after the other, each keeping its fastest median.
+Phases: (0) compile the candidates in parallel, in worker processes (``_compile_pool``; where it
+cannot, they compile one by one in phase 1); (1) gate every candidate (the first launch: a compile
+where phase 0 did not do it); (2) keep the GPU busy for ``WARM_MS``, then time every candidate back
+to back; (3) re-time the finalists: those scored by GPU time within ``TOGETHER_MARGIN`` of the
+fastest (at most ``MAX_TOGETHER``) together, their CUDA graphs replayed in turn, every one at the
+same clock; that timing orders them (on the first pass's scale). Where the timer cannot (no
+``timer.together``, inputs restored per launch, cold L2, a failed capture), the finalists within
+``FINAL_MARGIN`` (at most ``MAX_FINALISTS``, torch:compile's host-scored time included) are timed
+``FINAL_ROUNDS`` more times one after the other, each keeping its fastest median.
 
 Why the warm-up, on every key: without it the candidate timed first won large GEMMs it was 10%
 slower at (most likely it ran on the power headroom an idle GPU builds up, the others at the
@@ -39,6 +40,7 @@ from .. import _verify
 from .._errors import out_of_memory
 from .._op import _compete
 from .._timing import on_device
+from ._compile_pool import compile_ahead
 from ._gate import classify_error, expected, guarded, judge
 from ._timing import CaptureRefused, Trial, cuda_timer
 
@@ -109,6 +111,7 @@ def run_trials(
 
     results: list[Result | Trial] = []
     started = time.perf_counter()
+    compile_ahead(op, candidates, (*own, *outs), device)  # the runners' exact arguments: see _gate
     for n, cand in enumerate(candidates):
         if on_progress is not None:
             on_progress(n, cand)
