@@ -120,6 +120,25 @@ def _expiring(plan: Plan, table: dict[tuple, Plan], key: tuple, until: float,
     return expiring
 
 
+def _pending(plan: Plan, table: dict[tuple, Plan], key: tuple, pending: _select.Pending,
+             replan: Callable[[tuple, tuple], Any]) -> Plan:
+    """``plan`` kept in ``table`` until ``pending`` lands (a decision made off the caller's path):
+    each call reads one flag; the first call after the landing takes it out and plans again,
+    which finds the decision in place. The landing is atomic for the op: the decision is stored
+    before the flag is set, so no call can replan and miss it."""
+
+    def waiting(args: tuple) -> Any:
+        if not pending.landed:
+            return plan(args)
+        if table.get(key) is waiting:
+            table.pop(key, None)
+        return replan(args, key)
+
+    waiting.candidate = getattr(plan, "candidate", None)  # type: ignore[attr-defined]
+    waiting.plan = plan  # type: ignore[attr-defined]  (what plans() shows)
+    return waiting
+
+
 class Dispatcher:
     """Plans, runners, bundles and replays of one op (``op.dispatcher``)."""
 
@@ -199,7 +218,9 @@ class Dispatcher:
         plan = table.get(key)
         if plan is None:
             plan, until = self._make_plan(args, scope, epoch)
-            if until is not None:  # a provisional choice: not kept, or kept until its deadline
+            if isinstance(until, _select.Pending):  # kept until the decision lands
+                plan = _pending(plan, table, key, until, self.execute)
+            elif until is not None:  # a provisional choice: not kept, or kept until its deadline
                 if until <= time.monotonic():
                     return plan(args)
                 plan = _expiring(plan, table, key, until, self.execute)
@@ -296,9 +317,10 @@ class Dispatcher:
                 )
         return tensors
 
-    def _make_plan(self, args: tuple, scope: Any, epoch: int) -> tuple[Plan, float | None]:
-        """The plan for these arguments, and None, or the ``time.monotonic()`` deadline of a
-        provisional choice (see ``_select.provisional``) after which the call plans again."""
+    def _make_plan(self, args: tuple, scope: Any, epoch: int) -> tuple[Plan, Any]:
+        """The plan for these arguments, and None, or the ``time.monotonic()`` deadline (or the
+        ``_select.Pending`` decision) of a provisional choice (see ``_select.provisional``) after
+        which the call plans again."""
         op = self.op
         tensors = self.check(args)
         candidates = evaluate(op.impls, tensors, args)
@@ -308,8 +330,10 @@ class Dispatcher:
             self._accept_dtypes(args, tensors)
             chosen = _select.choose(op, supported, args)
             until = _select.take_provisional()
-            if chosen is None:  # the tuner found no candidate that computes the right result
-                return reference_plan(op), until
+            if chosen is None:  # no candidate computes the right result, or none is verified yet
+                # guarded as a kernel plan would be: a call refused once the decision lands is
+                # refused while it is made, too
+                return guarded(reference_plan(op), self.overlap_guard(args)), until
             log.debug("%s: chose %s%s", op.name, chosen.label, "" if until is None else " (provisional)")
             if _compete.is_torch(chosen):  # PyTorch won this shape: the Python path, no replay
                 return guarded(torch_plan(op, chosen, _compete.bind(op, chosen)), self.overlap_guard(args)), until

@@ -8,6 +8,13 @@ then raises "Offset increment outside graph capture encountered unexpectedly" (s
 after the bench's capture of a call with ``.item()`` failed). A failed attempt inside kernelgraft
 must not break the user's process, so each default generator's state is cloned before the
 capture and put back (``graphsafe_set_state``) when the capture fails.
+
+The capture is begun and ended on the graph itself rather than through ``torch.cuda.graph``, whose
+entry synchronises the device and empties the caching allocator (``cudaFree`` synchronises the
+device too): from a tuning running beside serving threads (off the caller's path) that would stall
+their work and drop their cached memory, and a timing graph needs neither. Captures run on a
+stream of kernelgraft's own (``_streams.private_stream``), never one of torch's pool that other
+code may be capturing on, in ``thread_local`` mode, so they never break a capture on another thread.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from ._gpu_busy import cover
+from ._streams import private_stream
 
 __all__ = ["capture", "capture_calls", "replay_graph"]
 
@@ -32,8 +40,8 @@ def _generators() -> list:
 
 @contextlib.contextmanager
 def capture(graph: "torch.cuda.CUDAGraph", stream: "torch.cuda.Stream") -> Iterator[None]:
-    """``torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local")``, with the
-    default generators restored when the capture fails (the exception still propagates)."""
+    """Capture the block's work on ``stream`` into ``graph`` (``thread_local`` error mode), with
+    the default generators restored when the capture fails (the exception still propagates)."""
     saved = []
     for gen in _generators():
         try:
@@ -41,8 +49,12 @@ def capture(graph: "torch.cuda.CUDAGraph", stream: "torch.cuda.Stream") -> Itera
         except Exception:  # a torch without graph-safe generator states: nothing to restore
             pass
     try:
-        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
-            yield
+        with torch.cuda.stream(stream):
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                yield
+            finally:
+                graph.capture_end()
     except BaseException:
         for gen, state in saved:
             try:
@@ -60,7 +72,7 @@ def capture_calls(graph: "torch.cuda.CUDAGraph", call: Callable[[int], object], 
     is one per process, made on whichever device captured first, so a later capture of ``cuda:1``
     work would switch to device 0 and record nothing (an empty graph times as ~0)."""
     try:
-        stream = torch.cuda.Stream()
+        stream = private_stream(None, "capture")
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             call(0)
