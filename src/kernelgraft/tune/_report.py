@@ -1,7 +1,7 @@
 """A tuning report per op: what was tried for each key, where the time went, why each candidate lost.
 
-Built from the decisions themselves (``ranking``, ``excluded``, ``phases`` and each entry's
-seconds), so it reads the same for a key tuned in this process, on the caller's thread or off it,
+Built from the decisions themselves (``ranking``, ``excluded``, ``phases`` and ``spent``, each
+candidate's seconds by phase), so it reads the same for a key tuned in this process, on the caller's thread or off it,
 and for one read from the disk cache; keys still being tuned are listed as pending.
 """
 
@@ -136,10 +136,12 @@ def key_report(digest: str, decision: Any, margin: float) -> KeyReport:
             outcome = "won"
         else:
             why, outcome = _why_lost(e, best, margin), "lost"
-        tried.append(Tried(_label(e), outcome, why, e.get("ms"), e.get("gate_s"), e.get("measure_s")))
+        spent = decision.spent.get(_label(e), {})
+        tried.append(Tried(_label(e), outcome, why, e.get("ms"), spent.get("gate"), spent.get("measure")))
     for e in excluded:
+        spent = decision.spent.get(_label(e), {})
         tried.append(Tried(_label(e), "excluded", f"{e.get('kind')}: {e.get('reason')}", None,
-                           e.get("gate_s"), e.get("measure_s")))
+                           spent.get("gate"), spent.get("measure")))
     state = decision.source if ranking or excluded or decision.source != "default" else "default"
     return KeyReport(_inputs(decision.key), digest, state, _label(ranking[0]) if ranking else None,
                      float(decision.tune_s or 0.0), dict(decision.phases), tried)

@@ -59,6 +59,7 @@ class Decision:
     offered: int = 0
     provisional: bool = False  # made short of memory: serves this process, never saved
     phases: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds by phase (_phases)
+    spent: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)  # label -> seconds by phase
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -97,6 +98,8 @@ class Decision:
             offered=int(data.get("offered", 0)),
             provisional=data.get("provisional") is True,
             phases=_phases_of(data.get("phases")),
+            spent={str(k): _phases_of(v) for k, v in data["spent"].items()}
+            if isinstance(data.get("spent"), dict) else {},
         )
 
     @property
@@ -139,8 +142,8 @@ def entry_label(e: dict[str, Any]) -> str:
 
 
 def _spent(phases: _phases.Phases, candidate: Any) -> dict[str, float]:
-    """A candidate's seconds in the gate (its compile included) and in timing, where recorded."""
-    return {f"{name}_s": round(s, 6) for name, s in phases.of(candidate).items()}
+    """A candidate's seconds by phase: the gate (its compile included) and timing, where recorded."""
+    return {name: round(s, 4) for name, s in phases.of(candidate).items()}
 
 
 def _parts(r: Result) -> dict[str, float]:
@@ -445,16 +448,15 @@ class Tuner:
             first = min(near, key=lambda r: (find(r.candidate.impl) != "eager", order[id(r)]))
             passed.remove(first)
             passed.insert(0, first)
-        spent = (lambda c: _spent(phases, c)) if phases is not None else (lambda c: {})
         return Decision(
             key=key.as_json(),
-            ranking=[_entry(r.candidate, ms=r.ms, **_parts(r), **spent(r.candidate)) for r in passed],
-            excluded=[_entry(r.candidate, kind=r.kind, reason=r.reason, **spent(r.candidate))
-                      for r in results if r.ms is None],
+            ranking=[_entry(r.candidate, ms=r.ms, **_parts(r)) for r in passed],
+            excluded=[_entry(r.candidate, kind=r.kind, reason=r.reason) for r in results if r.ms is None],
             tune_s=time.perf_counter() - started,
             measured=len(results),
             offered=offered,
             phases=phases.totals() if phases is not None else {},
+            spent={r.candidate.label: _spent(phases, r.candidate) for r in results} if phases is not None else {},
         )
 
     def clear(self, *, disk: bool = False) -> None:
