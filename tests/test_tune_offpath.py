@@ -387,3 +387,36 @@ def test_input_copies_keep_layout_alignment_and_values(make):
             torch.testing.assert_close(c, src)
             if src.numel():
                 assert c.untyped_storage().data_ptr() != src.untyped_storage().data_ptr()
+
+
+def test_the_provisional_reference_refuses_what_the_kernels_refuse():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _add_into(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=m) + tl.load(y_ptr + offs, mask=m), mask=m)
+
+    def launch(x, y, *, BLOCK):
+        _add_into[(triton.cdiv(x.numel(), BLOCK),)](x, y, x.numel(), BLOCK=BLOCK)
+
+    def add_into_(x: torch.Tensor, y: torch.Tensor) -> None:
+        x.add_(y)
+
+    op = kg.op(add_into_, name="toff::into", mutates_args=("x",),
+               impls=[kg.triton(launch, configs=[{"BLOCK": 64}, {"BLOCK": 128}])])
+    x = torch.randn(2000)
+    timer = HeldTimer(ms={64: 2.0, 128: 1.0})
+    with kg.tune("on", timer=timer, blocking=False):
+        try:
+            with pytest.raises(kg.InputError, match="overlaps the memory"):
+                op(x[1:], x[:-1])  # served meanwhile by the reference: refused as a kernel would be
+            y = torch.randn(2000)
+            before = x.clone()
+            op(x, y)
+            torch.testing.assert_close(x, before + y)
+        finally:
+            timer.release.set()
+        assert kg.tune.wait(HOLD_S)

@@ -238,6 +238,9 @@ class Background:
         queue = self._queues[where]
         stream = None
         try:
+            # its start-up (imports, a CUDA context on this thread) waits for a quiet moment too: the
+            # call that queued the first job is still finishing
+            _pace.Pacer(lambda: _pace.others_cpu() > _pace.BUSY_CPU).before()
             if device.type == "cuda":
                 torch.cuda.set_device(device)
                 _relaxed_capture_mode()

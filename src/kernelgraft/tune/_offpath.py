@@ -73,8 +73,13 @@ def _job(tuner: Any, op: Any, candidates: Sequence[Any], key: TuneKey, s: Settin
     settings = dataclasses.replace(s, progress=False, blocking=True)
 
     def run(job: Job) -> None:
-        phases = _phases.Phases(tuner.background.pacer(job))
+        pacer = tuner.background.pacer(job)
+        phases = _phases.Phases(pacer)
         phases.add("queued", (job.started or job.enqueued) - job.enqueued)
+        waited = time.perf_counter()
+        pacer.before()  # the job's start (the device lock, the disk cache) in a quiet window too
+        pacer.after()
+        phases.paused_s += time.perf_counter() - waited
         with phases.recording(), torch.no_grad():
             context.run(tuner._resolve, op, candidates, job.args, key, settings)
         tuner.stats["background_tuned"] += 1
