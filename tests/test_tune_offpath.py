@@ -420,3 +420,17 @@ def test_the_provisional_reference_refuses_what_the_kernels_refuse():
         finally:
             timer.release.set()
         assert kg.tune.wait(HOLD_S)
+
+
+def test_bench_first_call_smoke(tmp_path):
+    from _bench_scripts import bench_script
+
+    with bench_script("bench_first_call") as bench:
+        result = bench.main(["--smoke", "--serve-seconds", "0.2", "--out", str(tmp_path)])
+    rows = {r["case"]: r for r in result["rows"]}
+    assert set(rows) == {"add_relu", "rmsnorm"}
+    for r in rows.values():
+        assert "error" not in r, r
+        assert r["landed"] and r["meanwhile"] == "reference" and r["choice"] == "equal"
+    assert result["serving"]["landed"] and result["serving"]["queued"] == 1
+    assert "serving during tuning" in result["table"] and (tmp_path / "bench_first_call.json").exists()
