@@ -300,6 +300,28 @@ def test_report_says_what_was_tried_where_time_went_and_why_each_lost():
     assert "toff::report: 1 key(s)" in text and "compile+gate" in text and "slower than the winner" in text
 
 
+def test_cli_tune_prints_the_report(tmp_path, capsys):
+    from kernelgraft.cli import main
+
+    op = make_scale("toff::cli")
+    timer = HeldTimer()
+    timer.release.set()
+    with kg.tune("on", timer=timer, blocking=True):
+        op(torch.randn(100))  # on disk now; the command finds it there (the CPU measures nothing)
+    kg.tune.clear()
+    target = tmp_path / "ops.py"
+    target.write_text(
+        "import sys; sys.path.insert(0, %r)\n"
+        "from _tune_ops import make_scale\n"
+        "import torch\n"
+        "op = make_scale('toff::cli')\n"
+        "op.sample_inputs = lambda device='cpu': [(torch.randn(100, device=device),)]\n"
+        % str(Path(__file__).parent))
+    assert main(["tune", str(target)]) == 0
+    out = capsys.readouterr().out
+    assert "toff::cli: 1 key(s)" in out and "won" in out and "slower than the winner" in out
+
+
 # ---------------------------------------------------------------- the parts
 class FakeClock:
     def __init__(self):
@@ -503,3 +525,18 @@ def test_gpu_a_users_global_capture_while_a_tuning_runs(default_blocking):
     d = kg.tune.decision(gemm, a, b)
     assert d is not None and d.ranking  # the tuning it ran beside was not broken either
     assert torch.randn(4, device="cuda").isfinite().all()  # random numbers still work
+
+
+def test_the_workers_own_cpu_time_is_not_counted_as_serving():
+    import time as _time
+
+    tid = threading.get_native_id()
+    before, own = _pace._workers_cpu(), _time.thread_time()
+    _pace.register_worker(tid)
+    try:
+        start, own = _pace._workers_cpu(), _time.thread_time()
+        sum(i * i for i in range(200_000))  # some CPU on this (now a worker's) thread
+        spent, own_spent = _pace._workers_cpu() - start, _time.thread_time() - own
+    finally:
+        _pace.unregister_worker(tid)
+    assert before == 0.0 and abs(spent - own_spent) < 0.005

@@ -233,7 +233,7 @@ class Background:
             worker.start()
 
     def _work(self, where: str) -> None:
-        _pace.register_worker(threading.get_ident())
+        _pace.register_worker(threading.get_native_id())
         device = torch.device(where)
         queue = self._queues[where]
         stream = None
@@ -250,7 +250,7 @@ class Background:
             with self._cond:
                 while queue:
                     self._drop(queue.popleft(), "skipped")
-            _pace.unregister_worker(threading.get_ident())
+            _pace.unregister_worker(threading.get_native_id())
             return
         try:
             while True:
@@ -271,7 +271,7 @@ class Background:
                     with self._cond:
                         self._drop(job, "done")
         finally:
-            _pace.unregister_worker(threading.get_ident())
+            _pace.unregister_worker(threading.get_native_id())
 
     def _run(self, job: Job, stream: Any) -> None:
         if stream is None:

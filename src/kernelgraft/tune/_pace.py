@@ -35,7 +35,7 @@ BURST_S = 0.05  # the most work a busy stretch may bank
 MAX_SLEEP_S = 0.25  # a waiting worker looks again (and at cancellation) at least this often
 MIN_SLEEP_S = 0.001  # and at most this often (a refill that rounds just short must still wait)
 
-# The tuning workers' threads (native ids): their CPU time is the tuning's, not serving's.
+# The tuning workers' threads (kernel thread ids): their CPU time is the tuning's, not serving's.
 _workers: set[int] = set()
 _workers_lock = threading.Lock()
 
@@ -55,25 +55,28 @@ def duty() -> float:
     return value if 0.0 < value <= 1.0 else 0.05
 
 
-def register_worker(ident: int) -> None:
-    """Count thread ``ident`` (``threading.get_ident()``) as the tuning's own."""
+def register_worker(tid: int) -> None:
+    """Count thread ``tid`` (``threading.get_native_id()``) as the tuning's own."""
     with _workers_lock:
-        _workers.add(ident)
+        _workers.add(tid)
 
 
-def unregister_worker(ident: int) -> None:
+def unregister_worker(tid: int) -> None:
     with _workers_lock:
-        _workers.discard(ident)
+        _workers.discard(tid)
 
 
 def _workers_cpu() -> float:
+    """CPU seconds of the worker threads. Each thread's clock is named by its kernel thread id
+    (Linux's ``MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)``), never by a pthread handle, which is
+    undefined once the thread has ended; an ended thread's clock is EINVAL, skipped."""
     total = 0.0
     with _workers_lock:
-        idents = list(_workers)
-    for ident in idents:
+        tids = list(_workers)
+    for tid in tids:
         try:
-            total += time.clock_gettime(time.pthread_getcpuclockid(ident))
-        except (OSError, AttributeError, OverflowError):  # the thread ended, or no per-thread clocks here
+            total += time.clock_gettime(((~tid) << 3) | 6)
+        except (OSError, AttributeError, OverflowError):  # ended, or no such clocks on this system
             continue
     return total
 
