@@ -531,7 +531,6 @@ def test_the_workers_own_cpu_time_is_not_counted_as_serving():
     import time as _time
 
     tid = threading.get_native_id()
-    before, own = _pace._workers_cpu(), _time.thread_time()
     _pace.register_worker(tid)
     try:
         start, own = _pace._workers_cpu(), _time.thread_time()
@@ -539,4 +538,4 @@ def test_the_workers_own_cpu_time_is_not_counted_as_serving():
         spent, own_spent = _pace._workers_cpu() - start, _time.thread_time() - own
     finally:
         _pace.unregister_worker(tid)
-    assert before == 0.0 and abs(spent - own_spent) < 0.005
+    assert abs(spent - own_spent) < 0.005  # (an idle worker of an earlier test adds nothing)
