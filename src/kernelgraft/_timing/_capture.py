@@ -20,17 +20,48 @@ code may be capturing on, in ``thread_local`` mode, so they never break a captur
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import logging
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
 from ._gpu_busy import cover
 from ._streams import private_stream
 
-__all__ = ["capture", "capture_calls", "replay_graph"]
+__all__ = ["capture", "capture_calls", "replay_graph", "exchange_capture_mode", "RELAXED", "THREAD_LOCAL"]
 
 log = logging.getLogger(__name__)
+THREAD_LOCAL, RELAXED = 1, 2  # CUstreamCaptureMode
+
+
+@functools.cache
+def _exchange() -> Any:
+    try:
+        fn = ctypes.CDLL("libcuda.so.1").cuThreadExchangeStreamCaptureMode
+    except (OSError, AttributeError):  # no driver: nothing is captured either
+        return None
+    fn.argtypes = [ctypes.POINTER(ctypes.c_int)]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def exchange_capture_mode(mode: int) -> int | None:
+    """Set this thread's stream-capture mode (``cuThreadExchangeStreamCaptureMode``); the previous
+    one, or None where it could not be set. A tuning worker runs relaxed, so its synchronisations
+    are neither refused nor break a capture another thread makes in the global mode; inside its
+    own captures it is thread-local again, so what a capture refuses is what the user's would."""
+    fn = _exchange()
+    if fn is None:
+        return None
+    value = ctypes.c_int(mode)
+    status = fn(ctypes.byref(value))
+    if status != 0:
+        log.debug("cuThreadExchangeStreamCaptureMode(%d) returned %d", mode, status)
+        return None
+    return value.value
 
 
 def _generators() -> list:
@@ -48,6 +79,7 @@ def capture(graph: "torch.cuda.CUDAGraph", stream: "torch.cuda.Stream") -> Itera
             saved.append((gen, gen.clone_state()))
         except Exception:  # a torch without graph-safe generator states: nothing to restore
             pass
+    outer = exchange_capture_mode(THREAD_LOCAL)
     try:
         with torch.cuda.stream(stream):
             graph.capture_begin(capture_error_mode="thread_local")
@@ -62,6 +94,9 @@ def capture(graph: "torch.cuda.CUDAGraph", stream: "torch.cuda.Stream") -> Itera
             except Exception as exc:  # pragma: no cover - depends on the torch build
                 log.warning("could not restore a CUDA generator after a failed graph capture: %s", exc)
         raise
+    finally:
+        if outer is not None and outer != THREAD_LOCAL:
+            exchange_capture_mode(outer)
 
 
 def capture_calls(graph: "torch.cuda.CUDAGraph", call: Callable[[int], object], count: int) -> str | None:

@@ -35,7 +35,8 @@ stops at its next unit (``_pace.Cancelled``). ``wait()`` waits for every job to 
 job (the tuner checks ``no_tune_reason`` on the caller's thread first). The worker's own captures
 (timing by graph replay) use ``capture_error_mode="thread_local"`` (``kernelgraft._timing._capture``),
 so they never break a capture on another thread; and the worker thread runs in the driver's relaxed
-capture mode, so its synchronisations are not prohibited by (and do not invalidate) a capture
+capture mode (thread-local again inside its own captures, so a capture refuses there what it would
+refuse the user), so its synchronisations are not prohibited by (and do not invalidate) a capture
 another thread makes in the default global mode.
 """
 
@@ -43,7 +44,6 @@ from __future__ import annotations
 
 import atexit
 import collections
-import ctypes
 import dataclasses
 import logging
 import os
@@ -55,6 +55,7 @@ from typing import Any
 import torch
 
 from .._op._select import Pending
+from .._timing._capture import RELAXED, exchange_capture_mode
 from .._timing._streams import private_stream
 from . import _pace
 from ._inputs import clone_args, nbytes
@@ -95,18 +96,6 @@ class Job:
     enqueued: float = dataclasses.field(default_factory=time.perf_counter)
     started: float | None = None
     cancelled: bool = False
-
-
-def _relaxed_capture_mode() -> None:
-    """Put this thread in the driver's relaxed stream-capture mode (see the module docstring)."""
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-        mode = ctypes.c_int(2)  # CU_STREAM_CAPTURE_MODE_RELAXED
-        status = lib.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode))
-        if status != 0:
-            log.debug("cuThreadExchangeStreamCaptureMode returned %d", status)
-    except (OSError, AttributeError) as exc:  # no driver library: no CUDA to capture either
-        log.debug("relaxed capture mode not set: %s", exc)
 
 
 class Background:
@@ -243,7 +232,7 @@ class Background:
             _pace.Pacer(lambda: _pace.others_cpu() > _pace.BUSY_CPU).before()
             if device.type == "cuda":
                 torch.cuda.set_device(device)
-                _relaxed_capture_mode()
+                exchange_capture_mode(RELAXED)  # see the module docstring
                 stream = private_stream(device, "work")
         except Exception:  # no worker on this device: its jobs go, their ops ask again later
             log.exception("the background tuning worker for %s could not start", where)
