@@ -36,6 +36,7 @@ from . import _compete, _select
 from ._candidates import LAYOUT, Candidate, evaluate, evaluate_one
 from ._limits import check_allocatable, quiet_fake_tensor_errors
 from ._plan import Plan, kernel_plan, reference_plan, torch_plan
+from ._provisional import expiring, pending
 
 if TYPE_CHECKING:
     from ._operator import KernelOp
@@ -101,42 +102,6 @@ def guarded(plan: Plan, guard: Callable[[tuple], None] | None) -> Plan:
 
     checked.candidate = plan.candidate  # type: ignore[attr-defined]
     return checked
-
-
-def _expiring(plan: Plan, table: dict[tuple, Plan], key: tuple, until: float,
-              replan: Callable[[tuple, tuple], Any]) -> Plan:
-    """``plan`` kept in ``table`` until ``time.monotonic()`` reaches ``until``; the call that finds
-    it expired takes it out and plans again (asking the tuner again)."""
-
-    def expiring(args: tuple) -> Any:
-        if time.monotonic() < until:
-            return plan(args)
-        if table.get(key) is expiring:
-            table.pop(key, None)
-        return replan(args, key)
-
-    expiring.candidate = getattr(plan, "candidate", None)  # type: ignore[attr-defined]
-    expiring.plan = plan  # type: ignore[attr-defined]  (what plans() shows)
-    return expiring
-
-
-def _pending(plan: Plan, table: dict[tuple, Plan], key: tuple, pending: _select.Pending,
-             replan: Callable[[tuple, tuple], Any]) -> Plan:
-    """``plan`` kept in ``table`` until ``pending`` lands (a decision made off the caller's path):
-    each call reads one flag; the first call after the landing takes it out and plans again,
-    which finds the decision in place. The landing is atomic for the op: the decision is stored
-    before the flag is set, so no call can replan and miss it."""
-
-    def waiting(args: tuple) -> Any:
-        if not pending.landed:
-            return plan(args)
-        if table.get(key) is waiting:
-            table.pop(key, None)
-        return replan(args, key)
-
-    waiting.candidate = getattr(plan, "candidate", None)  # type: ignore[attr-defined]
-    waiting.plan = plan  # type: ignore[attr-defined]  (what plans() shows)
-    return waiting
 
 
 class Dispatcher:
@@ -219,11 +184,11 @@ class Dispatcher:
         if plan is None:
             plan, until = self._make_plan(args, scope, epoch)
             if isinstance(until, _select.Pending):  # kept until the decision lands
-                plan = _pending(plan, table, key, until, self.execute)
+                plan = pending(plan, table, key, until, self.execute)
             elif until is not None:  # a provisional choice: not kept, or kept until its deadline
                 if until <= time.monotonic():
                     return plan(args)
-                plan = _expiring(plan, table, key, until, self.execute)
+                plan = expiring(plan, table, key, until, self.execute)
             if len(table) >= _MAX_PLANS:
                 table.clear()
             table[key] = plan

@@ -6,11 +6,14 @@ stream, a user's side stream) can be the very same CUDA stream. Work queued on i
 wait behind the other's, and a capture begun on it while the other captures would record one's
 launches into the other's graph. The tuner captures and times while other threads serve (off the
 caller's path), so its streams are created through the driver instead (non-blocking, outside the
-pool) and kept per thread and device; where that cannot be done, a pool stream it is.
+pool, in the device's primary context, the one torch uses) and kept per thread and device; where
+that cannot be done, a pool stream it is.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
 import threading
 import weakref
@@ -37,13 +40,38 @@ class _Held(threading.local):
 _held = _Held()
 
 
+@functools.cache
+def _driver() -> Any:
+    lib = ctypes.CDLL("libcuda.so.1")
+    lib.cuStreamCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
+    lib.cuStreamDestroy_v2.argtypes = [ctypes.c_void_p]
+    lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+    lib.cuCtxGetDevice.argtypes = [ctypes.POINTER(ctypes.c_int)]
+    return lib
+
+
 def _destroy(handle: int) -> None:
     try:
-        from ..driver._cu import call
-
-        call("cuStreamDestroy", handle, what="destroying a private stream")
-    except Exception:  # at exit, or the driver gone: nothing to free then
+        _driver().cuStreamDestroy_v2(ctypes.c_void_p(handle))
+    except Exception:  # the driver gone: nothing to free then
         pass
+
+
+def _create(index: int) -> int:
+    """A non-blocking stream in the current context, which must be ``index``'s primary one."""
+    lib = _driver()
+    with torch.cuda.device(index):
+        torch.cuda.current_stream(index).query()  # a runtime call: its context is current on this thread
+        ctx, dev = ctypes.c_void_p(), ctypes.c_int(-1)
+        if lib.cuCtxGetCurrent(ctypes.byref(ctx)) != 0 or not ctx.value:
+            raise RuntimeError("no current CUDA context")
+        if lib.cuCtxGetDevice(ctypes.byref(dev)) != 0 or dev.value != index:
+            raise RuntimeError(f"the current context is device {dev.value}'s, not {index}'s")
+        handle = ctypes.c_void_p()
+        status = lib.cuStreamCreate(ctypes.byref(handle), _CU_STREAM_NON_BLOCKING)
+        if status != 0 or not handle.value:
+            raise RuntimeError(f"cuStreamCreate returned {status}")
+        return int(handle.value)
 
 
 def private_stream(device: torch.device | int | None = None, purpose: str = "work") -> "torch.cuda.Stream":
@@ -59,13 +87,10 @@ def private_stream(device: torch.device | int | None = None, purpose: str = "wor
     if found is not None:
         return found
     try:
-        from ..driver._cu import call, device_context
-
-        with device_context(index):
-            handle = call("cuStreamCreate", _CU_STREAM_NON_BLOCKING, what="creating a private stream")
-        stream = torch.cuda.ExternalStream(int(handle), device=torch.device("cuda", index))
+        handle = _create(index)
+        stream = torch.cuda.ExternalStream(handle, device=torch.device("cuda", index))
         weakref.finalize(_held.owner, _destroy, handle).atexit = False  # when this thread's locals go
-    except Exception as exc:  # no cuda-bindings, or the driver refused: a pool stream serves
+    except Exception as exc:  # no driver library, or it refused: a pool stream serves
         log.debug("private stream not created (%s); using a pool stream", exc)
         stream = torch.cuda.Stream(index)
     _held.streams[(index, purpose)] = stream
