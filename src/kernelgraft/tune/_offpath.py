@@ -43,7 +43,7 @@ def off_path(op: Any, args: tuple, s: Settings) -> bool:
     if s.mode != "on" or s.blocking is True:
         return False
     first = next(tensors_of(args), None)
-    if s.blocking is None and (first is None or first.device.type != "cuda"):
+    if first is None or (s.blocking is None and first.device.type != "cuda"):
         return False
     if s.distributed and _dist.active():
         return False
