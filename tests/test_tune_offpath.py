@@ -539,3 +539,23 @@ def test_the_workers_own_cpu_time_is_not_counted_as_serving():
     finally:
         _pace.unregister_worker(tid)
     assert abs(spent - own_spent) < 0.005  # (an idle worker of an earlier test adds nothing)
+
+
+def test_a_device_whose_worker_cannot_start_tunes_inside_the_call(monkeypatch):
+    from kernelgraft.tune import _background
+
+    background = _background.Background()  # a process of its own: its workers fail to start
+    monkeypatch.setattr(kg.tune.TUNER, "background", background)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no worker here")
+
+    monkeypatch.setattr(_pace.Pacer, "before", broken)
+    op = make_scale("toff::broken")
+    timer = HeldTimer()
+    timer.release.set()
+    with kg.tune("on", timer=timer, blocking=False):
+        assert served(op, torch.randn(100)) == "reference"  # queued; its worker then fails
+        assert background.wait(HOLD_S) and not background.usable(torch.device("cpu"))
+        assert served(op, torch.randn(1000)) == 256  # tuned inside the call now
+    assert background.stats["skipped"] == 1

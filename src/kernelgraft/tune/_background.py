@@ -112,13 +112,10 @@ class Background:
         self._workers: dict[str, threading.Thread] = {}
         self._bytes = 0
         self._stopping = False
+        self._broken: dict[str, str] = {}  # device -> why its worker could not start
         self.stats: collections.Counter = collections.Counter()
 
     # ------------------------------------------------------------------ the caller's side
-    def find(self, digest: str) -> Pending | None:
-        job = self._jobs.get(digest)
-        return job.pending if job is not None else None
-
     def submit(self, digest: str, fingerprint: str, device: torch.device, args: tuple,
                run: Callable[[Job], None], label: str) -> Pending | None:
         """The pending decision of ``digest``: the job already queued or running for it, else a
@@ -188,6 +185,10 @@ class Background:
         self.stats[stat] += 1
         self._cond.notify_all()
 
+    def usable(self, device: torch.device) -> bool:
+        """Whether keys on ``device`` can be tuned here (else they are tuned inside the call)."""
+        return not self._stopping and _device_key(device) not in self._broken
+
     def pending(self) -> int:
         """Jobs queued or running."""
         return len(self._jobs)
@@ -203,14 +204,6 @@ class Background:
             return not self._jobs  # a worker waiting for itself would never return
         with self._cond:
             return self._cond.wait_for(lambda: not self._jobs, timeout)
-
-    def commit(self, job: Job, store: Callable[[], None]) -> bool:
-        """Run ``store`` unless ``job`` was dropped meanwhile (atomic with ``forget``/``clear``)."""
-        with self._lock:
-            if job.cancelled or self._stopping:
-                return False
-            store()
-            return True
 
     # ------------------------------------------------------------------ the workers
     def _start_worker(self, where: str) -> None:
@@ -234,9 +227,10 @@ class Background:
                 torch.cuda.set_device(device)
                 exchange_capture_mode(RELAXED)  # see the module docstring
                 stream = private_stream(device, "work")
-        except Exception:  # no worker on this device: its jobs go, their ops ask again later
+        except Exception as exc:  # no worker on this device: its keys are tuned inside their calls
             log.exception("the background tuning worker for %s could not start", where)
             with self._cond:
+                self._broken[where] = f"{type(exc).__name__}: {exc}"
                 while queue:
                     self._drop(queue.popleft(), "skipped")
             _pace.unregister_worker(threading.get_native_id())

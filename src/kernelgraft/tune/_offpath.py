@@ -9,9 +9,10 @@ served the same way for ``SKIP_RETRY_S``, then asked again.
 
 Tuned inside the call as before: ``blocking=True`` (or ``KERNELGRAFT_TUNE_BLOCKING=1``), tensors off
 CUDA unless ``blocking=False``, ranks that agree through torch.distributed (their agreement is made
-on the caller's thread, in the order its calls meet keys), and an op whose reference cannot run (a
-bundle's stand-in: nothing to serve meanwhile). Nothing is queued while a CUDA graph is captured or
-torch.compile traces: the tuner's ``_may_measure`` refuses first.
+on the caller's thread, in the order its calls meet keys), an op whose reference cannot run (a
+bundle's stand-in: nothing to serve meanwhile), and a device whose worker could not start. Nothing
+is queued while a CUDA graph is captured or torch.compile traces: the tuner's ``_may_measure``
+refuses first.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ __all__ = ["off_path", "serve", "SKIP_RETRY_S"]
 SKIP_RETRY_S = 1.0  # a key the queue refused asks again after this long
 
 
-def off_path(op: Any, args: tuple, s: Settings) -> bool:
+def off_path(tuner: Any, op: Any, args: tuple, s: Settings) -> bool:
     """Whether a new key of this call is tuned off the caller's path (else inside the call)."""
     if s.mode != "on" or s.blocking is True:
         return False
@@ -47,7 +48,7 @@ def off_path(op: Any, args: tuple, s: Settings) -> bool:
         return False
     if s.distributed and _dist.active():
         return False
-    return not getattr(op.reference, "kernelgraft_stub", False)
+    return not getattr(op.reference, "kernelgraft_stub", False) and tuner.background.usable(first.device)
 
 
 def serve(tuner: Any, op: Any, candidates: Sequence[Any], args: tuple, key: TuneKey, s: Settings) -> Any:

@@ -216,7 +216,7 @@ class Tuner:
         decision = self._remembered(key)
         if decision is None:
             self.stats["memory_miss"] += 1
-            if off_path(op, args, s) and self._may_measure(op, args, s):
+            if off_path(self, op, args, s) and self._may_measure(op, args, s):
                 return serve(self, op, candidates, args, key, s)  # a provisional choice, at once
             decision = self._resolve(op, candidates, args, key, s)
         else:
