@@ -222,7 +222,7 @@ class Background:
         try:
             # its start-up (imports, a CUDA context on this thread) waits for a quiet moment too: the
             # call that queued the first job is still finishing
-            _pace.Pacer(lambda: _pace.others_cpu() > _pace.BUSY_CPU).before()
+            _pace.Pacer(_pace.Watch().busy).before()
             if device.type == "cuda":
                 torch.cuda.set_device(device)
                 exchange_capture_mode(RELAXED)  # see the module docstring
@@ -274,11 +274,10 @@ class Background:
         """The pacer of ``job``'s units on its device."""
         device = torch.device(job.device)
         default = torch.cuda.default_stream(device) if device.type == "cuda" else None
+        watch = _pace.Watch()
 
         def busy() -> bool:
-            if _pace.others_cpu() > _pace.BUSY_CPU:
-                return True
-            return default is not None and not default.query()
+            return watch.busy() or (default is not None and not default.query())
 
         return _pace.Pacer(busy, cancelled=lambda: job.cancelled or self._stopping)
 

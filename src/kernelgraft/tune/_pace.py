@@ -1,9 +1,10 @@
 """When a background tuning's next unit of work may start: quiet windows, else a duty cycle.
 
-The process is *busy* when, over a short probe (``PROBE_S``, the worker asleep meanwhile), the
-process's other threads used more than ``BUSY_CPU`` of a core (the tuning workers' own threads
-left out), or the device's default stream has work queued. Neither reads anything on the op's
-hot path: the calls being served pay nothing for being watched.
+The process is *busy* when, since the worker last looked (over the unit it just ran, or over a
+short probe, ``PROBE_S``, the worker asleep meanwhile), the process's other threads used more than
+``BUSY_CPU`` of a core (the tuning workers' own threads left out), or the device's default stream
+has work queued. Neither reads anything on the op's hot path: the calls being served pay nothing
+for being watched.
 
 A unit starts at once when the process is quiet. While it is busy, units start at a duty cycle: a
 token bucket fills at ``duty`` seconds per second (at most ``BURST_S``), a unit may start once it
@@ -25,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["Pacer", "Cancelled", "duty", "others_cpu", "PROBE_S", "BUSY_CPU"]
+__all__ = ["Pacer", "Watch", "Cancelled", "duty", "others_cpu", "PROBE_S", "BUSY_CPU"]
 
 log = logging.getLogger(__name__)
 
@@ -84,10 +85,48 @@ def _workers_cpu() -> float:
 def others_cpu(window_s: float = PROBE_S, sleep: Callable[[float], None] = time.sleep) -> float:
     """Cores' worth of CPU the process's threads other than the tuning workers used over
     ``window_s`` (the caller sleeps meanwhile)."""
-    started, process, workers = time.perf_counter(), time.process_time(), _workers_cpu()
-    sleep(window_s)
-    wall = max(time.perf_counter() - started, 1e-6)
-    return max(0.0, (time.process_time() - process) - (_workers_cpu() - workers)) / wall
+    return Watch().probe(window_s, sleep)
+
+
+class Watch:
+    """Other threads' CPU use, looked at between units of work.
+
+    ``since()`` covers the time since the last look (the unit just run, mostly) and needs no sleep,
+    so back-to-back units leave the GPU no gap; but what the worker's own work set going on other
+    threads (torch's intra-op pool, a compiler's threads) counts there too. So it only ever says
+    *quiet*; when it says busy, ``probe()`` decides: a short sleep with the worker idle."""
+
+    MAX_WINDOW_S = 0.5  # older activity says little about now
+
+    def __init__(self) -> None:
+        self._mark()
+
+    def _mark(self) -> None:
+        self._t, self._p, self._w = time.perf_counter(), time.process_time(), _workers_cpu()
+
+    def _rate(self) -> float:
+        t, p, w = time.perf_counter(), time.process_time(), _workers_cpu()
+        rate = max(0.0, (p - self._p) - (w - self._w)) / max(t - self._t, 1e-6)
+        self._t, self._p, self._w = t, p, w
+        return rate
+
+    def since(self, window_s: float = PROBE_S, sleep: Callable[[float], None] = time.sleep) -> float:
+        """Other threads' cores of CPU since the last look (at least ``window_s`` of it)."""
+        if time.perf_counter() - self._t > self.MAX_WINDOW_S:
+            self._mark()
+        wait = window_s - (time.perf_counter() - self._t)
+        if wait > 0:
+            sleep(wait)
+        return self._rate()
+
+    def probe(self, window_s: float = PROBE_S, sleep: Callable[[float], None] = time.sleep) -> float:
+        """Other threads' cores of CPU over ``window_s`` from now, the caller asleep."""
+        self._mark()
+        sleep(window_s)
+        return self._rate()
+
+    def busy(self, threshold: float = BUSY_CPU) -> bool:
+        return self.since() > threshold and self.probe() > threshold
 
 
 class Pacer:
