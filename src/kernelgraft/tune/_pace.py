@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["Pacer", "Watch", "Cancelled", "duty", "others_cpu", "PROBE_S", "BUSY_CPU"]
+__all__ = ["Pacer", "Watch", "Cancelled", "duty", "PROBE_S", "BUSY_CPU"]
 
 log = logging.getLogger(__name__)
 
@@ -80,12 +80,6 @@ def _workers_cpu() -> float:
         except (OSError, AttributeError, OverflowError):  # ended, or no such clocks on this system
             continue
     return total
-
-
-def others_cpu(window_s: float = PROBE_S, sleep: Callable[[float], None] = time.sleep) -> float:
-    """Cores' worth of CPU the process's threads other than the tuning workers used over
-    ``window_s`` (the caller sleeps meanwhile)."""
-    return Watch().probe(window_s, sleep)
 
 
 class Watch:
