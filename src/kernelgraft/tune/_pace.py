@@ -1,17 +1,20 @@
 """When a background tuning's next unit of work may start: quiet windows, else a duty cycle.
 
-The process is *busy* when, since the worker last looked (over the unit it just ran, or over a
-short probe, ``PROBE_S``, the worker asleep meanwhile), the process's other threads used more than
-``BUSY_CPU`` of a core (the tuning workers' own threads left out), or the device's default stream
-has work queued. Neither reads anything on the op's hot path: the calls being served pay nothing
-for being watched.
+The process is *busy* when its other threads used more than ``BUSY_CPU`` of a core (the tuning
+workers' own threads left out) over a short probe (``PROBE_S``, the worker asleep meanwhile), or
+the device's default stream has work queued. A look back over the unit just run can say *quiet*
+without the probe (``Watch``), so back-to-back units leave the GPU no gap. Nothing is read on the
+op's hot path: the calls being served pay nothing for being watched.
 
 A unit starts at once when the process is quiet. While it is busy, units start at a duty cycle: a
 token bucket fills at ``duty`` seconds per second (at most ``BURST_S``), a unit may start once it
 holds ``BURST_S / 2``, and every unit started while busy drains it by the unit's length. So under
 serving that never pauses the tuning takes at most ``duty`` of the wall time (and of the GIL and
 the GPU) plus the one unit in flight, and it still lands; when serving pauses it runs at full
-speed. ``KERNELGRAFT_TUNE_DUTY`` sets the share (default 0.05; 1 never waits).
+speed. ``KERNELGRAFT_TUNE_DUTY`` sets the share (default 0.05; 1 never waits). The unit in flight
+is not interrupted: one that compiles in this process (a first launch's JIT compile in the gate,
+``torch:compile``'s Inductor compile of the reference) can hold the GIL for seconds if serving
+starts meanwhile; compiles run ahead in a process pool do not.
 
 >>> p = Pacer(lambda: False)
 >>> p.before(); p.after(); p.busy_units
