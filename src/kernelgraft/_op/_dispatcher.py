@@ -36,6 +36,7 @@ from . import _compete, _overlap, _probe, _select
 from ._candidates import LAYOUT, Candidate, evaluate, evaluate_one
 from ._limits import check_allocatable, quiet_fake_tensor_errors
 from ._plan import Plan, kernel_plan, meta_plan, reference_plan, torch_plan
+from ._provisional import expiring, pending
 from ._shape_error import named, shape_error
 
 if TYPE_CHECKING:
@@ -95,23 +96,6 @@ def guarded(plan: Plan, guard: Callable[[tuple], None] | None) -> Plan:
 
     checked.candidate = plan.candidate  # type: ignore[attr-defined]
     return checked
-
-
-def _expiring(plan: Plan, table: dict[tuple, Plan], key: tuple, until: float,
-              replan: Callable[[tuple, tuple], Any]) -> Plan:
-    """``plan`` kept in ``table`` until ``time.monotonic()`` reaches ``until``; the call that finds
-    it expired takes it out and plans again (asking the tuner again)."""
-
-    def expiring(args: tuple) -> Any:
-        if time.monotonic() < until:
-            return plan(args)
-        if table.get(key) is expiring:
-            table.pop(key, None)
-        return replan(args, key)
-
-    expiring.candidate = getattr(plan, "candidate", None)  # type: ignore[attr-defined]
-    expiring.plan = plan  # type: ignore[attr-defined]  (what plans() shows)
-    return expiring
 
 
 class Dispatcher:
@@ -215,10 +199,12 @@ class Dispatcher:
         plan = table.get(key)
         if plan is None:
             plan, until = self._make_plan(args, scope, epoch)
-            if until is not None:  # a provisional choice: not kept, or kept until its deadline
+            if isinstance(until, _select.Pending):  # kept until the decision lands
+                plan = pending(plan, table, key, until, self.execute)
+            elif until is not None:  # a provisional choice: not kept, or kept until its deadline
                 if until <= time.monotonic():
                     return plan(args)
-                plan = _expiring(plan, table, key, until, self.execute)
+                plan = expiring(plan, table, key, until, self.execute)
             if len(table) >= _MAX_PLANS:
                 table.clear()
             table[key] = plan
@@ -312,9 +298,10 @@ class Dispatcher:
                 )
         return tensors
 
-    def _make_plan(self, args: tuple, scope: Any, epoch: int) -> tuple[Plan, float | None]:
-        """The plan for these arguments, and None, or the ``time.monotonic()`` deadline of a
-        provisional choice (see ``_select.provisional``) after which the call plans again."""
+    def _make_plan(self, args: tuple, scope: Any, epoch: int) -> tuple[Plan, Any]:
+        """The plan for these arguments, and None, or the ``time.monotonic()`` deadline (or the
+        ``_select.Pending`` decision) of a provisional choice (see ``_select.provisional``) after
+        which the call plans again."""
         op = self.op
         tensors = self.check(args)
         if tensors and tensors[0][1].device.type == "meta":
@@ -328,8 +315,10 @@ class Dispatcher:
             self._accept_dtypes(args, tensors)
             chosen = _select.choose(op, supported, args)
             until = _select.take_provisional()
-            if chosen is None:  # the tuner found no candidate that computes the right result
-                return reference_plan(op), until
+            if chosen is None:  # no candidate computes the right result, or none is verified yet
+                # guarded as a kernel plan would be: a call refused once the decision lands is
+                # refused while it is made, too
+                return guarded(reference_plan(op), self.overlap_guard(args)), until
             log.debug("%s: chose %s%s", op.name, chosen.label, "" if until is None else " (provisional)")
             if _compete.is_torch(chosen):  # PyTorch won this shape: the Python path, no replay
                 return guarded(torch_plan(op, chosen, _compete.bind(op, chosen)), self.overlap_guard(args)), until

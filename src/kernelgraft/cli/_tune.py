@@ -101,11 +101,13 @@ def _per_call(args) -> int:
     for col in ("op", "inputs", "winner", "ms", "measured", "excluded", "source"):
         table.add_column(col)
     found = 0
+    tuned = []
     with kg.tune("on", **options):
         for op in [o for m in modules for o in ops_of(m)]:
             if args.op and not any(s in op.name for s in args.op):
                 continue
             found += 1
+            tuned.append(op)
             samples = _samples(op, device)
             calls = ([_from_shapes(op, s, samples[0] if samples else None, dtype, device) for s in args.shapes]
                      if args.shapes else samples)
@@ -121,6 +123,8 @@ def _per_call(args) -> int:
                 table.add_row(escape(op.name), escape(desc), escape(label), f"{w['ms']:.4f}" if w else "-",
                               str(d.measured), str(len(d.excluded)), escape(str(d.source)))
     table_console(table).print(table)
+    for op in tuned:  # what was tried per key, compile time against measuring, why each lost
+        console.print(escape(str(kg.tune.report(op))), soft_wrap=True)
     if not found:
         console.print(escape(f"kernelgraft tune: no ops found in {' '.join(args.target)}"))
         return 1

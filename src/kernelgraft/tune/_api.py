@@ -1,4 +1,5 @@
-"""Functions on ``kernelgraft.tune``: tune given inputs now, look decisions up, clear, count."""
+"""Functions on ``kernelgraft.tune``: tune given inputs now, look decisions up, wait for the tunings
+running off the caller's path, report, clear, count."""
 
 from __future__ import annotations
 
@@ -11,22 +12,22 @@ import torch
 
 from .._errors import SpecError
 from .._op import _select
-
 from . import _dist
 from ._modes import settings
-from ._pretune import (KeyResult, Report, calls_of_sites, known_decision, plan, prepare, run_keys, site_of_call,
-                       tune_key)
+from ._pretune import (KeyResult, Report as PretuneReport, calls_of_sites, known_decision, plan, prepare,
+                       run_keys, site_of_call, tune_key)
 from ._ranges import Ranges
-from ._tuner import TUNER, Decision
+from ._report import Report, build_report
+from ._tuner import TIE_MARGIN, TUNER, Decision
 
-__all__ = ["pretune", "decision", "clear", "stats"]
+__all__ = ["pretune", "decision", "clear", "stats", "wait", "pending", "report"]
 
 
 def pretune(target: Any = None, *args: Any, ranges: Ranges | None = None, example_inputs: Any = None,
             hf_config: Any = None, calls: Sequence[tuple[Any, Any]] | None = None,
             token_dims: dict[str, int] | None = None,
             device: Any = None, force: bool = False, progress: bool = True,
-            on_key: Callable[[KeyResult], None] | None = None, **kwargs: Any) -> Decision | Report | None:
+            on_key: Callable[[KeyResult], None] | None = None, **kwargs: Any) -> Decision | PretuneReport | None:
     """Tune now, blocking: one call of an op, or every key a model or a list of ops meets ahead.
 
     - ``pretune(op, *args)``: tune ``op`` for these inputs (mode 'on' for the call) and return the
@@ -82,7 +83,7 @@ def pretune(target: Any = None, *args: Any, ranges: Ranges | None = None, exampl
         ranks = _dist.world()
     else:
         results, ranks = run_keys(jobs, force=force, progress=progress, on_key=on_key), 1
-    report = Report(results + unsupported, time.perf_counter() - started, sites, left_out, ranks,
+    report = PretuneReport(results + unsupported, time.perf_counter() - started, sites, left_out, ranks,
                     f"{type(error).__name__}: {error}" if error is not None else None)
     _select.bump_epoch()
     if error is not None:
@@ -169,5 +170,45 @@ def clear(*, disk: bool = False) -> None:
 
 
 def stats() -> dict[str, int]:
-    """Counters: tuned keys, memory/disk hits, rank leader/follower decisions."""
-    return dict(TUNER.stats)
+    """Counters: tuned keys, memory/disk hits, rank leader/follower decisions, and the background
+    queue's (``background_queued``, ``_done``, ``_dropped``, ``_skipped``)."""
+    out = dict(TUNER.stats)
+    for name, count in TUNER.background.stats.items():
+        out[f"background_{name}"] = out.get(f"background_{name}", 0) + count
+    return out
+
+
+def wait(timeout: float | None = None) -> bool:
+    """Wait until no tuning is queued or running off the caller's path (``timeout`` seconds at
+    most; None: as long as it takes). True when none is left. The next call of each op then
+    serves its decision.
+
+    >>> import kernelgraft as kg
+    >>> kg.tune.wait(timeout=1.0)
+    True
+    """
+    return TUNER.background.wait(timeout)
+
+
+def pending() -> int:
+    """How many keys are being tuned off the caller's path (queued or running)."""
+    return TUNER.background.pending()
+
+
+def report(op: Any) -> Report:
+    """What the tuner tried for each key of ``op`` it knows (decided in this process, or in the
+    disk cache), the seconds it spent compiling and gating against measuring, and why each
+    candidate lost or was excluded; keys still being tuned are listed as pending. ``str()`` of it
+    reads as a table (``kernelgraft tune`` prints it)."""
+    found: dict[str, Decision] = {}
+    for digest, entry in TUNER.disk.entries().items():
+        key = entry.get("key") if isinstance(entry, dict) else None
+        if isinstance(key, dict) and key.get("fingerprint") == op.fingerprint:
+            try:
+                found[digest] = Decision.from_json(entry, "disk")
+            except ValueError:  # an entry no call would use either
+                continue
+    for digest, d in list(TUNER.memory.items()):
+        if d.key.get("fingerprint") == op.fingerprint:
+            found[digest] = d
+    return build_report(op.name, found.items(), TUNER.background.labels(op.fingerprint), TIE_MARGIN)
