@@ -9,7 +9,8 @@ returns per case ``(verdict, message, seconds)``. ``tests/test_bundle_verdicts.p
 verdicts; ``benchmarks/bench_bundle_verdicts.py`` prints the times.
 
 Edits change an expression's text and program together (``set_expr``) and re-derive the op's output
-rules (``resum``): what someone who recomputes every unkeyed sum does."""
+rules from the kernels' programs (``resum``, with ``_program.meta_rules``, which both loaders hold the
+manifest's rules equal to): what someone who recomputes every unkeyed sum does."""
 
 from __future__ import annotations
 
@@ -22,12 +23,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from kernelgraft.aot import manifest as _manifest
-from kernelgraft.aot.program import meta_rules
-from kernelgraft.aot.rpn import compile_rpn
-from kernelgraft.aot.sign import SIGNATURE
+from kernelgraft.aot import _manifest
+from kernelgraft.aot._sign import SIGNATURE
 
 from _aot_helpers import EXAMPLES, env
+from _bundle_edits import (add_stride_guard, drop_a_rule_guard, edited as _edit, first, guard_program_edited, kernels,
+                           or_guard, raw as _raw, resum, set_expr, stale as _stale, stride_guard_in_meta)
+
+__all__ = ["CASES", "KEY", "LOADED", "derive", "first", "real_bundle", "resum", "set_expr", "verdicts"]
 
 KEY = b"kernelgraft-test-key-0123456789abcdef"
 LOADED = "loaded"
@@ -50,59 +53,6 @@ def real_bundle(base: Path) -> Path:
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=900)
             assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return out
-
-
-# --- editing helpers ---------------------------------------------------------------------------
-
-def resum(root: Path, m: dict) -> None:
-    """Re-derive every op's output rules and write the manifest with a fresh checksum."""
-    for op in m["ops"]:
-        if "meta" in op:
-            op["meta"] = meta_rules(op["candidates"])
-    _manifest.write(root, m)
-
-
-def names(op: dict) -> list[str]:
-    return [p["name"] for p in op["params"]]
-
-
-def kernels(m: dict, backend: str = "triton"):
-    return [(op, k) for op in m["ops"] for c in op["candidates"] if c["backend"] == backend for k in c["kernels"]]
-
-
-def first(m: dict, backend: str = "triton") -> tuple[dict, dict]:
-    return kernels(m, backend)[0]
-
-
-def set_expr(op: dict, k: dict, field: str, text, index: int | None = None) -> None:
-    """Set an expression's text and its program together."""
-    if field == "guards":
-        k["guards"] = list(text)
-        k["program"]["guard"] = compile_rpn(" and ".join(text) or "True", names(op))
-    elif field == "grid":
-        k["grid"][index] = text
-        k["program"]["grid"][index] = compile_rpn(text, names(op))
-    else:
-        k[field] = text
-        k["program"][field] = compile_rpn(text, names(op))
-
-
-def _edit(fn: Callable[[dict], None]):
-    """A case that edits the parsed manifest, then resums it."""
-    def edit(root: Path, m: dict) -> None:
-        fn(m)
-        resum(root, m)
-
-    return edit
-
-
-def _raw(fn: Callable[[str], str]):
-    """A case that edits manifest.json as text (no resum)."""
-    def edit(root: Path, m: dict) -> None:
-        path = root / "manifest.json"
-        path.write_text(fn(path.read_text()))
-
-    return edit
 
 
 def _param(name: str, kind: str = "tensor", default=None, required: bool = True, optional: bool = False,
@@ -362,7 +312,7 @@ CASES: dict[str, tuple] = {
     "config-nested": (_edit(lambda m: m["ops"][0]["candidates"][0].update(config={"BLOCK": {"a": 1}})),
                       "config.BLOCK"),
     "pointer-source-and-null": (_edit(lambda m: first(m)[1]["params"][0].update(null=True)), "params[0]"),
-    "pinned-in-version-2": (_edit(lambda m: first(m)[1].update(pinned={})), "pinned"),
+    "pinned-not-a-str-param": (_edit(lambda m: first(m)[1].update(pinned={"x": "a"})), "pinned"),
     "library-without-runtime": (_edit(lambda m: first(m, "cutedsl")[1]["images"].pop("runtime")), "images"),
     "image-bytes-negative": (_edit(lambda m: first(m)[1]["images"]["cubin"].update(bytes=-1)), "cubin.bytes"),
     "label-too-long": (_edit(lambda m: m["ops"][0]["candidates"][0].update(label="x" * 5000)), "label"),
@@ -401,6 +351,23 @@ CASES: dict[str, tuple] = {
     "signed-signature-names-outside": (_signature_escape, "not a hmac-sha256 bundle signature", KEY),
     "signed-schema-injection-still-refused": (_sign_with(_add_param(_param("z"), None)), "ops[0].schema", KEY),
     "meta-stale": (_meta_stale, "ops[0].meta"),
+    # guards: one program per text, the rules' guards those of them that read no stride
+    "guard-or-and-another": (_edit(or_guard), LOADED),
+    "guard-reads-a-stride": (_edit(add_stride_guard), LOADED),
+    "guard-program-edited-rules-stale": (guard_program_edited, "ops[0].meta"),
+    "guard-program-malformed": (_edit(lambda m: first(m)[1]["program"]["guards"][0].append(["int", "1"])),
+                                "program.guards[0]"),
+    "guard-program-stride-out-of-range": (_edit(lambda m: first(m)[1]["program"]["guards"].__setitem__(
+        0, [["stride", 9, 0], ["int", "1"], ["op", "=="]])), "program.guards[0]"),
+    "guard-programs-fewer-than-texts": (_edit(lambda m: first(m)[1]["program"]["guards"].pop()),
+                                        "program.guards"),
+    "guard-programs-more-than-texts": (_edit(lambda m: first(m)[1]["program"]["guards"].append([["int", "1"]])),
+                                       "program.guards"),
+    "guard-program-joined-as-before": (_stale(lambda m: first(m)[1]["program"].update(
+        guard=first(m)[1]["program"].pop("guards")[0])), "lacks 'guards'"),
+    "meta-holds-a-stride-guard": (stride_guard_in_meta, "ops[0].meta"),
+    "meta-rule-guard-dropped": (_stale(drop_a_rule_guard), "ops[0].meta"),
+    "version-unknown": (_edit(lambda m: m.update(version=5)), "manifest version 5"),
 }
 def derive(bundle: Path, out: Path, only: list[str] | None = None) -> list[tuple[str, Path, bytes | None]]:
     """The corpus under ``out``: per case (name, bundle directory, key), each op in a namespace of

@@ -21,6 +21,10 @@ if not _KEEP:
 os.environ["KERNELGRAFT_CACHE_DIR"] = os.path.join(_SESSION_CACHE, "kernelgraft")
 os.environ["XDG_CACHE_HOME"] = os.path.join(_SESSION_CACHE, "xdg")
 
+# On a GPU a new shape is tuned off the caller's path by default; the suite's GPU tests pin what a
+# first call decides, so they tune inside it (the tests of the background path ask for it).
+os.environ.setdefault("KERNELGRAFT_TUNE_BLOCKING", "1")
+
 # Triton decides at decoration time whether a kernel is interpreted, so this must come before any
 # test module defines a kernel.
 try:
@@ -82,6 +86,9 @@ def _reset_runtime_state():
         from kernelgraft.tune.cache import DiskCache
         from kernelgraft.tune.tuner import TUNER
 
+        TUNER.background.clear()  # a tuning left running off the caller's path stops at its next step
+        assert TUNER.background.wait(120), "a background tuning did not stop"
+        TUNER.background.stats.clear()
         TUNER.memory.clear()
         TUNER.stats.clear()
         TUNER.disk = DiskCache()

@@ -140,6 +140,21 @@ def test_an_expression_text_that_is_not_its_program_is_refused(signed, tmp_path)
     _refused(b, r"ops\[0\]\.candidates\[0\]\.kernels\[0\]\.program\.grid\[0\]: the program is not the compiled")
 
 
+def test_a_guard_program_that_is_not_its_text_is_refused(signed, tmp_path):
+    """Each guard text has its own program: one edited alone (its rules derived again from it, as
+    the C++ runtime, which has no texts, would accept) is refused by the Python loader, by its index."""
+    from kernelgraft.aot._rpn import compile_rpn
+
+    b = _copy(signed, tmp_path)
+    m = _manifest.read(b)
+    k = _first_kernel(m)
+    at = len(k["guards"]) - 1
+    k["program"]["guards"][at] = compile_rpn("x.shape[0] < 4 or x.shape[0] > 8", ["x", "y"])
+    _resum(b, m)
+    _refused(b, rf"ops\[0\]\.candidates\[0\]\.kernels\[0\]\.program\.guards\[{at}\]: the program is not the "
+                "compiled expression text")
+
+
 # --- modules named by a manifest ---
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,6 @@
-"""Manifest version 2, the C++ runtime's data: RPN programs equal to the Python expressions,
-output-shape rules, decision tables from a tuning cache, and the loader reading versions 1 and 2."""
+"""The C++ runtime's data (manifest version 2 on, in the form of version 4): RPN programs equal to
+the Python expressions, one per guard, output-shape rules derived from the programs, decision tables
+from a tuning cache, and the loader reading versions 1 to 4."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ import pytest
 import torch
 
 import kernelgraft as kg
-from kernelgraft.aot import manifest as _manifest
-from kernelgraft.symbolic.expr import compile_exprs
-from kernelgraft.aot.program import _range, decision_table
-from kernelgraft.aot.rpn import EvalError, compile_rpn, evaluate
+from kernelgraft.aot import _manifest
+from kernelgraft.aot._expr import compile_exprs
+from kernelgraft.aot._program import _range, decision_table, kernel_program, meta_rules
+from kernelgraft.aot._rpn import EvalError, compile_rpn, evaluate
 from kernelgraft.examples import add_relu, rmsnorm  # registered before the per-test registry snapshot
 
 from _aot_helpers import build_bundle
@@ -112,6 +113,43 @@ def test_deep_expression_compiles_without_recursion():
     assert evaluate(compile_rpn(text, ["x"]), [torch.empty(3)]) == 503
 
 
+def _guard_kernel(guards: list[str]) -> dict:
+    """A kernel entry with these guards, as the builder records one (the fields programs read)."""
+    k = {"guards": guards, "grid": ["1", "1", "1"], "shared_mem": 0, "params": [], "dtypes": {"x": "float32"},
+         "ranks": {"x": 1}, "dynamic": True, "outputs": {"shapes": [["x.shape[0]"]], "dtypes": ["float32"]}}
+    k["program"] = kernel_program(k, ["x"])
+    return k
+
+
+def test_each_guard_is_its_own_program_so_a_top_level_or_keeps_its_meaning():
+    """The kernel's guard is the AND of its guards' programs, each compiled alone: what the Python
+    runner computes from the texts (all of them hold), for a guard whose top level is an ``or``."""
+    guards = ["x.shape[0] < 4 or x.shape[0] > 8", "x.shape[0] % 2 == 0", "(x.shape[0] >= 2)"]
+    k = _guard_kernel(guards)
+    assert k["program"]["guards"] == [compile_rpn(g, ["x"]) for g in guards]
+    texts = compile_exprs(["x"], guards)
+    served = []
+    for n in range(0, 40):
+        x = torch.empty(n, device="meta")
+        want = all(texts(x))
+        assert all(evaluate(p, [x]) for p in k["program"]["guards"]) == want, n
+        (rule,) = meta_rules([{"kernels": [k]}])
+        assert all(evaluate(p, [x]) for p in rule["guards"]) == want, n
+        served += [n] * want
+    assert served == [2] + list(range(10, 40, 2))
+
+
+def test_a_rule_keeps_the_guards_whose_programs_read_no_stride():
+    """Output rules come from the programs alone (what the C++ runtime derives too): a guard that
+    reads a stride is left out of the rule, the others kept in order; rules repeat once."""
+    k = _guard_kernel(["(x.shape[0] >= 2)", "(x.stride(0) == 1)", "x.shape[0] < 4 or x.shape[0] > 8"])
+    (rule,) = meta_rules([{"kernels": [k, json.loads(json.dumps(k))]}])
+    assert rule["guards"] == [k["program"]["guards"][0], k["program"]["guards"][2]]
+    assert rule["shapes"] == k["program"]["outputs"] and "guard" not in rule
+    k["guards"][0] = "(x.shape[0] >= 3)"  # a text alone changes nothing: the rules read programs
+    assert meta_rules([{"kernels": [k]}]) == [rule]
+
+
 def _kernels(manifest):
     for op in manifest["ops"]:
         for cand in op["candidates"]:
@@ -136,14 +174,15 @@ def _random_inputs(op: dict, k: dict, rng: random.Random) -> list:
 
 def test_every_program_in_a_real_bundle_equals_its_text(bundle):
     manifest = _manifest.read(bundle)
-    assert manifest["version"] == 2
+    assert manifest["version"] == _manifest.VERSION == 4
     rng = random.Random(0)
     checked = 0
     for op, _cand, k in _kernels(manifest):
         names = [p["name"] for p in op["params"]]
         prog = k["program"]
-        texts = [" and ".join(k["guards"]) or "True", *k["grid"], str(k["shared_mem"])]
-        programs = [prog["guard"], *prog["grid"], prog["shared_mem"]]
+        assert len(prog["guards"]) == len(k["guards"]) and "guard" not in prog
+        texts = [*k["guards"], *k["grid"], str(k["shared_mem"])]
+        programs = [*prog["guards"], *prog["grid"], prog["shared_mem"]]
         for p, rpn in zip(k["params"], prog["params"]):
             assert (rpn is None) == ("expr" not in p)
             if rpn is not None:
@@ -184,7 +223,7 @@ def test_meta_rules_give_the_python_ops_output_shapes(bundle):
                     continue
                 if any(tensors[n].dim() != r for n, r in rule["ranks"].items()):
                     continue
-                if evaluate(rule["guard"], args):
+                if all(evaluate(g, args) for g in rule["guards"]):
                     shape = [evaluate(s, args) for s in rule["shapes"][0]]
                     assert shape == list(want.shape) and rule["out_dtypes"][0] == str(want.dtype)[6:]
                     break
@@ -192,25 +231,58 @@ def test_meta_rules_give_the_python_ops_output_shapes(bundle):
                 pytest.fail(f"no meta rule of {entry['name']} holds for {[getattr(a, 'shape', a) for a in args]}")
 
 
-def test_loader_reads_versions_1_to_3(bundle, tmp_path):
-    v2 = _manifest.read(bundle)
-    v1 = json.loads(json.dumps(v2))
+def _joined(manifest: dict) -> dict:
+    """``manifest`` as versions 2 and 3 held it: one program of the guards joined with " and "."""
+    old = json.loads(json.dumps(manifest))
+    for op in old["ops"]:
+        names = [p["name"] for p in op["params"]]
+        for cand in op["candidates"]:
+            for k in cand["kernels"]:
+                del k["program"]["guards"]
+                k["program"]["guard"] = compile_rpn(" and ".join(k["guards"]) or "True", names)
+    return old
+
+
+def test_loader_reads_versions_1_to_4(bundle, tmp_path):
+    """1 (texts), 2 and 3 (their joined guard programs not read: the texts are, guard by guard) and
+    4; the C++ runtime reads 4 only (tests/test_runtime.py)."""
+    v4 = _manifest.read(bundle)
+    v1 = json.loads(json.dumps(v4))
     v1["version"] = 1
     for op in v1["ops"]:
         del op["meta"], op["decisions"]
         for cand in op["candidates"]:
             for k in cand["kernels"]:
                 del k["program"]
-    for version, manifest in ((1, v1), (2, v2)):
+    for version, manifest in ((1, v1), (2, dict(_joined(v4), version=2)), (3, dict(_joined(v4), version=3)),
+                              (4, v4)):
         d = tmp_path / f"v{version}"
         shutil.copytree(bundle, d)
         _manifest.write(d, manifest)
         assert _manifest.read(d)["version"] == version
-    _manifest.write(tmp_path / "v2", dict(v2, version=3))  # 3: kernels may pin string arguments
-    assert _manifest.read(tmp_path / "v2")["version"] == 3
-    _manifest.write(tmp_path / "v2", dict(v2, version=4))
-    with pytest.raises(kg.BundleError, match="reads versions 1, 2, 3"):
-        _manifest.read(tmp_path / "v2")
+    # a version-4 manifest holds one program per guard: the joined form is refused there
+    _manifest.write(tmp_path / "v4", _joined(v4))
+    with pytest.raises(kg.BundleError, match=r"program: lacks 'guards'"):
+        _manifest.read(tmp_path / "v4")
+    _manifest.write(tmp_path / "v4", dict(v4, version=5))
+    with pytest.raises(kg.BundleError, match="reads versions 1, 2, 3, 4"):
+        _manifest.read(tmp_path / "v4")
+
+
+def test_pins_need_version_3(bundle, tmp_path):
+    """Kernels pinned to string arguments came with version 3: a version-2 manifest that pins is
+    refused (a loader of version 2 would have ignored the pins)."""
+    v4 = _manifest.read(bundle)
+    old = _joined(v4)
+    k = old["ops"][0]["candidates"][0]["kernels"][0]
+    k["pinned"] = {}
+    d = tmp_path / "b"
+    shutil.copytree(bundle, d)
+    _manifest.write(d, dict(old, version=2))
+    with pytest.raises(kg.BundleError, match=r"pinned: needs manifest version 3"):
+        _manifest.read(d)
+    _manifest.write(d, dict(old, version=3))
+    assert _manifest.read(d)["version"] == 3
 
 
 @pytest.mark.parametrize("rule,bucket,want", [

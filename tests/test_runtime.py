@@ -138,7 +138,7 @@ def test_every_program_of_a_real_bundle_equals_python(served):
         for cand in op["candidates"]:
             for k in cand["kernels"]:
                 prog = k["program"]
-                pairs = [(" and ".join(k["guards"]) or "True", prog["guard"]), (k["shared_mem"], prog["shared_mem"])]
+                pairs = list(zip(k["guards"], prog["guards"])) + [(k["shared_mem"], prog["shared_mem"])]
                 pairs += list(zip(k["grid"], prog["grid"]))
                 pairs += [(p["expr"], r) for p, r in zip(k["params"], prog["params"]) if r is not None]
                 pairs += list(zip(k["outputs"]["shapes"][0], prog["outputs"][0]))
@@ -163,8 +163,8 @@ def _python_plan(op: dict, args: list, order=None) -> dict | None:
                 continue
             if any(len(args[names.index(n)]["shape"]) != r for n, r in k["ranks"].items()):
                 continue
-            try:
-                if not compile_exprs(names, [" and ".join(k["guards"]) or "True"])(*values)[0]:
+            try:  # the Python runner's rule: every guard text on its own holds
+                if not all(compile_exprs(names, k["guards"] or ["True"])(*values)):
                     continue
             except Exception:
                 continue
@@ -217,6 +217,60 @@ def test_no_kernel_error_names_op_arguments_and_what_the_bundle_holds(served):
     assert "x: float32[33, 97] (not contiguous)" in text and "serve contiguous inputs of" in text
     with pytest.raises(RuntimeError, match="int32"):
         _cpp_plan("kgrt_test::add_relu", [{"shape": [8], "dtype": "int32"}] * 2)
+
+
+# A guard whose top level is an `or`, beside another guard: each compiles to its own program, so the
+# kernel's guard is (a or b) and c, as the Python runner takes the texts one by one. One program of
+# the texts joined with " and " read a or (b and c), and served sizes 1 and 3 that Python refuses.
+OR_GUARDS = ["x.shape[0] < 4 or x.shape[0] > 8", "x.shape[0] % 2 == 0"]
+
+
+def _with_or_guards(op: dict) -> None:
+    from kernelgraft.aot._rpn import compile_rpn
+
+    if op["name"].endswith("::add_relu"):
+        names = [p["name"] for p in op["params"]]
+        for cand in op["candidates"]:
+            for k in cand["kernels"]:
+                k["guards"] = k["guards"] + OR_GUARDS
+                k["program"]["guards"] = k["program"]["guards"] + [compile_rpn(g, names) for g in OR_GUARDS]
+
+
+def _meta_shape(call, n: int):
+    x = torch.empty(n, device="meta")
+    try:
+        return list(call(x, x).shape)
+    except Exception:  # no output rule holds (C++: RuntimeError; Python: kernelgraft's error)
+        return None
+
+
+@pytest.mark.filterwarnings("ignore:.*CuTe DSL candidates are native code")
+def test_a_guard_with_a_top_level_or_holds_where_python_says(so, bundle, tmp_path):
+    import kernelgraft as kg
+
+    _load(variant(bundle, tmp_path / "cpp", "kgrt_or", edit_op=_with_or_guards))
+    path = variant(bundle, tmp_path / "py", "kgpy_or", edit_op=_with_or_guards)
+    op = next(o for o in _manifest.read(path)["ops"] if o["name"].endswith("::add_relu"))
+    loaded = kg.load_bundle(path, arch="sm_90")
+    try:
+        served = []
+        for n in range(1, 20):
+            holds = (n < 4 or n > 8) and n % 2 == 0
+            args = [{"shape": [n], "dtype": "float32"}] * 2
+            want = _python_plan(op, args)
+            assert want is None or holds, n
+            if want is None:
+                with pytest.raises(RuntimeError, match="no bundled kernel serves these inputs"):
+                    _cpp_plan("kgrt_or::add_relu", args)
+            else:
+                assert _cpp_plan("kgrt_or::add_relu", args) == want, n
+                served.append(n)
+            # the Meta kernels' rules too: the C++ runtime's and the Python loader's give the same
+            cpp, py = _meta_shape(torch.ops.kgrt_or.add_relu, n), _meta_shape(torch.ops.kgpy_or.add_relu, n)
+            assert cpp == py == ([n] if holds else None), (n, cpp, py)
+        assert served and {1, 3}.isdisjoint(served)
+    finally:
+        loaded.detach()
 
 
 def test_decision_rows_choose_the_tuned_candidate(so, bundle, tmp_path):
@@ -327,7 +381,7 @@ def test_a_mutated_view_with_deferred_values_is_refused(so, bundle, tmp_path):
     of CPU tensors)."""
     def mutate_x(op):
         if op["name"].endswith("::add_relu"):
-            op["schema"] = op["schema"].replace("(Tensor x,", "(Tensor(a!) x,")
+            op["schema"] = op["schema"].replace("(Tensor x,", "(Tensor(a0!) x,")  # the alias names its position
             op["params"][0]["mutated"] = True
             op["mutates_args"] = ["x"]
 
@@ -377,7 +431,8 @@ def _flip_cubin(m, root: Path):
 @pytest.mark.parametrize("case,match", [
     ("cubin", "checksum mismatch for bin/"),
     ("manifest", "manifest.json checksum mismatch"),
-    ("version1", "the C\\+\\+ runtime reads versions 2 and 3"),
+    ("version1", "manifest version 1; the C\\+\\+ runtime reads version 4"),
+    ("version3", "manifest version 3; the C\\+\\+ runtime reads version 4 \\(2 and 3 held one program for all"),
     ("arch", "was built for sm_90, not for sm_100"),
     ("program", "is not one of int/float/size/arg/op/unary/bool/call"),
     ("stack", "leaves 2 values on the stack"),
@@ -389,6 +444,7 @@ def test_tampered_bundles_are_refused(so, bundle, tmp_path, case, match):
     ns = f"kgrt_bad_{case}"
     edits = {
         "version1": lambda m: m.update(version=1),
+        "version3": lambda m: m.update(version=3),  # the Python loader reads it by its texts
         "program": lambda m: m["ops"][0]["candidates"][0]["kernels"][0]["program"]["grid"][0].append(["exec", 1]),
         "stack": lambda m: m["ops"][0]["candidates"][0]["kernels"][0]["program"]["grid"][0].append(["int", "1"]),
         "input": lambda m: m["ops"][0]["candidates"][0]["kernels"][0]["program"]["grid"].__setitem__(0, [["size", 7, 0]]),

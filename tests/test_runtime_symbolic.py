@@ -44,8 +44,9 @@ def _serve_rmsnorm_rules(bundle: Path, dst: Path, namespace: str, **fields) -> N
         if op["name"].endswith("::rmsnorm"):
             for cand in op["candidates"]:
                 for k in cand["kernels"]:
-                    if "guard" in fields:
-                        k["program"]["guard"] = fields["guard"]
+                    if "guard" in fields:  # one guard (its text a placeholder: the runtime reads programs)
+                        k["guards"] = ["True"]
+                        k["program"]["guards"] = [fields["guard"]]
                     if "shapes" in fields:  # the texts are the Python loader's; the runtime reads programs
                         k["program"]["outputs"] = fields["shapes"]
                         k["outputs"]["shapes"] = [["0"] * len(s) for s in fields["shapes"]]

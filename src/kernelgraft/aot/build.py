@@ -147,11 +147,8 @@ def build_bundle(
         entry["torch_wins"] = _torch_wins(op, tuned, archs)
         manifest_ops.append(entry)
 
-    pinned = any("pinned" in k for op in manifest_ops for c in op["candidates"] for k in c["kernels"])
     manifest = {
-        # version 3 adds kernels pinned to string arguments: a loader that reads only version 2
-        # would ignore the pins and could launch a kernel recorded for another string
-        "format": _manifest.FORMAT, "version": _manifest.PINNED_VERSION if pinned else _manifest.VERSION,
+        "format": _manifest.FORMAT, "version": _manifest.VERSION,
         "archs": archs,
         "toolchain": {"kernelgraft": __version__, **toolchain},
         "build_seconds": round(time.perf_counter() - started, 2), "ops": manifest_ops,
@@ -279,7 +276,7 @@ def _build_op(op, archs, out: Path, inputs, dynamic, progress, missing: Mapping[
                         **kernel,
                     }
                     pins = _string_pins(op, sample)
-                    if pins:  # only then: a bundle without string arguments stays version 2
+                    if pins:
                         variant["pinned"] = pins
                     try:
                         variant["program"] = kernel_program(variant, names)
@@ -309,7 +306,7 @@ def _build_op(op, archs, out: Path, inputs, dynamic, progress, missing: Mapping[
         "returns": op.signature.returns, "n_returns": op.signature.n_returns,
         "mutates_args": list(op.mutates_args), "fingerprint": op.fingerprint,
         "doc": (op.reference.__doc__ or "").strip()[:500],
-        "candidates": candidates, "meta": meta_rules(candidates, names), "skipped": skipped, "dropped": dropped,
+        "candidates": candidates, "meta": meta_rules(candidates), "skipped": skipped, "dropped": dropped,
         "refused": refused, "unserved": unserved,
     }
 

@@ -283,10 +283,12 @@ def _programs(w: Walk, prog: dict, path: str, params: list[str], guards: list[st
               smem: str, exprs: list[str | None], shapes: list[list[str]]) -> None:
     n = len(params)
     check = w.text_program if w.check_texts else None
-    guard = w.field(prog, "guard", path)
-    w.program(guard, f"{path}.guard", n)
-    if check:
-        check(" and ".join(guards) or "True", guard, params, f"{path}.guard")
+    # one program per guard text (the kernel serves where all hold): no text is joined to another
+    programs = w.lst(w.field(prog, "guards", path), f"{path}.guards", "GUARDS", exact=len(guards))
+    for i, (text, p) in enumerate(zip(guards, programs)):
+        w.program(p, f"{path}.guards[{i}]", n)
+        if check:
+            check(text, p, params, f"{path}.guards[{i}]")
     programs = w.lst(w.field(prog, "grid", path), f"{path}.grid", exact=3)
     for d, (text, p) in enumerate(zip(grid, programs)):
         constant, value = w.program(p, f"{path}.grid[{d}]", n)
@@ -318,7 +320,7 @@ def _programs(w: Walk, prog: dict, path: str, params: list[str], guards: list[st
 
 
 def _meta(w: Walk, meta: list, candidates: list, path: str) -> None:
-    want = meta_rules(candidates)
+    want = meta_rules(candidates)  # from the (checked) programs alone, as the C++ runtime derives them
     dump = lambda v: json.dumps(v, sort_keys=True)  # noqa: E731  (1 == True == 1.0 in Python, not in JSON)
     if len(meta) != len(want) or any(dump(a) != dump(b) for a, b in zip(meta, want)):
         w.fail(path, "is not the output rules its kernels give (rebuild the bundle)")

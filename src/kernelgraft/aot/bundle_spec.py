@@ -21,6 +21,14 @@ JSON (both files): UTF-8 without a byte order mark; RFC 8259 grammar (no ``NaN``
 leading zeros or trailing text); integers within int64, other numbers finite; no lone surrogate;
 no key twice in an object; containers nested at most ``JSON_DEPTH`` deep.
 
+Versions (``KG_VERSION``): 1 holds expression texts only; 2 and 3 (3: kernels may pin string
+arguments) added RPN programs, with one program for all of a kernel's guards, their texts joined
+with " and " and no parentheses, so a guard with a top-level ``or`` became another condition: their
+programs are not read (the Python loader reads them by their texts, guard by guard, as version 1;
+the C++ runtime, which has only the programs, refuses them: rebuild the bundle).
+4 holds one program per guard. Only the versions with programs are held to the program rules
+below, and only those does the C++ runtime read.
+
 Manifest: ``format`` ``"kernelgraft-bundle"``, ``version`` a ``KG_VERSION``, ``checksum`` the sha256 of
 the rest (checked first), ``toolchain`` an object, ``archs`` 1 to ``ARCHS`` distinct ``sm_NN[N][a]``,
 ``ops`` at most ``OPS`` ops of distinct names. Other keys are free (and covered by the checksum).
@@ -30,8 +38,9 @@ NS not a ``KG_RESERVED_NAMESPACE``; ``fingerprint`` a string; ``module`` (option
 (optional) strings or null; ``params`` at most ``PARAMS``; ``returns`` ``none`` / ``tensor`` /
 ``tuple`` with ``n_returns`` 0 / 1 / 1 to ``RETURNS``; ``mutates_args`` the mutated params' names;
 ``schema`` exactly what the params and returns give (below); ``candidates`` at most ``CANDIDATES``, no
-two of the same (index, config); from version 2 ``meta`` equal to what its kernels give
-(``_program.meta_rules``) and ``decisions`` at most ``DECISIONS`` rows.
+two of the same (index, config); in a version with programs, ``meta`` equal to what its kernels'
+programs give (``_program.meta_rules``: both loaders derive it from the programs alone) and
+``decisions`` at most ``DECISIONS`` rows.
 
 A param: ``name`` an identifier, not a ``KG_RESERVED_PARAM`` nor ``out<digits>``, unique; ``kind`` a
 ``KG_PARAM_KIND``; ``optional``, ``mutated``, ``required`` booleans (only tensor kinds are mutated);
@@ -60,7 +69,7 @@ A candidate: ``index`` an int in 0..``CANDIDATES``; ``backend``, ``impl``, ``imp
 string values (or lists of those); ``kernels`` at most ``KERNELS``.
 
 A kernel: ``arch`` one of ``archs``; ``kernel`` a name; ``dynamic`` a bool; ``dtypes`` and ``ranks``
-(0..``DIMS``) keyed by tensor params; ``pinned`` (version 3) string values keyed by str params;
+(0..``DIMS``) keyed by tensor params; ``pinned`` (version 3 on) string values keyed by str params;
 ``aligned`` names of tensor params or outputs (``out<i>``, i < n_returns); ``guards`` at most
 ``GUARDS`` expressions; ``grid`` 3 expressions; ``shared_mem`` an expression; ``block`` 3 ints within
 1024, 1024, 64 and 1024 threads; ``params`` at most ``KERNEL_PARAMS``, each a ``KG_KERNEL_PARAM_KIND``:
@@ -71,11 +80,17 @@ a ``ptr`` has a ``source`` (a tensor param or output) or ``"null": true``, anoth
 signature, ``cuda`` template) where it has one. An expression is a string of at most ``EXPR_CHARS``;
 all distinct ones together at most ``EXPR_DISTINCT_CHARS``.
 
-Programs (version 2 on): ``program`` holds ``guard`` (all guards), ``grid`` (3), ``shared_mem``,
-``params`` (one per kernel param: null for a pointer) and ``outputs`` (one per output dimension).
-A program is a list of at most ``PROGRAM_TOKENS`` tokens (``PROGRAM_TOKENS_TOTAL`` in the
-manifest), each exactly one of ``["int", DECIMAL]`` (128-bit), ``["float", NUMBER]``, ``["size", I,
-D]``, ``["arg", I]`` (I a param's position, D < ``DIMS``), ``["op", BINARY]``, ``["unary", neg|pos|not]``,
+Programs (version 4): ``program`` holds ``guards`` (one per guard text, in order: each text compiled
+alone, so the kernel's guard is the AND of these programs, as the Python runner takes the AND of
+the texts), ``grid`` (3), ``shared_mem``, ``params`` (one per kernel param: null for a pointer) and
+``outputs`` (one per output dimension). A meta rule is ``{"dtypes", "ranks", "pinned" (when the
+kernel pins), "guards", "dynamic", "shapes", "out_dtypes"}``: its ``guards`` the kernel's guard
+programs that hold no ``stride`` token, its ``shapes`` the kernel's output programs; the rules are
+deduplicated (first kept) and stably sorted, those with ``dynamic`` true first, then by the
+number of guards. A program is a list of at most ``PROGRAM_TOKENS`` tokens (``PROGRAM_TOKENS_TOTAL``
+in the manifest), each exactly one of ``["int", DECIMAL]`` (128-bit), ``["float", NUMBER]``,
+``["size", I, D]``, ``["stride", I, D]``, ``["arg", I]`` (I a param's position, D < ``DIMS``),
+``["op", BINARY]``, ``["unary", neg|pos|not]``,
 ``["bool", and|or, N]``, ``["call", min|max, N]``, ``["call", "next_pow2", 1]``; it never pops more
 than it pushed and leaves one value. Its constant parts are evaluated when the bundle loads (as
 ``_rpn.evaluate`` does): a constant operand that is an error (overflow, division by zero), a
@@ -115,7 +130,7 @@ _INT64 = (-(2**63), 2**63 - 1)
 @dataclasses.dataclass(frozen=True)
 class Spec:
     limits: dict[str, int]
-    versions: dict[int, bool]              # version -> whether it holds RPN programs
+    versions: dict[int, bool]              # version -> whether its RPN programs are read
     reserved_namespaces: frozenset[str]
     reserved_params: frozenset[str]
     param_kinds: dict[str, tuple[str, bool]]  # kind -> (schema type, is a tensor kind)

@@ -105,10 +105,10 @@ class Walk:
             at = f"{path}[{i}]"
             if not isinstance(token, list) or not token or not isinstance(token[0], str):
                 self.fail(at, "is not a token [TAG, ...]")
-            tag, arity = token[0], {"int": 2, "float": 2, "size": 3, "arg": 2, "op": 2, "unary": 2,
+            tag, arity = token[0], {"int": 2, "float": 2, "size": 3, "stride": 3, "arg": 2, "op": 2, "unary": 2,
                                     "bool": 3, "call": 3}.get(token[0])
             if arity is None:
-                self.fail(at, f"'{tag[:40]}' is not one of int/float/size/arg/op/unary/bool/call")
+                self.fail(at, f"'{tag[:40]}' is not one of int/float/size/arg/op/unary/bool/call/stride")
             if len(token) != arity:
                 self.fail(at, f"'{tag}' has {len(token) - 1} operands, not {arity - 1}")
             pops, constant = 0, True
@@ -120,10 +120,10 @@ class Walk:
             elif tag == "float":
                 if type(token[1]) not in (int, float):
                     self.fail(at, "is not [\"float\", NUMBER]")
-            elif tag in ("size", "arg"):
+            elif tag in ("size", "stride", "arg"):
                 if type(token[1]) is not int or not 0 <= token[1] < n_inputs:
                     self.fail(at, f"input {str(token[1])[:20]} is out of range (the op has {n_inputs})")
-                if tag == "size":
+                if tag != "arg":
                     self.integer(token[2], at, 0, limit("DIMS") - 1)
                 constant = False
             elif tag == "op":

@@ -127,7 +127,9 @@ def _meta(entry: dict, names: Sequence[str], n_inputs: int):
     index = {n: i for i, n in enumerate(names)}
     compiled = []
     for dtypes, ranks, guards, shapes, out_dtypes, pinned in rules:
-        guard = compile_exprs(names[:n_inputs], [" and ".join(guards) or "True"])
+        # each guard on its own, as the runner evaluates them: a text joined to another with " and "
+        # would bind a top-level `or` of one to its neighbour
+        guard = compile_exprs(names[:n_inputs], list(guards) or ["True"])
         sizes = [compile_exprs(names[:n_inputs], list(s)) for s in shapes]
         compiled.append(([(index[n], _dtype(d)) for n, d in dtypes], [(index[n], r) for n, r in ranks],
                          guard, sizes, [_dtype(d) for d in out_dtypes], [(index[n], str(v)) for n, v in pinned]))
@@ -137,7 +139,7 @@ def _meta(entry: dict, names: Sequence[str], n_inputs: int):
             if (all(args[i].dtype == d for i, d in dtypes) and all(args[i].dim() == r for i, r in ranks)
                     and all(args[i] == v for i, v in pinned)):
                 try:
-                    ok = guard(*args)[0]
+                    ok = all(guard(*args))
                 except Exception:
                     ok = False
                 if ok:

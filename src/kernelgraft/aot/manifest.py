@@ -26,14 +26,16 @@ from ..errors import BundleError
 from .bundle_check import check_manifest
 from .bundle_spec import limit, loads, table
 
-__all__ = ["FORMAT", "VERSION", "PINNED_VERSION", "READS", "Reads", "write", "read", "parse", "store_binary",
+__all__ = ["FORMAT", "VERSION", "READS", "Reads", "write", "read", "parse", "store_binary",
            "read_binary", "read_file", "canonical", "normalize_arch", "MAX_MANIFEST_BYTES", "MAX_BINARY_BYTES",
            "MAX_DEPTH"]
 
 FORMAT = "kernelgraft-bundle"
-# 2: every expression also as an RPN program, op "meta" rules and "decisions" (the C++ runtime's data)
-VERSION = 2
-PINNED_VERSION = 3  # version 2 plus kernels pinned to string arguments ("pinned": {name: value})
+# The version this kernelgraft writes. 2: every expression also as an RPN program, op "meta" rules
+# and "decisions" (the C++ runtime's data); 3: kernels pinned to string arguments ("pinned": {name:
+# value}); 4: one RPN program per guard (2 and 3 joined the guards into one program, which loaders
+# no longer read: the bundle spec's versions). Pins are written in any version from 3 on.
+VERSION = 4
 READS = tuple(sorted(table().versions))
 # "so": a CuTe DSL kernel's shared library, "runtime": the native library it needs (native code: see _load)
 _KINDS = {"cubin": ".cubin", "ptx": ".ptx", "so": ".so", "runtime": ".so"}

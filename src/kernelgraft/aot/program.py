@@ -1,13 +1,18 @@
-"""What manifest version 2 adds for the C++ runtime: every expression also as RPN (``_rpn``),
-output-shape rules for Meta kernels, and a decision table.
+"""What manifest version 2 added for the C++ runtime, in the form of version 4: every expression
+also as RPN (``_rpn``), output-shape rules for Meta kernels, and a decision table.
 
-- ``kernel["program"]``: ``guard`` (all guards, one program), ``grid`` (3), ``shared_mem``,
-  ``params`` (one program per kernel parameter that has an ``expr``, else null) and ``outputs``
-  (one program per output dimension), all over the op's inputs in schema order.
-- ``op["meta"]``: the distinct (dtypes, ranks, guard, output shapes, output dtypes) rules of the
-  op's kernels, most general first: a Meta kernel uses the first rule that holds. A rule's guard
-  leaves out the kernel's guards that read strides: output shapes depend on sizes only (they were
-  traced on contiguous inputs), and a Meta kernel must give them for any layout.
+- ``kernel["program"]``: ``guards`` (one program per guard text, each compiled alone: a kernel
+  serves where every one holds, as the Python runner evaluates the texts one by one), ``grid``
+  (3), ``shared_mem``, ``params`` (one program per kernel parameter that has an ``expr``, else
+  null) and ``outputs`` (one program per output dimension), all over the op's inputs in schema
+  order. (Versions 2 and 3 held one ``guard`` program of the texts joined with " and " and no
+  parentheses: a guard with a top-level ``or`` became another condition.)
+- ``op["meta"]``: the distinct (dtypes, ranks, guards, output shapes, output dtypes) rules of the
+  op's kernels, most general first: a Meta kernel uses the first rule whose guards all hold. A
+  rule holds programs only, derived from the kernels' programs alone (so a loader without the
+  texts derives them too, and both loaders require the manifest's rules to be exactly these): its
+  ``guards`` are the kernel's guard programs that read no stride (output shapes depend on sizes
+  only, they were traced on contiguous inputs, and a Meta kernel must give them for any layout).
 - ``op["decisions"]``: rows ``{"arch", "tensors": {name: {"dtype", "dims": [[lo, hi], ...]}},
   "ints": {name: [lo, hi]}, "values": {name: v}, "ranking": [candidate positions], "source"}``
   from a tuning cache file: a call whose inputs fall in a row's ranges tries its ranking first (a
@@ -27,16 +32,16 @@ from ..errors import BundleError
 from ..symbolic.expr import reads_strides
 from .rpn import compile_rpn
 
-__all__ = ["kernel_program", "meta_rules", "shape_guards", "decision_table", "read_decisions", "tuned_entries", "key_label"]
+__all__ = ["kernel_program", "meta_rules", "shape_guards", "reads_stride_token", "decision_table", "read_decisions",
+           "tuned_entries", "key_label"]
 
 log = logging.getLogger(__name__)
 
 
 def kernel_program(kernel: dict, names: Sequence[str]) -> dict:
     """The RPN programs of one kernel entry (its texts stay the Python loader's source)."""
-    guard = " and ".join(kernel["guards"]) or "True"
     return {
-        "guard": compile_rpn(guard, names),
+        "guards": [compile_rpn(g, names) for g in kernel["guards"]],
         "grid": [compile_rpn(str(g), names) for g in kernel["grid"]],
         "shared_mem": compile_rpn(str(kernel["shared_mem"]), names),
         "params": [compile_rpn(p["expr"], names) if "expr" in p else None for p in kernel["params"]],
@@ -45,19 +50,23 @@ def kernel_program(kernel: dict, names: Sequence[str]) -> dict:
 
 
 def shape_guards(guards: Sequence[str]) -> list[str]:
-    """The guards that read sizes and scalars only (what an output-shape rule needs)."""
+    """The guard texts that read sizes and scalars only (what an output-shape rule needs)."""
     return [g for g in guards if not reads_strides(g)]
 
 
-def meta_rules(candidates: Sequence[dict], names: Sequence[str]) -> list[dict]:
-    """The op's output-shape rules, deduplicated, symbolic ones and those with fewer guards first."""
+def reads_stride_token(program: Sequence[Sequence[Any]]) -> bool:
+    """Whether an RPN program reads a stride (the program form of ``_expr.reads_strides``)."""
+    return any(token[0] == "stride" for token in program)
+
+
+def meta_rules(candidates: Sequence[dict]) -> list[dict]:
+    """The op's output-shape rules from its kernels' programs alone, deduplicated, symbolic ones and
+    those with fewer guards first (``runtime/csrc/spec.cpp`` derives the same in C++)."""
     rules: dict[str, dict] = {}
     for cand in candidates:
         for k in cand["kernels"]:
-            guards = shape_guards(k["guards"])
-            guard = k["program"]["guard"] if guards == k["guards"] else compile_rpn(" and ".join(guards) or "True", names)
-            rule = {"dtypes": k["dtypes"], "ranks": k["ranks"], "guards": guards,
-                    "guard": guard, "dynamic": k["dynamic"],
+            guards = [p for p in k["program"]["guards"] if not reads_stride_token(p)]
+            rule = {"dtypes": k["dtypes"], "ranks": k["ranks"], "guards": guards, "dynamic": k["dynamic"],
                     "shapes": k["program"]["outputs"], "out_dtypes": k["outputs"]["dtypes"]}
             if k.get("pinned"):
                 rule["pinned"] = k["pinned"]

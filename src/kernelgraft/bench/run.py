@@ -305,7 +305,7 @@ def bench_op(
                 try:
                     # tune in the regime this report measures (cold L2, or the tuner's own
                     # graph replay), so "tuned" and "best candidate" are judged by the same clock
-                    with _mode("on", cold_l2=timing == "cold"):
+                    with _mode("on", cold_l2=timing == "cold", blocking=True):  # tuned before timed
                         _timed(tuned, lambda: op(*args), timer, ceilings)
                         plan = op.dispatcher.plan_for(args)
                         chosen = getattr(plan, "candidate", None)

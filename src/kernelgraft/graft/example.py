@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from ..errors import GraftWarning, VerificationError
+from ..op.modes import tune
 
 __all__ = ["MAX_SAMPLES", "as_call", "run_failed", "tune_at_example"]
 
@@ -34,10 +35,11 @@ def tune_at_example(run: Callable[[], Any], ops: Any) -> None:
     """Run the grafted model once more on the example inputs, under the caller's tuning settings
     (the checks ran with tuning off): the ops tune at the shapes the example meets, as the first
     call would, so that a ``torch.compile`` of the model finds their decisions when Inductor makes
-    its in-graph choice (``_inline``: tuning cannot run inside a compile). Nothing is measured
-    where the settings measure nothing (CPU tensors, ``kg.tune("cached")``)."""
+    its in-graph choice (``_inline``: tuning cannot run inside a compile). The tuning is made inside
+    the calls (``blocking=True``), not off their path. Nothing is measured where the settings
+    measure nothing (CPU tensors, ``kg.tune("cached")``)."""
     try:
-        with torch.no_grad():
+        with torch.no_grad(), tune(blocking=True):  # a warm-up: the decisions must be there after it
             run()
     except Exception as exc:  # the checks passed: a failure here is the tuner's, and says so itself
         names = ", ".join(sorted(getattr(o, "name", "?") for o in ops))

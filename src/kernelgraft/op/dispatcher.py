@@ -26,19 +26,18 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from .. import admit as _admit
-from .. import backends
-from ..errors import FallbackWarning, InputError, LaunchError, SpecError, UnsupportedError, describe
-from ..native.attach import attach
-from ..backends.triton.jit import interpreting
-from .modes import scope as current_scope
-from .modes import settings as current_settings
-from . import compete as _compete, overlap as _overlap, probe as _probe, select as _select
-from .candidates import LAYOUT, Candidate, evaluate, evaluate_one
-from .limits import check_allocatable, quiet_fake_tensor_errors
-from .plan import Plan, guarded, kernel_plan, meta_plan, reference_plan, torch_plan
-from .warn import caller_stacklevel
-from .shape_error import named, shape_error
+from .. import _admit, backends
+from .._errors import FallbackWarning, InputError, LaunchError, SpecError, UnsupportedError, describe
+from .._native._attach import attach
+from ..backends._triton import interpreting
+from ..tune._modes import scope as current_scope
+from ..tune._modes import settings as current_settings
+from . import _compete, _overlap, _probe, _select
+from ._candidates import LAYOUT, Candidate, evaluate, evaluate_one
+from ._limits import check_allocatable, quiet_fake_tensor_errors
+from ._plan import Plan, kernel_plan, meta_plan, reference_plan, torch_plan
+from ._provisional import expiring, pending
+from ._shape_error import named, shape_error
 
 
 __all__ = ["Dispatcher", "PLAIN", "ANY_TENSOR"]
@@ -67,21 +66,6 @@ class _AnyTensor:
 ANY_TENSOR = _AnyTensor()
 
 
-def _expiring(plan: Plan, table: dict[tuple, Plan], key: tuple, until: float,
-              replan: Callable[[tuple, tuple], Any]) -> Plan:
-    """``plan`` kept in ``table`` until ``time.monotonic()`` reaches ``until``; the call that finds
-    it expired takes it out and plans again (asking the tuner again)."""
-
-    def expiring(args: tuple) -> Any:
-        if time.monotonic() < until:
-            return plan(args)
-        if table.get(key) is expiring:
-            table.pop(key, None)
-        return replan(args, key)
-
-    expiring.candidate = getattr(plan, "candidate", None)  # type: ignore[attr-defined]
-    expiring.plan = plan  # type: ignore[attr-defined]  (what plans() shows)
-    return expiring
 
 
 class Dispatcher:
@@ -185,10 +169,12 @@ class Dispatcher:
         plan = table.get(key)
         if plan is None:
             plan, until = self._make_plan(args, scope, epoch)
-            if until is not None:  # a provisional choice: not kept, or kept until its deadline
+            if isinstance(until, _select.Pending):  # kept until the decision lands
+                plan = pending(plan, table, key, until, self.execute)
+            elif until is not None:  # a provisional choice: not kept, or kept until its deadline
                 if until <= time.monotonic():
                     return plan(args)
-                plan = _expiring(plan, table, key, until, self.execute)
+                plan = expiring(plan, table, key, until, self.execute)
             if len(table) >= _MAX_PLANS:
                 table.clear()
             table[key] = plan
@@ -282,9 +268,10 @@ class Dispatcher:
                 )
         return tensors
 
-    def _make_plan(self, args: tuple, scope: Any, epoch: int) -> tuple[Plan, float | None]:
-        """The plan for these arguments, and None, or the ``time.monotonic()`` deadline of a
-        provisional choice (see ``_select.provisional``) after which the call plans again."""
+    def _make_plan(self, args: tuple, scope: Any, epoch: int) -> tuple[Plan, Any]:
+        """The plan for these arguments, and None, or the ``time.monotonic()`` deadline (or the
+        ``_select.Pending`` decision) of a provisional choice (see ``_select.provisional``) after
+        which the call plans again."""
         op = self.op
         tensors = self.check(args)
         if tensors and tensors[0][1].device.type == "meta":
@@ -298,8 +285,10 @@ class Dispatcher:
             self._accept_dtypes(args, tensors)
             chosen = _select.choose(op, supported, args)
             until = _select.take_provisional()
-            if chosen is None:  # the tuner found no candidate that computes the right result
-                return reference_plan(op), until
+            if chosen is None:  # no candidate computes the right result, or none is verified yet
+                # guarded as a kernel plan would be: a call refused once the decision lands is
+                # refused while it is made, too
+                return guarded(reference_plan(op), self.overlap_guard(args)), until
             log.debug("%s: chose %s%s", op.name, chosen.label, "" if until is None else " (provisional)")
             if _compete.is_torch(chosen):  # PyTorch won this shape: the Python path, no replay
                 return guarded(torch_plan(op, chosen, _compete.bind(op, chosen)), self.overlap_guard(args)), until

@@ -15,6 +15,15 @@ Plans made outside any block follow the environment as it was when they were mad
 traces or a CUDA graph is being captured nothing is measured: the cache or the default is used and
 one warning says so.
 
+``blocking`` (``kg.tune(blocking=...)``, ``KERNELGRAFT_TUNE_BLOCKING``): where a new key is tuned.
+None (the default): on CUDA tensors off the caller's path: the call is served at once by a
+provisional choice (the nearest tuned bucket's winner, else the reference) while a background
+worker tunes the key, and the decision swaps in when it lands (``kernelgraft.tune._background``);
+elsewhere (a test's injected timer on CPU tensors) on the caller's thread. True (``=1``): always on
+the caller's thread, inside the first call, as benchmarks and warm-up scripts want (``kg.tune.pretune``
+and ``kernelgraft tune`` always tune so). False (``=0``): off the path on every device.
+``kg.tune.wait()`` waits for the background tunings.
+
 ``compete`` (``kg.tune(compete=...)``, ``KERNELGRAFT_COMPETE``): whether the op's reference, eager
 and under ``torch.compile``, competes with the kernels (``kernelgraft.op.compete``). None (the
 default): on CUDA tensors; False (``KERNELGRAFT_COMPETE=0``): never; True (``=1``): also on other
@@ -77,13 +86,16 @@ class Settings:
     progress: bool = True
     compete: bool | None = None  # None: PyTorch competes on CUDA tensors; False: never; True: always
     timer: Callable[..., float] | None = None
+    blocking: bool | None = None  # None: off the caller's path on CUDA tensors; True: never; False: always
 
     def __post_init__(self) -> None:
         # Settings are interned by equality, and 0 == False hashes alike: Settings(compete=0)
         # would be the scope of compete=False while code testing ``is False`` reads it as unset.
-        if not (type(self.compete) is bool or self.compete is None):
-            raise SpecError(f"kernelgraft tune settings: compete must be True, False or None, "
-                            f"got {type(self.compete).__name__} {self.compete!r}")
+        for name in ("compete", "blocking"):
+            value = getattr(self, name)
+            if not (type(value) is bool or value is None):
+                raise SpecError(f"kernelgraft tune settings: {name} must be True, False or None, "
+                                f"got {type(value).__name__} {value!r}")
 
 
 def env_tristate(name: str) -> bool | None:
@@ -112,6 +124,7 @@ def _from_env() -> Settings:
         cold_l2=_env_bool("KERNELGRAFT_TUNE_COLD_L2"),
         isolate=_env_bool("KERNELGRAFT_TUNE_ISOLATE"),
         compete=env_tristate("KERNELGRAFT_COMPETE"),
+        blocking=env_tristate("KERNELGRAFT_TUNE_BLOCKING"),
     )
 
 
@@ -181,6 +194,11 @@ class tune(contextlib.ContextDecorator):
         if not (type(compete) is bool or compete is None):  # 0 == False: an int must not pass
             raise SpecError(f"kg.tune: compete must be True, False or None (the default: on CUDA), got "
                             f"{type(compete).__name__} {compete!r}; to keep one PyTorch candidate use kg.op(..., compete=('eager',))")
+        blocking = options.get("blocking", None)
+        if not (type(blocking) is bool or blocking is None):
+            raise SpecError(f"kg.tune: blocking must be True (tune inside the first call), False (off the "
+                            f"caller's path) or None (the default: off the path on CUDA), got "
+                            f"{type(blocking).__name__} {blocking!r}")
         self._mode = mode
         self._options = options
 

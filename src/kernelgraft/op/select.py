@@ -11,7 +11,8 @@ from typing import Any
 
 from .candidates import Candidate
 
-__all__ = ["choose", "set_chooser", "forget", "epoch", "bump_epoch", "provisional", "take_provisional", "pinned"]
+__all__ = ["choose", "set_chooser", "forget", "epoch", "bump_epoch", "provisional", "take_provisional",
+           "pinned", "Pending"]
 
 Chooser = Callable[[Any, Sequence[Candidate], tuple], Candidate]
 
@@ -26,14 +27,31 @@ _chooser: Chooser = _first
 _epoch = [0]
 
 
-# A chooser that could not decide yet (the tuner, when its device is busy or a tuning failed for a
-# reason that may pass) marks its choice provisional: the op serves it without keeping the plan
-# for good, so a later call asks again. Per thread: choices are made on the calling thread.
+# A chooser that could not decide yet (the tuner, when its device is busy, a tuning failed for a
+# reason that may pass, or the key is being tuned off the caller's path) marks its choice
+# provisional: the op serves it without keeping the plan for good, so a later call asks again.
+# Per thread: choices are made on the calling thread.
 _local = threading.local()
 
 
 # (op, candidate or None) pinned for this thread or task; see ``pinned``.
 _pin: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("kernelgraft_pin", default=None)
+
+
+class Pending:
+    """A decision being made elsewhere (the tuner's background worker). A provisional choice made
+    until it lands serves every call, each reading one attribute, ``landed``; the call after
+    ``land()`` plans again and asks the chooser, which then has the decision. One object per
+    tuning job, shared by every plan and thread that waits on that key."""
+
+    __slots__ = ("landed",)
+
+    def __init__(self) -> None:
+        self.landed = False
+
+    def land(self) -> None:
+        """The decision is in place (or the job was dropped): the waiting plans make way."""
+        self.landed = True
 
 
 def choose(op: Any, candidates: Sequence[Candidate], args: tuple) -> Candidate | None:
@@ -66,13 +84,14 @@ def pinned(op: Any, candidate: Candidate | None) -> Iterator[None]:
         _pin.reset(token)
 
 
-def provisional(until: float = 0.0) -> None:
+def provisional(until: "float | Pending" = 0.0) -> None:
     """Called by a chooser: its choice serves calls until ``time.monotonic()`` reaches ``until``
-    (0: this call only), then the op plans again and asks the chooser again."""
+    (0: this call only), or, given a ``Pending``, until it lands; then the op plans again and
+    asks the chooser again."""
     _local.until = until
 
 
-def take_provisional() -> float | None:
+def take_provisional() -> "float | Pending | None":
     """The deadline of the choice just made on this thread (None: a lasting choice); resets it."""
     until = getattr(_local, "until", None)
     _local.until = None

@@ -8,21 +8,60 @@ then raises "Offset increment outside graph capture encountered unexpectedly" (s
 after the bench's capture of a call with ``.item()`` failed). A failed attempt inside kernelgraft
 must not break the user's process, so each default generator's state is cloned before the
 capture and put back (``graphsafe_set_state``) when the capture fails.
+
+The capture is begun and ended on the graph itself rather than through ``torch.cuda.graph``, whose
+entry synchronises the device and empties the caching allocator (``cudaFree`` synchronises the
+device too): from a tuning running beside serving threads (off the caller's path) that would stall
+their work and drop their cached memory, and a timing graph needs neither. Captures run on a
+stream of kernelgraft's own (``_streams.private_stream``), never one of torch's pool that other
+code may be capturing on, in ``thread_local`` mode, so they never break a capture on another thread.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import logging
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
 from .gpu_busy import cover
+from ._streams import private_stream
 
-__all__ = ["capture", "capture_calls", "replay_graph"]
+__all__ = ["capture", "capture_calls", "replay_graph", "exchange_capture_mode", "RELAXED", "THREAD_LOCAL"]
 
 log = logging.getLogger(__name__)
+THREAD_LOCAL, RELAXED = 1, 2  # CUstreamCaptureMode
+
+
+@functools.cache
+def _exchange() -> Any:
+    try:
+        fn = ctypes.CDLL("libcuda.so.1").cuThreadExchangeStreamCaptureMode
+    except (OSError, AttributeError):  # no driver: nothing is captured either
+        return None
+    fn.argtypes = [ctypes.POINTER(ctypes.c_int)]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def exchange_capture_mode(mode: int) -> int | None:
+    """Set this thread's stream-capture mode (``cuThreadExchangeStreamCaptureMode``); the previous
+    one, or None where it could not be set. A tuning worker runs relaxed, so its synchronisations
+    are neither refused nor break a capture another thread makes in the global mode; inside its
+    own captures it is thread-local again, so what a capture refuses is what the user's would."""
+    fn = _exchange()
+    if fn is None:
+        return None
+    value = ctypes.c_int(mode)
+    status = fn(ctypes.byref(value))
+    if status != 0:
+        log.debug("cuThreadExchangeStreamCaptureMode(%d) returned %d", mode, status)
+        return None
+    return value.value
 
 
 def _generators() -> list:
@@ -32,17 +71,22 @@ def _generators() -> list:
 
 @contextlib.contextmanager
 def capture(graph: "torch.cuda.CUDAGraph", stream: "torch.cuda.Stream") -> Iterator[None]:
-    """``torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local")``, with the
-    default generators restored when the capture fails (the exception still propagates)."""
+    """Capture the block's work on ``stream`` into ``graph`` (``thread_local`` error mode), with
+    the default generators restored when the capture fails (the exception still propagates)."""
     saved = []
     for gen in _generators():
         try:
             saved.append((gen, gen.clone_state()))
         except Exception:  # a torch without graph-safe generator states: nothing to restore
             pass
+    outer = exchange_capture_mode(THREAD_LOCAL)
     try:
-        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
-            yield
+        with torch.cuda.stream(stream):
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                yield
+            finally:
+                graph.capture_end()
     except BaseException:
         for gen, state in saved:
             try:
@@ -50,6 +94,9 @@ def capture(graph: "torch.cuda.CUDAGraph", stream: "torch.cuda.Stream") -> Itera
             except Exception as exc:  # pragma: no cover - depends on the torch build
                 log.warning("could not restore a CUDA generator after a failed graph capture: %s", exc)
         raise
+    finally:
+        if outer is not None and outer != THREAD_LOCAL:
+            exchange_capture_mode(outer)
 
 
 def capture_calls(graph: "torch.cuda.CUDAGraph", call: Callable[[int], object], count: int) -> str | None:
@@ -60,7 +107,7 @@ def capture_calls(graph: "torch.cuda.CUDAGraph", call: Callable[[int], object], 
     is one per process, made on whichever device captured first, so a later capture of ``cuda:1``
     work would switch to device 0 and record nothing (an empty graph times as ~0)."""
     try:
-        stream = torch.cuda.Stream()
+        stream = private_stream(None, "capture")
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             call(0)

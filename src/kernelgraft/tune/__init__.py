@@ -3,7 +3,13 @@
 Every op with more than one supported candidate is tuned on first use of a new key (see
 ``_key``): each candidate is checked against the reference (``_gate``) and timed (``_timing``),
 the fastest correct one wins, and the decision is kept in memory, on disk (``_cache``) and, with
-torch.distributed, agreed across ranks (``_dist``). ``kernelgraft.tune`` is this module and is
+torch.distributed, agreed across ranks (``_dist``). Before timing, a key's candidates compile in
+parallel worker processes (``_compile_pool``). On CUDA the first call does not wait for tuning: it
+is served at once while a background worker tunes the key (``_background``); ``kg.tune(blocking=True)``
+tunes inside the call instead, ``kg.tune.wait()`` waits for the workers, ``kg.tune.report(op)`` says
+what was tried and where the time went. ``pretune`` tunes ahead: one call, a model's op sites over
+decode and prefill ``Ranges`` (``_record``, ``_ranges``), or a list of calls; resumable, and split
+across ranks under torch.distributed (``_shard``). ``kernelgraft.tune`` is this module and is
 also callable: ``kg.tune("cached")`` / ``kg.tune(prune=True)`` give a context manager and
 decorator that set the mode and options (``_modes``).
 
@@ -21,17 +27,21 @@ import sys
 import types
 from typing import Any
 
-from .cache import DiskCache, cache_dir, cache_path
-from .key import TuneKey, build_key, normalize_buckets
-from ..op.modes import MODES, Settings, settings, tune
-from .prune import matmul_heuristics
-from .tuner import TUNER, Decision, Tuner
-from .api import clear, decision, pretune, stats
+from ._cache import DiskCache, cache_dir, cache_path
+from ._key import TuneKey, build_key, normalize_buckets
+from ._modes import MODES, Settings, settings, tune
+from ._prune import matmul_heuristics
+from ._tuner import TUNER, Decision, Tuner
+from ._api import clear, decision, pending, pretune, report, stats, wait
+from ._pretune import KeyResult, Report as PretuneReport
+from ._ranges import Ranges
+from ._report import Report
 
 __all__ = [
     "tune", "settings", "Settings", "MODES", "Decision", "Tuner", "TuneKey", "build_key",
     "normalize_buckets", "matmul_heuristics", "cache_dir", "cache_path", "DiskCache",
-    "pretune", "decision", "clear", "stats", "TUNER",
+    "pretune", "decision", "clear", "stats", "wait", "pending", "report", "Report", "TUNER", "Ranges",
+    "PretuneReport", "KeyResult",
 ]
 
 

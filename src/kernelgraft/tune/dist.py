@@ -8,6 +8,9 @@ partner: the first rank to claim a key (an atomic ``store.add``) decides it (its
 measures) and publishes the decision; every other rank waits for that value and adopts it. A
 leader never waits while leading, so there is no cycle, and nothing is sent on a rank's hit path
 once it has the key in memory. Published decisions live as long as the process group.
+
+``gather`` is for callers that are collective by contract (tuning ahead: every rank calls
+``pretune`` with the same calls): each rank publishes a value and waits for everyone's.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 
 from ..errors import TuneWarning
 
-__all__ = ["active", "agree", "rank"]
+__all__ = ["active", "agree", "rank", "world", "gather"]
 
 log = logging.getLogger(__name__)
 _PREFIX = "kernelgraft/tune/v1"
@@ -43,6 +46,12 @@ def rank() -> int:
     import torch.distributed as dist
 
     return dist.get_rank() if active() else 0
+
+
+def world() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if active() else 1
 
 
 def _store() -> Any:
@@ -108,3 +117,19 @@ def agree(digest: str, namespace: str, decide: Callable[[], dict[str, Any]],
             )
         time.sleep(delay)
         delay = min(delay * 2, 0.05)
+
+
+def gather(tag: str, value: Any, timeout_s: float | None = None) -> list[Any]:
+    """Every rank's JSON-able ``value`` for ``tag``, in rank order; a collective (every rank calls
+    it with the same ``tag``, once), through the store as ``agree`` is: it needs no backend that can
+    move Python objects, and the values stay readable for as long as the process group lives."""
+    from datetime import timedelta
+
+    store = _store()
+    if store is None:
+        raise RuntimeError("torch.distributed has no default store to gather through")
+    base = f"{_PREFIX}/gather/{tag}"
+    store.set(f"{base}/{rank()}", json.dumps(value))
+    names = [f"{base}/{r}" for r in range(world())]
+    store.wait(names, timedelta(seconds=timeout_s if timeout_s is not None else _timeout_s()))
+    return [json.loads(bytes(store.get(name)).decode()) for name in names]

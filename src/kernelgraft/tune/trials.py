@@ -1,13 +1,14 @@
 """Trials: run every candidate once through the correctness gate, then time the ones that pass.
 
-Phases: (1) gate every candidate (compilation happens here: seconds of host work with the GPU
-idle); (2) keep the GPU busy for ``WARM_MS``, then time every candidate back to back; (3) re-time
-the finalists: those scored by GPU time within ``TOGETHER_MARGIN`` of the fastest (at most
-``MAX_TOGETHER``) together, their CUDA graphs replayed in turn, every one at the same clock; that
-timing orders them (on the first pass's scale). Where the timer cannot (no ``timer.together``,
-inputs restored per launch, cold L2, a failed capture), the finalists within ``FINAL_MARGIN`` (at
-most ``MAX_FINALISTS``, torch:compile's host-scored time included) are timed ``FINAL_ROUNDS`` more
-times one after the other, each keeping its fastest median.
+Phases: (0) compile the candidates in parallel, in worker processes (``_compile_pool``; where it
+cannot, they compile one by one in phase 1); (1) gate every candidate (the first launch: a compile
+where phase 0 did not do it); (2) keep the GPU busy for ``WARM_MS``, then time every candidate back
+to back; (3) re-time the finalists: those scored by GPU time within ``TOGETHER_MARGIN`` of the
+fastest (at most ``MAX_TOGETHER``) together, their CUDA graphs replayed in turn, every one at the
+same clock; that timing orders them (on the first pass's scale). Where the timer cannot (no
+``timer.together``, inputs restored per launch, cold L2, a failed capture), the finalists within
+``FINAL_MARGIN`` (at most ``MAX_FINALISTS``, torch:compile's host-scored time included) are timed
+``FINAL_ROUNDS`` more times one after the other, each keeping its fastest median.
 
 Why the warm-up, on every key: without it the candidate timed first won large GEMMs it was 10%
 slower at (most likely it ran on the power headroom an idle GPU builds up, the others at the
@@ -29,18 +30,19 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from ..verify import oracle as _verify
-from ..errors import out_of_memory
-from ..op import compete as _compete
-from ..timing import on_device
-from .gate import classify_error, expected, guarded, judge
-from .timing import CaptureRefused, Trial, cuda_timer
+from .. import _verify
+from .._errors import out_of_memory
+from .._op import _compete
+from .._timing import on_device
+from ._compile_pool import compile_ahead
+from ._gate import classify_error, expected, guarded, judge
+from ._phases import clock, phase
+from ._timing import CaptureRefused, Trial, cuda_timer
 
 __all__ = ["Result", "run_trials"]
 
@@ -97,46 +99,54 @@ def run_trials(
     device = tensors[0].device if tensors else torch.device("cpu")
     timer = settings.timer or cuda_timer
     mutated = [i for i, p in enumerate(op.signature.params) if p.mutated]
-    reference = expected(op, args)
-    out_specs = op.dispatcher.output_specs(args) if op.signature.returns != "none" else []
-    pristine = {i: _verify.clone(args[i]) for i in mutated}
-    own = [(_verify.clone(a) if i in mutated else a) for i, a in enumerate(args)]
-    outs = [torch.empty(s, dtype=d, device=dev) for s, d, dev in out_specs]
+    with phase("prepare"):  # the oracle's run; every unit of work below is a phase (see _phases)
+        reference = expected(op, args)
+        out_specs = op.dispatcher.output_specs(args) if op.signature.returns != "none" else []
+        pristine = {i: _verify.clone(args[i]) for i in mutated}
+        own = [(_verify.clone(a) if i in mutated else a) for i, a in enumerate(args)]
+        outs = [torch.empty(s, dtype=d, device=dev) for s, d, dev in out_specs]
 
     def restore(_: int) -> None:  # one argument set (Trial.n_sets == 1)
         for i in mutated:
             _copy_into(own[i], pristine[i])
 
     results: list[Result | Trial] = []
-    started = time.perf_counter()
+    started = clock()  # stands still while a tuning off the caller's path is paused
+    with phase("compile"):  # the candidates' compiles, in worker processes, before any is gated
+        compile_ahead(op, candidates, (*own, *outs), device)  # the runners' exact arguments: see _gate
     for n, cand in enumerate(candidates):
         if on_progress is not None:
             on_progress(n, cand)
-        if n > 0 and time.perf_counter() - started > settings.budget_s:
+        if n > 0 and clock() - started > settings.budget_s:
             results.append(_over_budget(cand, settings))
             continue
-        result = _gate(op, cand, own, outs, restore if mutated else None, reference, device)
+        with phase("gate", cand):  # compiles here, for backends that compile on first launch
+            result = _gate(op, cand, own, outs, restore if mutated else None, reference, device)
         if isinstance(result, Trial):
             result.cold = bool(settings.cold_l2)
         results.append(result)
     trials = [r for r in results if isinstance(r, Trial)]
     if trials and settings.timer is None:
-        _warm_up(trials[0], device)
+        with phase("measure"):
+            _warm_up(trials[0], device)
     where = {id(r): i for i, r in enumerate(results)}
     times: dict[int, tuple[float, float, float | None]] = {}  # id(trial) -> (score, GPU ms, host ms)
     for n, trial in enumerate(trials):
-        spent = time.perf_counter() - started
+        spent = clock() - started
         if n > 0 and spent > settings.budget_s:
             results[where[id(trial)]] = _over_budget(trial.candidate, settings)
             continue
         trial.budget_s = max(0.05, (settings.budget_s - spent) / (len(trials) - n))
-        outcome = _time(trial, timer, settings)
+        with phase("measure", trial.candidate):
+            outcome = _time(trial, timer, settings)
         if isinstance(outcome, Result):
             results[where[id(trial)]] = outcome
         else:
             times[id(trial)] = outcome
-    _refine([t for t in trials if id(t) in times], times, timer, settings)
-    _served_hosts([t for t in trials if id(t) in times], times, timer)
+    with phase("measure"):
+        _refine([t for t in trials if id(t) in times], times, timer, settings)
+    with phase("host"):
+        _served_hosts([t for t in trials if id(t) in times], times, timer)
     if on_progress is not None:
         on_progress(len(candidates), None)
     return [r if isinstance(r, Result) else Result(r.candidate, *_scored(times[id(r)])) for r in results]

@@ -1,9 +1,11 @@
 """The tuner: the chooser kernelgraft's ops call once per new input signature.
 
 Per call it builds the key, looks in memory, then (agreeing across ranks) on disk, then measures
-if the mode allows. Decisions hold the ranking of every candidate that passed the gate, so a new
-signature that falls into a known bucket takes the best candidate that supports it, without
-measuring. A warm call never reaches this module: the op's per-signature plan is the cache.
+if the mode allows: on CUDA off the caller's path by default (``_offpath``: the call is served at
+once meanwhile), else inside the call. Decisions hold the ranking of every candidate that passed
+the gate, so a new signature that falls into a known bucket takes the best candidate that supports
+it, without measuring. A warm call never reaches this module: the op's per-signature plan is the
+cache.
 """
 
 from __future__ import annotations
@@ -19,17 +21,20 @@ from typing import Any
 
 import torch
 
-from .. import native as _native
-from ..op import select as _select
-from ..op.compete import TORCH, TORCH_INDEX, find, is_torch, key_backends, servable
-from ..errors import FallbackWarning, TuneWarning, out_of_memory
-from ..spec import Config
-from . import dist as _dist
-from .cache import DiskCache
-from .key import TuneKey, build_key
-from ..op.modes import Settings, no_tune_reason, settings, warn_no_tune
-from .prune import apply_prune
-from .trials import Result, run_trials
+from .. import _native
+from .._op import _select
+from .._op._compete import TORCH, TORCH_INDEX, find, is_torch, key_backends, servable
+from .._errors import FallbackWarning, TuneWarning, out_of_memory
+from .._spec import Config
+from . import _dist, _phases
+from ._background import BACKGROUND, Background
+from ._cache import DiskCache
+from ._key import TuneKey, build_key
+from ._modes import Settings, no_tune_reason, settings, warn_no_tune
+from ._offpath import off_path, serve
+from ._progress import Progress
+from ._prune import apply_prune
+from ._trials import Result, run_trials
 
 __all__ = ["Decision", "Tuner", "TUNER", "entry_label"]
 
@@ -37,7 +42,6 @@ log = logging.getLogger(__name__)
 # Timings this close to the fastest count as a tie. 2% let a 3.4 us GEMM config 3.3% slower than
 # the best win on the H200 (its first-pass time fell within 2%); 1% after the finalists' re-timing.
 TIE_MARGIN = 0.01
-_PROGRESS_AFTER_S = 1.0
 
 
 @dataclasses.dataclass
@@ -54,6 +58,8 @@ class Decision:
     measured: int = 0
     offered: int = 0
     provisional: bool = False  # made short of memory: serves this process, never saved
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds by phase (_phases)
+    spent: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)  # label -> seconds by phase
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -91,6 +97,9 @@ class Decision:
             measured=int(data.get("measured", 0)),
             offered=int(data.get("offered", 0)),
             provisional=data.get("provisional") is True,
+            phases=_phases_of(data.get("phases")),
+            spent={str(k): _phases_of(v) for k, v in data["spent"].items()}
+            if isinstance(data.get("spent"), dict) else {},
         )
 
     @property
@@ -112,6 +121,14 @@ def _check_entry(e: dict[str, Any]) -> None:
         raise ValueError(f"ranking entry with impl index {index} for backend {e.get('backend')!r}")
 
 
+def _phases_of(value: Any) -> dict[str, float]:
+    """A stored decision's seconds by phase; an unreadable field is no phases (it only informs)."""
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): float(v) for k, v in value.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")}
+
+
 def _entry(c: Any, **extra: Any) -> dict[str, Any]:
     return {"impl": c.index, "impl_name": c.impl.display_name, "backend": c.impl.backend,
             "config": c.config.as_dict(), **extra}
@@ -124,6 +141,11 @@ def entry_label(e: dict[str, Any]) -> str:
     return f"{e.get('backend')}:{e.get('impl_name')}[{Config.of(e.get('config') or {}, where='entry').label()}]"
 
 
+def _spent(phases: _phases.Phases, candidate: Any) -> dict[str, float]:
+    """A candidate's seconds by phase: the gate (its compile included) and timing, where recorded."""
+    return {name: round(s, 4) for name, s in phases.of(candidate).items()}
+
+
 def _parts(r: Result) -> dict[str, float]:
     """A ranked entry's GPU and host milliseconds, where they were measured."""
     return {k: v for k, v in (("gpu_ms", r.gpu_ms), ("host_ms", r.host_ms)) if v is not None}
@@ -131,43 +153,6 @@ def _parts(r: Result) -> dict[str, float]:
 
 class _Held(threading.local):
     locks: list = []
-
-
-class _Progress:
-    """A rich progress bar that appears only once tuning has taken more than a moment."""
-
-    def __init__(self, op_name: str, key: TuneKey, total: int, enabled: bool) -> None:
-        self.label = f"tuning {op_name} ({key.summary()})"
-        self.total, self.enabled = total, enabled and total > 1
-        self.started = time.perf_counter()
-        self.bar: Any = None
-        self.task: Any = None
-
-    def __call__(self, done: int, cand: Any) -> None:
-        if not self.enabled:
-            return
-        if self.bar is None:
-            if time.perf_counter() - self.started < _PROGRESS_AFTER_S or cand is None:
-                return
-            try:
-                from rich.console import Console
-                from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-                console = Console(stderr=True)
-                if not console.is_terminal:
-                    log.warning("%s: %d candidates, this may take a while", self.label, self.total)
-                    self.enabled = False
-                    return
-                self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                    TimeElapsedColumn(), console=console, transient=True)
-                self.bar.start()
-                self.task = self.bar.add_task(self.label, total=self.total)
-            except Exception:  # progress display is a nicety; never fail tuning for it
-                self.enabled = False
-                return
-        self.bar.update(self.task, completed=done)
-        if cand is None:
-            self.bar.stop()
 
 
 # A tuning that failed for want of memory is retried after RETRY_S, doubling per failure in a row up
@@ -183,9 +168,10 @@ SHORT_LIMIT = 3
 class Tuner:
     """Chooses per key; ``TUNER`` is the instance installed as kernelgraft's chooser."""
 
-    def __init__(self, disk: DiskCache | None = None) -> None:
+    def __init__(self, disk: DiskCache | None = None, background: Background | None = None) -> None:
         self.memory: dict[str, Decision] = {}
         self.disk = disk or DiskCache()
+        self.background = background or BACKGROUND  # keys tuned off the caller's path
         self.stats: Counter = Counter()
         # One lock per device: threads whose first calls tune at once would time their candidates
         # against each other on one GPU. Re-entrant: a reference may call another op that tunes.
@@ -198,7 +184,9 @@ class Tuner:
 
     def forget(self, fingerprint: str) -> None:
         """Drop the in-memory decisions of one op (it was replaced or unregistered); the disk
-        cache keeps them, keyed by that fingerprint, for when the same op comes back."""
+        cache keeps them, keyed by that fingerprint, for when the same op comes back. Its jobs
+        off the caller's path are dropped first, so none lands after."""
+        self.background.forget(fingerprint)
         for digest, decision in list(self.memory.items()):
             if decision.key.get("fingerprint") == fingerprint:
                 self.memory.pop(digest, None)
@@ -228,6 +216,8 @@ class Tuner:
         decision = self._remembered(key)
         if decision is None:
             self.stats["memory_miss"] += 1
+            if off_path(self, op, args, s) and self._may_measure(op, args, s):
+                return serve(self, op, candidates, args, key, s)  # a provisional choice, at once
             decision = self._resolve(op, candidates, args, key, s)
         else:
             self.stats["memory_hit"] += 1
@@ -364,14 +354,16 @@ class Tuner:
         chosen = apply_prune(op, kernels, args, enabled=s.prune, max_candidates=s.max_candidates)
         chosen += [c for c in candidates if is_torch(c)]
         log.info("%s: tuning %d of %d candidates for %s", op.name, len(chosen), len(candidates), key.summary())
-        progress = _Progress(op.name, key, len(chosen), s.progress)
+        progress = Progress(op.name, key, len(chosen), s.progress)
+        phases = _phases.current() or _phases.Phases()  # a background job brings its own (paced)
         try:
-            if s.isolate:
-                from .isolate import run_isolated
+            with phases.recording():
+                if s.isolate:
+                    from ._isolate import run_isolated
 
-                results = run_isolated(op, chosen, args, s, progress)
-            else:
-                results = run_trials(op, chosen, args, s, progress)
+                    results = run_isolated(op, chosen, args, s, progress)
+                else:
+                    results = run_trials(op, chosen, args, s, progress)
         except Exception as exc:
             failed = Decision(key.as_json(), [], [], source="default")
             # Kept in memory (not on disk): the threads that waited for this key, and later
@@ -391,7 +383,7 @@ class Tuner:
                           f"candidate{then}", TuneWarning, stacklevel=5)
             log.debug("tuning failure", exc_info=True)
             return failed
-        decision = self._decision(key, results, started, len(candidates))
+        decision = self._decision(key, results, started, len(candidates), phases)
         short = [r for r in results if r.kind == "memory"]
         if short and self._failures(key) < SHORT_LIMIT:
             return self._short_of_memory(op, key, decision, short, s)
@@ -441,7 +433,8 @@ class Tuner:
         return decision
 
     @staticmethod
-    def _decision(key: TuneKey, results: Sequence[Result], started: float, offered: int) -> Decision:
+    def _decision(key: TuneKey, results: Sequence[Result], started: float, offered: int,
+                  phases: _phases.Phases | None = None) -> Decision:
         order = {id(r): n for n, r in enumerate(results)}
         passed = sorted((r for r in results if r.ms is not None), key=lambda r: (r.ms, order[id(r)]))
         if passed:
@@ -462,9 +455,12 @@ class Tuner:
             tune_s=time.perf_counter() - started,
             measured=len(results),
             offered=offered,
+            phases=phases.totals() if phases is not None else {},
+            spent={r.candidate.label: _spent(phases, r.candidate) for r in results} if phases is not None else {},
         )
 
     def clear(self, *, disk: bool = False) -> None:
+        self.background.clear()
         self.memory.clear()
         self._retry.clear()
         if disk:

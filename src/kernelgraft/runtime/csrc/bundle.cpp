@@ -246,6 +246,12 @@ std::vector<std::vector<Program>> shapes(const Json& list, size_t n, const std::
   return out;
 }
 
+std::vector<Program> programs(const Json& list, size_t n, const std::string& where) {
+  std::vector<Program> out;
+  for (const auto& p : as_array(list, where)) out.emplace_back(p, n, where);
+  return out;
+}
+
 std::vector<std::string> strings(const Json& list, const std::string& where) {
   std::vector<std::string> out;
   for (const auto& s : as_array(list, where)) out.push_back(as_string(s, where));
@@ -268,7 +274,7 @@ Kernel read_kernel(Reader& reader, const Json& k, const Names& names, size_t n, 
   typed_pairs<std::string>(field(k, "dtypes", w), names, w + " dtypes", &out.dtypes, get_string);
   typed_pairs<int64_t>(field(k, "ranks", w), names, w + " ranks", &out.ranks, get_int);
   if (k.contains("pinned")) typed_pairs<std::string>(k.get("pinned"), names, w + " pinned", &out.pinned, get_string);
-  out.guard = Program(field(prog, "guard", w), n, w + " guard");
+  out.guards = programs(field(prog, "guards", w), n, w + " guard");
   const auto& grid = as_array(field(prog, "grid", w), w + " grid");
   const auto& block = as_array(field(k, "block", w), w + " block");
   if (grid.size() != 3 || block.size() != 3) throw BundleError(w + ": grid and block need 3 dimensions");
@@ -428,7 +434,7 @@ OpEntry read_op(Reader& reader, const Json& e, const std::string& arch, bool nat
     typed_pairs<int64_t>(field(r, "ranks", w), names, w + " meta ranks", &rule.ranks, get_int);
     if (r.contains("pinned"))
       typed_pairs<std::string>(r.get("pinned"), names, w + " meta pinned", &rule.pinned, get_string);
-    rule.guard = Program(field(r, "guard", w), n, w + " meta guard");
+    rule.guards = programs(field(r, "guards", w), n, w + " meta guard");
     rule.shapes = shapes(field(r, "shapes", w), n, w + " meta");
     rule.out_dtypes = strings(field(r, "out_dtypes", w), w + " meta dtypes");
     if (static_cast<int>(rule.shapes.size()) != op.n_returns || static_cast<int>(rule.out_dtypes.size()) != op.n_returns)
@@ -476,7 +482,9 @@ std::shared_ptr<Bundle> read_bundle(const std::string& path, const std::string& 
   int64_t version = as_int(field(manifest, "version", w), w + " version");
   if (!spec::readable_version(version))
     throw BundleError("bundle " + path + ": manifest version " + std::to_string(version) +
-                      "; the C++ runtime reads versions 2 and 3: rebuild the bundle with `kernelgraft aot`");
+                      "; the C++ runtime reads version " + spec::readable_versions() +
+                      " (2 and 3 held one program for all of a kernel's guards, which it no longer reads): "
+                      "rebuild the bundle with `kernelgraft aot`");
   bundle->checksum = as_string(field(manifest, "checksum", w), w + " checksum");
   Json body = manifest;
   body.get<picojson::object>().erase("checksum");

@@ -1,4 +1,4 @@
-// A bundle read into memory: the manifest (version 2) checked against its checksum and then
+// A bundle read into memory: the manifest (version 4) checked against its checksum and then
 // held to the bundle spec (spec.h) before anything else reads it, the signature checked with a
 // key when one is given, every binary of the chosen arch read (stat'ed first, each file once,
 // all reads charged to one budget) and its sha256 checked, and each op's candidates, kernels,
@@ -39,7 +39,7 @@ struct Kernel {
   std::vector<std::pair<int, std::string>> pinned;   // string input -> the value it was recorded with (v3)
   std::vector<int> aligned;                          // inputs that must be 16-byte aligned
   std::vector<int> contiguous;                       // inputs traced contiguous: selected only where they are
-  Program guard;
+  std::vector<Program> guards;                       // one per guard: the kernel serves where all hold
   std::array<Program, 3> grid;
   std::array<int64_t, 3> block{};
   Program shared_mem;
@@ -63,7 +63,7 @@ struct MetaRule {
   std::vector<std::pair<int, std::string>> dtypes;
   std::vector<std::pair<int, int64_t>> ranks;
   std::vector<std::pair<int, std::string>> pinned;
-  Program guard;
+  std::vector<Program> guards;  // the kernel's guards that read no stride: the rule holds where all do
   std::vector<std::vector<Program>> shapes;
   std::vector<std::string> out_dtypes;
 };

@@ -81,11 +81,15 @@ KG_LIMIT(EXPR_DISTINCT_CHARS, 262144)
 KG_LIMIT(PROGRAM_TOKENS, 1024)
 KG_LIMIT(PROGRAM_TOKENS_TOTAL, 1048576)
 
-// Manifest versions; has_programs: every expression also as an RPN program (the C++ runtime
-// reads only those versions).
+// Manifest versions; has_programs: every expression also as an RPN program in the form both
+// loaders check (the C++ runtime reads only those versions). 2 and 3 held one program for all of
+// a kernel's guards, the texts joined with " and " and no parentheses (a guard with a top-level
+// `or` became another condition): their programs are not read, so the Python loader reads them by
+// their texts, as 1, and the C++ runtime refuses them. 4: one program per guard.
 KG_VERSION(1, 0)
-KG_VERSION(2, 1)
-KG_VERSION(3, 1)
+KG_VERSION(2, 0)
+KG_VERSION(3, 0)
+KG_VERSION(4, 1)
 
 // Op namespaces that belong to PyTorch.
 KG_RESERVED_NAMESPACE("aten")

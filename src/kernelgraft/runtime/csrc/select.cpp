@@ -21,8 +21,7 @@ bool fits(const Kernel& k, const std::vector<ArgView>& args, const std::vector<I
   if (layout_miss(k, args) >= 0) return false;
   for (int i : k.aligned)
     if (args[i].is_tensor && !args[i].aligned16) return false;
-  Value g = k.guard.run(inputs);
-  return g.kind != Value::Error && g.truthy();
+  return all_hold(k.guards, inputs);
 }
 
 bool shapes_of(const std::vector<std::vector<Program>>& programs, const std::vector<Input>& inputs,
@@ -90,6 +89,14 @@ bool row_matches(const DecisionRow& row, const std::vector<ArgView>& args) {
 }
 
 }  // namespace
+
+bool all_hold(const std::vector<Program>& guards, const std::vector<Input>& inputs) {
+  for (const auto& g : guards) {
+    Value v = g.run(inputs);
+    if (v.kind == Value::Error || !v.truthy()) return false;  // an error does not hold, as in Python
+  }
+  return true;
+}
 
 bool typed_fit(const std::vector<std::pair<int, std::string>>& dtypes,
                const std::vector<std::pair<int, int64_t>>& ranks, const std::vector<ArgView>& args) {

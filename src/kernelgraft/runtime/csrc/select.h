@@ -1,7 +1,7 @@
 // Which bundled kernel serves a call, and its launch plan: decision rows first (the tuner's
 // ranking for the shapes a row covers), then every candidate in manifest order; a kernel serves
-// when its dtypes, ranks, layout (the inputs it was traced contiguous are), alignment and guard
-// hold; its guard and parameters may read the other inputs' strides. Torch-free: ops.cpp describes
+// when its dtypes, ranks, layout (the inputs it was traced contiguous are), alignment and guards
+// hold; its guards and parameters may read the other inputs' strides. Torch-free: ops.cpp describes
 // each argument as an ArgView, and so do the test hooks, which plan calls without tensors.
 #pragma once
 
@@ -40,6 +40,10 @@ struct Plan {
 // arguments and what the bundle holds).
 bool choose(const OpEntry& op, const std::vector<ArgView>& args, const std::vector<Input>& inputs, Plan* plan,
             std::string* why);
+
+// Whether every guard program holds (an error value does not): the AND of a kernel's guards, each
+// compiled from its own text, as the Python runner evaluates the texts one by one.
+bool all_hold(const std::vector<Program>& guards, const std::vector<Input>& inputs);
 
 // Whether the arguments have these dtypes and ranks (a kernel's or a meta rule's).
 bool typed_fit(const std::vector<std::pair<int, std::string>>& dtypes,

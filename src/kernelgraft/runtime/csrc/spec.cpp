@@ -101,10 +101,13 @@ struct OpShape {
 };
 
 void check_programs(Walk& w, const picojson::object& prog, const std::string& path, const OpShape& op,
-                    size_t n_params, size_t n_dims_rows, const std::vector<bool>& scalar,
+                    size_t n_guards, size_t n_params, size_t n_dims_rows, const std::vector<bool>& scalar,
                     const std::vector<size_t>& dims) {
   size_t n = op.params.size();
-  w.program(w.field(prog, "guard", path), path + ".guard", n);
+  // one program per guard text (the kernel serves where all hold): no text is joined to another
+  const auto& guards = w.lst(w.field(prog, "guards", path), path + ".guards", GUARDS, "GUARDS",
+                             static_cast<int64_t>(n_guards));
+  for (size_t i = 0; i < guards.size(); ++i) w.program(guards[i], path + ".guards[" + std::to_string(i) + "]", n);
   const auto& grid = w.lst(w.field(prog, "grid", path), path + ".grid", -1, "", 3);
   for (int d = 0; d < 3; ++d) {
     std::string at = path + ".grid[" + std::to_string(d) + "]";
@@ -204,8 +207,8 @@ void check_kernel(Walk& w, const picojson::object& k, const std::string& path, c
   for (size_t i = 0; i < out_dtypes.size(); ++i) w.one_of(out_dtypes[i], path + ".outputs.dtypes[" + std::to_string(i) + "]", set_of(kDtypes));
   check_images(w, w.obj(w.field(k, "images", path), path + ".images"), path + ".images");
   check_types(w, k, kparams, dtypes, out_dtypes, path);
-  check_programs(w, w.obj(w.field(k, "program", path), path + ".program"), path + ".program", op, kparams.size(),
-                 shapes.size(), scalar, dims);
+  check_programs(w, w.obj(w.field(k, "program", path), path + ".program"), path + ".program", op, guards.size(),
+                 kparams.size(), shapes.size(), scalar, dims);
 }
 
 std::string candidate_key(Walk& w, const picojson::object& c, const std::string& path, const OpShape& op,
@@ -234,7 +237,14 @@ std::string candidate_key(Walk& w, const picojson::object& c, const std::string&
   return std::to_string(index) + " " + canonical_json(Json(config));
 }
 
-// _program.meta_rules: the distinct output rules of the kernels, symbolic and fewer guards first.
+bool reads_stride(const Json& program) {
+  for (const auto& t : program.get<picojson::array>())
+    if (t.get<picojson::array>()[0].get<std::string>() == "stride") return true;
+  return false;
+}
+
+// _program.meta_rules: the distinct output rules of the kernels' (checked) programs, symbolic and
+// fewer guards first; a rule's guards are the kernel's guard programs that read no stride.
 std::vector<Json> meta_rules(const picojson::array& candidates) {
   std::vector<Json> rules;
   std::set<std::string> seen;
@@ -244,8 +254,10 @@ std::vector<Json> meta_rules(const picojson::array& candidates) {
       picojson::object rule;
       rule["dtypes"] = k.at("dtypes");
       rule["ranks"] = k.at("ranks");
-      rule["guards"] = k.at("guards");
-      rule["guard"] = k.at("program").get("guard");
+      picojson::array guards;
+      for (const auto& g : k.at("program").get("guards").get<picojson::array>())
+        if (!reads_stride(g)) guards.push_back(g);
+      rule["guards"] = Json(guards);
       rule["dynamic"] = k.at("dynamic");
       rule["shapes"] = k.at("program").get("outputs");
       rule["out_dtypes"] = k.at("outputs").get("dtypes");
@@ -357,6 +369,14 @@ std::string check_op(Walk& w, const picojson::object& op, const std::string& pat
 }
 
 }  // namespace
+
+std::string readable_versions() {
+  std::string out;
+#define KG_VERSION(number, has_programs) \
+  if (has_programs) out += (out.empty() ? "" : ", ") + std::to_string(number);
+#include "bundle_spec.h"
+  return out;
+}
 
 bool readable_version(int64_t version) {
 #define KG_VERSION(number, has_programs) \

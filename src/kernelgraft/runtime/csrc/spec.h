@@ -19,6 +19,8 @@ namespace spec {
 
 // Whether manifest `version` is one the runtime reads (it holds RPN programs).
 bool readable_version(int64_t version);
+// Those versions, "4" or "4, 5", for a message.
+std::string readable_versions();
 // The dtype names a bundle may use, in the table's order.
 const std::vector<std::string>& dtypes();
 

@@ -116,8 +116,9 @@ bool Walk::program(const Json& v, const std::string& path, size_t n_inputs, Valu
                                                "==", "!=", "<", "<=", ">", ">="};
   static const std::set<std::string> unary = {"neg", "pos", "not"}, logic = {"and", "or"},
                                      calls = {"min", "max", "next_pow2"};
-  static const std::map<std::string, size_t> arity = {{"int", 2}, {"float", 2}, {"size", 3}, {"arg", 2},
-                                                      {"op", 2}, {"unary", 2}, {"bool", 3}, {"call", 3}};
+  static const std::map<std::string, size_t> arity = {{"int", 2}, {"float", 2}, {"size", 3}, {"stride", 3},
+                                                      {"arg", 2}, {"op", 2}, {"unary", 2}, {"bool", 3},
+                                                      {"call", 3}};
   std::vector<std::pair<size_t, bool>> stack;  // (first token, constant) of each value
   for (size_t i = 0; i < tokens.size(); ++i) {
     std::string at = path + "[" + std::to_string(i) + "]";
@@ -127,7 +128,7 @@ bool Walk::program(const Json& v, const std::string& path, size_t n_inputs, Valu
     const auto& t = tv.get<picojson::array>();
     const std::string& tag = t[0].get<std::string>();
     auto found = arity.find(tag);
-    if (found == arity.end()) fail(at, quoted(tag) + " is not one of int/float/size/arg/op/unary/bool/call");
+    if (found == arity.end()) fail(at, quoted(tag) + " is not one of int/float/size/arg/op/unary/bool/call/stride");
     if (t.size() != found->second)
       fail(at, "'" + tag + "' has " + std::to_string(t.size() - 1) + " operands, not " + std::to_string(found->second - 1));
     size_t pops = 0;
@@ -148,11 +149,11 @@ bool Walk::program(const Json& v, const std::string& path, size_t n_inputs, Valu
       if (!ok) fail(at, "is not [\"int\", DECIMAL] of a 128-bit integer");
     } else if (tag == "float") {
       if (!t[1].is<double>()) fail(at, "is not [\"float\", NUMBER]");
-    } else if (tag == "size" || tag == "arg") {
+    } else if (tag == "size" || tag == "stride" || tag == "arg") {
       if (!t[1].is<int64_t>() || t[1].get<int64_t>() < 0 || t[1].get<int64_t>() >= static_cast<int64_t>(n_inputs))
         fail(at, "input " + (t[1].is<int64_t>() ? std::to_string(t[1].get<int64_t>()) : kind_of(t[1])) +
                      " is out of range (the op has " + std::to_string(n_inputs) + ")");
-      if (tag == "size") integer(t[2], at, 0, DIMS - 1);
+      if (tag != "arg") integer(t[2], at, 0, DIMS - 1);
       constant = false;
     } else if (tag == "op") {
       one_of(t[1], at, binary);

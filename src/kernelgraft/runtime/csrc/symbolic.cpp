@@ -207,11 +207,13 @@ SymValue run_symbolic(const Program& program, const std::vector<SymInput>& input
 
 namespace {
 
-// The rule's output shapes if its guard holds, false if it does not; Undecided past `freedom`.
+// The rule's output shapes if its guards hold, false if one does not; Undecided past `freedom`.
 bool rule_shapes(const MetaRule& rule, const std::vector<SymInput>& inputs, Freedom freedom,
                  std::vector<std::vector<c10::SymInt>>* shapes) {
-  SymValue g = run_symbolic(rule.guard, inputs, freedom);
-  if (is_error(g) || !truth(g, freedom)) return false;
+  for (const auto& guard : rule.guards) {  // in order, up to the first that fails: as `and` would
+    SymValue g = run_symbolic(guard, inputs, freedom);
+    if (is_error(g) || !truth(g, freedom)) return false;
+  }
   shapes->clear();
   for (const auto& shape : rule.shapes) {
     std::vector<c10::SymInt> dims;

@@ -5,7 +5,7 @@
 // operators have no SymInt form and need their operands' concrete values, which specialises them.
 // Concrete sizes never leave Program's own arithmetic, so they give exactly what run() gives.
 //
-// A meta rule gives the right output shapes wherever its guard holds, so any rule that holds will
+// A meta rule gives the right output shapes wherever its guards hold, so any rule that holds will
 // do; meta_shapes looks for one in three passes that cost the caller less and less freedom:
 // a guard the ShapeEnv knows true already (no guard recorded), then a guard asked of the ShapeEnv
 // (guard_bool: recorded, as Python's fake tensors do), then one that takes concrete values.

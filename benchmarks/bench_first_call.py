@@ -1,0 +1,349 @@
+"""First calls of new shapes: served at once while their tuning runs off the caller's path.
+
+Part 1, first calls. For each of five bf16 shapes of the example ops (``gemm`` 777x4096x4096 with
+its 36 candidates, ``rmsnorm`` 1500x5120, ``softmax`` 33x50257, ``swiglu`` 300x13824, ``gemm``
+3x11008x4096), in a fresh process with an empty cache and the default settings (torch and CUDA
+warmed up first, on other shapes, without the op). Each process has a fresh kernelgraft cache
+directory (decisions, compiled modules, the native replay's build); Triton's own compile cache is
+the machine's unless ``--cold``.
+
+- ``first_ms``: wall time of the first call (synchronised); target <= 50 ms;
+- ``land_s``: from the first call until its decision lands (``kg.tune.wait``); targets <= 5 s for
+  the norm, softmax and elementwise shapes, <= 15 s for the 36-candidate GEMM;
+- ``served``: what the next call runs, against what a blocking-mode process (another fresh process,
+  empty cache, ``KERNELGRAFT_TUNE_BLOCKING=1``) chose: the same, or within the tuner's tie margin
+  by the blocking process's own timings (``slower``: the background choice's time over the
+  blocking winner's there).
+
+Part 2, serving during tuning. In one process ``rmsnorm`` 1500x5120 is tuned (blocking), then
+called eagerly in a loop for ``--serve-seconds``: with nothing tuning, while a background tuning of
+``gemm`` 777x4096x4096 runs, and after it landed. ``serve_ratio``: calls/s during over calls/s
+without (the mean of before and after); target >= 0.90. ``tuning_left``: whether the tuning was
+still running when the window closed (else part of the window had nothing to slow it), and its
+report's paused time and units timed under load.
+
+Prints a short table of ratios last; writes JSON to ``$OUT/bench_first_call.json`` (``--out``).
+``--smoke`` runs all of it on the CPU, in this process, with a fake timer and small shapes of
+``add_relu`` and ``rmsnorm`` (the CPU test does, so the script does not rot).
+
+    python benchmarks/bench_first_call.py [--cases gemm_777,rmsnorm] [--serve-seconds 5] [--cold] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+# name -> (example module, op attribute, shapes); gemm shapes are (M, N, K)
+CASES = {
+    "gemm_777": ("gemm", "gemm", (777, 4096, 4096)),
+    "rmsnorm": ("rmsnorm", "rmsnorm", (1500, 5120)),
+    "softmax": ("softmax", "softmax", (33, 50257)),
+    "swiglu": ("swiglu", "swiglu", (300, 13824)),
+    "gemm_3": ("gemm", "gemm", (3, 11008, 4096)),
+}
+SMOKE_CASES = {"add_relu": ("add_relu", "add_relu", (4096,)), "rmsnorm": ("rmsnorm", "rmsnorm", (5, 64))}
+LAND_TARGET_S = {"gemm_777": 15.0}  # the others: 5 s
+FIRST_TARGET_MS = 50.0
+SERVE_TARGET = 0.90
+
+
+def _inputs(module: str, shape: tuple, device: str):
+    import torch
+
+    dt = torch.bfloat16 if device == "cuda" else torch.float32
+    r = lambda *s: torch.randn(*s, device=device, dtype=dt)  # noqa: E731
+    if module == "gemm":
+        m, n, k = shape
+        return (r(m, k), r(k, n))
+    if module == "rmsnorm":
+        rows, cols = shape
+        return (r(rows, cols), r(cols), 1e-6)
+    if module == "swiglu":
+        return (r(*shape) * 3, r(*shape))
+    if module == "add_relu":
+        return (r(*shape), r(*shape))
+    return (r(*shape),)
+
+
+def _op(module: str, name: str):
+    import importlib
+
+    return getattr(importlib.import_module(f"kernelgraft.examples.{module}"), name)
+
+
+def _label(op, args) -> str:
+    plan = op.dispatcher.plan_for(tuple(args))
+    if plan is None:
+        return "?"
+    return "reference" if plan.candidate is None else plan.candidate.label
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _warm_torch(device: str) -> None:
+    """CUDA context, cuBLAS and the allocator warm, on shapes no case uses (what a serving process
+    has done before it meets a new shape)."""
+    import torch
+
+    dt = torch.bfloat16 if device == "cuda" else torch.float32
+    a = torch.randn(64, 96, device=device, dtype=dt)
+    (a @ a.t()).float().softmax(-1)
+    torch.nn.functional.silu(a) * a
+    _sync(device)
+
+
+def first_call(case: str, *, device: str, background: bool, cases: dict, tune_options: dict) -> dict:
+    """One case in this process (empty tuning state): the first call, the landing, the choice."""
+    import torch
+
+    import kernelgraft as kg
+    from kernelgraft.tune._tuner import entry_label
+
+    module, name, shape = cases[case]
+    op = _op(module, name)
+    _warm_torch(device)
+    args = _inputs(module, shape, device)
+    options = dict(tune_options)
+    if background and device != "cuda":
+        options["blocking"] = False  # the CPU smoke run: off the path on every device
+    with kg.tune(**options):
+        _sync(device)
+        t0 = time.perf_counter()
+        op(*args)
+        _sync(device)
+        first_s = time.perf_counter() - t0
+        meanwhile = _label(op, args)
+        landed = kg.tune.wait(600) if background else True
+        land_s = time.perf_counter() - t0
+        op(*args)
+        _sync(device)
+        served = _label(op, args)
+    d = kg.tune.decision(op, *args)
+    report = kg.tune.report(op)
+    return {"case": case, "background": background, "first_ms": round(first_s * 1e3, 2),
+            "meanwhile": meanwhile, "landed": landed, "land_s": round(land_s, 3), "served": served,
+            "ranking": [(entry_label(e), e.get("ms")) for e in (d.ranking if d else [])],
+            "phases": report.keys[0].phases if report.keys else {}, "report": str(report),
+            "torch": torch.__version__}
+
+
+def same_choice(background: dict, blocking: dict, margin: float) -> tuple[str, float | None]:
+    """('equal' | 'tie' | 'differs', background's choice's time over the blocking winner's, in the
+    blocking process's ranking)."""
+    if not blocking["ranking"]:
+        return ("equal" if background["served"] == blocking["served"] else "differs"), None
+    won_label, won_ms = blocking["ranking"][0]
+    if background["served"] == won_label:
+        return "equal", 1.0
+    times = dict(blocking["ranking"])
+    ms = times.get(background["served"])
+    if ms is None or not won_ms:
+        return "differs", None
+    ratio = ms / won_ms
+    return ("tie" if ratio <= 1.0 + margin else "differs"), round(ratio, 4)
+
+
+def serving(*, device: str, seconds: float, cases: dict, serve_case: str, tune_case: str,
+            tune_options: dict) -> dict:
+    """Calls/s of an already-tuned op: before, while a background tuning runs, after it landed."""
+    import kernelgraft as kg
+
+    s_mod, s_name, s_shape = cases[serve_case]
+    t_mod, t_name, t_shape = cases[tune_case]
+    serve_op, tune_op = _op(s_mod, s_name), _op(t_mod, t_name)
+    serve_args, tune_args = _inputs(s_mod, s_shape, device), _inputs(t_mod, t_shape, device)
+    options = dict(tune_options)
+    with kg.tune(**{**options, "blocking": True}):
+        serve_op(*serve_args)  # tuned and planned
+    if device == "cuda":
+        from kernelgraft import _native
+
+        _native.load()  # its native replay built now (a compiler in a child process), not while timed
+    with kg.tune(**{**options, "blocking": True}):
+        serve_op(*serve_args)
+    _warm_torch(device)
+
+    def rate() -> float:
+        calls, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            for _ in range(50):
+                serve_op(*serve_args)
+            calls += 50
+        _sync(device)
+        return calls / (time.perf_counter() - t0)
+
+    with kg.tune(**options):
+        rate()  # warm
+        before = rate()
+        if device != "cuda":
+            options["blocking"] = False
+        with kg.tune(**options):
+            tune_op(*tune_args)  # a new shape: tuned off the path
+        queued = kg.tune.pending()
+        during = rate()
+        left = kg.tune.pending()
+        landed = kg.tune.wait(900)
+        after = rate()
+    report = kg.tune.report(tune_op)
+    phases = report.keys[0].phases if report.keys else {}
+    return {"serve": serve_case, "tune": tune_case, "calls_per_s": {"before": round(before), "during": round(during),
+            "after": round(after)}, "serve_ratio": round(during / ((before + after) / 2), 4),
+            "queued": queued, "tuning_left": left, "landed": landed, "phases": phases}
+
+
+def _child(args) -> None:
+    # the process's tuning mode is set before kernelgraft reads it (benchmarks/_common sets the
+    # blocking default for the other scripts)
+    if args.mode == "blocking":
+        os.environ["KERNELGRAFT_TUNE_BLOCKING"] = "1"
+    else:
+        os.environ.pop("KERNELGRAFT_TUNE_BLOCKING", None)
+    if args.child == "serve":
+        out = serving(device="cuda", seconds=args.serve_seconds, cases=CASES, serve_case="rmsnorm",
+                      tune_case="gemm_777", tune_options={})
+    else:
+        out = first_call(args.child, device="cuda", background=args.mode == "background", cases=CASES,
+                         tune_options={})
+    print("RESULT " + json.dumps(out, default=str), flush=True)
+
+
+def _spawn(what: str, mode: str, serve_seconds: float, timeout: float, cold: bool = False) -> dict:
+    cache = tempfile.mkdtemp(prefix="kg-first-call-")
+    env = {**os.environ, "KERNELGRAFT_CACHE_DIR": cache}
+    if cold:  # Triton's compile cache empty too (kernelgraft's own caches live under its directory)
+        env["TRITON_CACHE_DIR"] = os.path.join(cache, "triton")
+    env.pop("KERNELGRAFT_TUNE_BLOCKING", None)
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", what, "--mode", mode,
+           "--serve-seconds", str(serve_seconds)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"case": what, "error": f"timed out after {timeout:.0f} s"}
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    return {"case": what, "error": (proc.stderr or proc.stdout)[-3000:]}
+
+
+@contextlib.contextmanager
+def _fresh_state():
+    """The smoke run's stand-in for a fresh process: an empty cache directory, no decisions."""
+    import kernelgraft as kg
+
+    old = os.environ.get("KERNELGRAFT_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="kg-first-call-") as cache:
+        os.environ["KERNELGRAFT_CACHE_DIR"] = cache
+        kg.tune.wait(60)
+        kg.tune.clear()
+        try:
+            yield
+        finally:
+            kg.tune.wait(60)
+            kg.tune.clear()
+            if old is None:
+                os.environ.pop("KERNELGRAFT_CACHE_DIR", None)
+            else:
+                os.environ["KERNELGRAFT_CACHE_DIR"] = old
+
+
+def smoke_timer(trial, settings) -> float:
+    """A fake timing (ms) by candidate, stable across runs: the CPU tunes nothing without one."""
+    trial.run(0)
+    return 1.0 + sum(map(ord, trial.candidate.label)) % 7 / 10
+
+
+def table(rows: list[dict], serve: dict | None) -> str:
+    lines = [f"{'case':10} {'first ms':>9} {'land s':>8} {'target':>7} {'choice':>8} {'slower':>7}"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"{r['case']:10} error: {str(r['error']).splitlines()[-1][:80] if r['error'] else ''}")
+            continue
+        target = LAND_TARGET_S.get(r["case"], 5.0)
+        lines.append(f"{r['case']:10} {r['first_ms']:9.1f} {r['land_s']:8.2f} {target:7.0f} "
+                     f"{r.get('choice', '-'):>8} {r.get('slower') or '-':>7}")
+    if serve is not None:
+        if "error" in serve:
+            lines.append(f"serving during tuning: error: {str(serve['error'])[-200:]}")
+        else:
+            lines.append(f"serving during tuning: {serve['serve_ratio']:.3f} of the calls/s without "
+                         f"(target >= {SERVE_TARGET}); tuning still running at the end: {bool(serve['tuning_left'])}")
+    return "\n".join(lines)
+
+
+def run(args) -> dict:
+    from kernelgraft.tune._tuner import TIE_MARGIN
+
+    names = args.cases.split(",") if args.cases else list(SMOKE_CASES if args.smoke else CASES)
+    rows = []
+    for case in names:
+        if args.smoke:
+            with _fresh_state():
+                bg = first_call(case, device="cpu", background=True, cases=SMOKE_CASES,
+                                tune_options={"timer": smoke_timer})
+            with _fresh_state():
+                bl = first_call(case, device="cpu", background=False, cases=SMOKE_CASES,
+                                tune_options={"timer": smoke_timer, "blocking": True})
+        else:
+            bg = _spawn(case, "background", args.serve_seconds, args.timeout, args.cold)
+            bl = _spawn(case, "blocking", args.serve_seconds, args.timeout, args.cold)
+        row = dict(bg)
+        if "error" not in bg and "error" not in bl:
+            row["choice"], row["slower"] = same_choice(bg, bl, TIE_MARGIN)
+            row["blocking_first_ms"], row["blocking_served"] = bl["first_ms"], bl["served"]
+        elif "error" in bl:
+            row["blocking_error"] = bl["error"]
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k not in ("report", "ranking")}, default=str), flush=True)
+    serve = None
+    if args.serve_seconds > 0:
+        if args.smoke:
+            with _fresh_state():
+                serve = serving(device="cpu", seconds=args.serve_seconds, cases=SMOKE_CASES, serve_case="add_relu",
+                                tune_case="rmsnorm", tune_options={"timer": smoke_timer})
+        else:
+            serve = _spawn("serve", "background", args.serve_seconds, args.timeout)
+    return {"rows": rows, "serving": serve, "table": table(rows, serve)}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", help=f"comma-separated, of {list(CASES)}")
+    parser.add_argument("--serve-seconds", type=float, default=5.0, help="each serving window (0: skip part 2)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per child process")
+    parser.add_argument("--out", help="folder for bench_first_call.json (default $OUT)")
+    parser.add_argument("--cold", action="store_true",
+                        help="Triton's compile cache empty too in each process (default: the machine's)")
+    parser.add_argument("--smoke", action="store_true", help="on the CPU, in this process, with a fake timer")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--mode", default="background", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        _child(args)
+        return {}
+    result = run(args)
+    from _common import environment, write_json
+
+    result["environment"] = environment()
+    if args.out or os.environ.get("OUT"):
+        print(f"wrote {write_json('bench_first_call', result, args.out)}")
+    print(result["table"])
+    return result
+
+
+if __name__ == "__main__":
+    main()

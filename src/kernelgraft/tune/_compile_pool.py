@@ -1,0 +1,386 @@
+"""Compile a key's candidates in parallel, in worker processes, before any of them is timed.
+
+Compiling is seconds of host work per candidate (a 36-candidate GEMM key spent most of its 27 s
+first call compiling, one candidate after the other, while the GPU idled); timing must stay serial
+per GPU. So before the gate runs, ``compile_ahead`` sends one ``Job`` per Triton, CUDA C++ and
+cuTile candidate to a pool of worker processes, which compile them into the caches the launches
+read (``_compile_jobs`` says how, per backend); the gate then finds every kernel compiled.
+
+The workers are ``python -m kernelgraft.tune._compile_worker`` processes, not ``multiprocessing``
+children: a fresh interpreter re-imports only the op's module (never the user's ``__main__``
+script), gets an explicit environment (Triton's interpreter off: workers compile, they never run a
+kernel), creates no CUDA context (it compiles for a named target) and, when a compiler crashes it,
+loses only its own job. Started once, at the first key that needs them, they stay for
+``IDLE_S`` seconds after their last job.
+
+The pool is used when the op's tensors are on a GPU, at least two jobs are to be compiled, the
+op is importable by a worker (an op defined at module level; one defined inside a function, or in
+a script run as ``__main__``, compiles serially, said once in the log) and
+``KERNELGRAFT_COMPILE_WORKERS`` is not 0 (default: one worker per CPU core but one, at most 16,
+the cores shared among the ranks of a host; fewer than two workers compile serially). A job that
+fails compiles again in its gate run, as it would have without the pool: the pool can only save
+time, never change a decision.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pickle
+import queue
+import select
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from ._compile_jobs import BACKENDS, Job, NotDescribable, Outcome, Source, Target, describe
+from ._compile_worker import HEADER, send
+
+__all__ = ["CompilePool", "Summary", "compile_ahead", "jobs_for", "source_of", "workers", "prestart", "run_jobs",
+           "POOL", "MAX_WORKERS", "TOTALS"]
+
+log = logging.getLogger(__name__)
+MAX_WORKERS = 16
+IDLE_S = 120.0
+_STARTUP_S = 120.0  # a worker that has not imported torch and triton by then is not coming
+JOB_TIMEOUT_S = 600.0  # one compile; a worker silent for longer is killed (the gate compiles it)
+_ENV = "KERNELGRAFT_COMPILE_WORKERS"
+_IN_WORKER = "KERNELGRAFT_COMPILE_WORKER"
+_said: set[str] = set()
+_unimportable: set[str] = set()  # fingerprints of ops a worker's import did not define
+# Totals over this process's keys (what compiling ahead cost and saved, for reports and benchmarks).
+TOTALS = {"keys": 0, "jobs": 0, "compiled": 0, "failed": 0, "seconds": 0.0, "worker_seconds": 0.0}
+
+
+def workers() -> int:
+    """How many compile workers to use (0: compile serially)."""
+    text = os.environ.get(_ENV, "").strip().lower()
+    if os.environ.get(_IN_WORKER):
+        return 0
+    if text in ("0", "off", "no", "false"):
+        return 0
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    if text:
+        try:
+            return max(0, int(text))
+        except ValueError:
+            log.warning("%s=%r is not a number; using the default", _ENV, text)
+    # ranks of one host (torchrun's LOCAL_WORLD_SIZE) share its cores: each gets its part
+    try:
+        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        local = 1
+    n = min(MAX_WORKERS, cores // local - 1)
+    return n if n >= 2 else 0
+
+
+def source_of(op: Any) -> Source | str:
+    """Where a worker imports ``op`` from, or why it cannot."""
+    name = getattr(op.reference, "__module__", None)
+    module = sys.modules.get(name or "")
+    if module is None:
+        return f"its module {name!r} is not imported"
+    if name == "__main__":
+        spec = getattr(module, "__spec__", None)
+        if spec is None or not spec.name:
+            return "it is defined in a script run as __main__ (define ops in a module to compile them in parallel)"
+        return Source(spec.name)
+    path = getattr(module, "__file__", None)
+    if "." in name:
+        return Source(name)  # a module of a package: imported by name
+    # a top-level name: imported by name if a fresh interpreter finds this very file under it,
+    # else (a file a tool loaded under a name of its own, such as a CLI target) by its path
+    import importlib.machinery
+
+    found = importlib.machinery.PathFinder.find_spec(name)
+    try:
+        if found is not None and path and found.origin and os.path.samefile(found.origin, path):
+            return Source(name)
+    except OSError:
+        pass
+    if path and os.path.isfile(path):
+        return Source(name, os.path.abspath(path))
+    return f"its module {name!r} has no file a worker can import"
+
+
+def jobs_for(op: Any, candidates: Sequence[Any], args: Sequence[Any], target: Target,
+             source: Source) -> list[Job]:
+    """One job per candidate a worker can compile (Triton, CUDA C++, cuTile; not one an AOT bundle
+    serves). ``args``: exactly what the runner is called with, inputs then outputs."""
+    try:
+        described = tuple(describe(a) for a in args)
+    except NotDescribable as exc:
+        log.debug("%s: not compiled ahead: %s", op.name, exc)
+        return []
+    jobs = []
+    for cand in candidates:
+        if cand.index < 0 or cand.impl.backend not in BACKENDS:
+            continue
+        if op.dispatcher.bundled_runner(cand.index, cand.config) is not None:
+            continue
+        jobs.append(Job(source, op.name, op.fingerprint, cand.index, tuple(cand.config), described, target))
+    return jobs
+
+
+@dataclasses.dataclass
+class Summary:
+    """What compiling ahead did for one key."""
+
+    jobs: int = 0
+    compiled: int = 0
+    failed: int = 0
+    seconds: float = 0.0  # wall time of the parallel phase
+    worker_seconds: float = 0.0  # compile time summed over the jobs
+    failures: list[str] = dataclasses.field(default_factory=list)
+
+
+class _Worker:
+    def __init__(self, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kernelgraft.tune._compile_worker"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, bufsize=0)
+        self.ready = False
+
+    def _receive(self, timeout_s: float) -> Any:
+        """The next answer, read unbuffered within ``timeout_s`` (a silent worker is killed)."""
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout_s
+
+        def exactly(n: int) -> bytes:
+            out = b""
+            while len(out) < n:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([fd], [], [], left)[0]:
+                    self.proc.kill()
+                    raise TimeoutError(f"no answer in {timeout_s:.0f} s")
+                chunk = os.read(fd, n - len(out))
+                if not chunk:
+                    raise EOFError
+                out += chunk
+            return out
+
+        (size,) = HEADER.unpack(exactly(HEADER.size))
+        return pickle.loads(exactly(size))
+
+    def call(self, job: Job) -> Outcome:
+        try:
+            if not self.ready:
+                if self._receive(_STARTUP_S) != "ready":
+                    raise EOFError
+                self.ready = True
+            send(self.proc.stdin, job)
+            return self._receive(JOB_TIMEOUT_S)
+        except TimeoutError as exc:
+            return Outcome(False, 0.0, f"the compile worker was stopped: {exc}")
+        except (EOFError, OSError, ValueError, pickle.UnpicklingError) as exc:
+            try:
+                code: Any = self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                code = f"{type(exc).__name__}: {exc}"
+            return Outcome(False, 0.0, f"the compile worker exited ({code})")
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        for stream in (self.proc.stdout,):
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+
+class CompilePool:
+    """``size`` worker processes; ``run(jobs)`` compiles them, each worker one job at a time."""
+
+    def __init__(self, size: int) -> None:
+        self.size = max(1, int(size))
+        self._idle: queue.Queue[_Worker] = queue.Queue()
+        self._all: list[_Worker] = []
+        self._lock = threading.Lock()
+        self.last_used = time.monotonic()
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.pop("TRITON_INTERPRET", None)  # workers compile; Triton's interpreter would refuse to
+        env[_IN_WORKER] = "1"  # a worker that tunes (an op whose module tunes on import) never nests a pool
+        try:  # the Triton cache this process uses, also when set in code rather than in the environment
+            from triton import knobs
+
+            env["TRITON_CACHE_DIR"] = str(knobs.cache.dir)
+        except Exception:  # an older Triton without knobs reads TRITON_CACHE_DIR as the workers do
+            pass
+        paths = [p or os.getcwd() for p in sys.path]  # as multiprocessing's spawn passes sys.path
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+        return env
+
+    def start(self) -> None:
+        """Start the workers that are missing (they import in parallel, in the background)."""
+        with self._lock:
+            self._all = [w for w in self._all if w.alive]
+            live = set(map(id, self._all))
+            drained = []
+            while not self._idle.empty():
+                w = self._idle.get_nowait()
+                if id(w) in live:
+                    drained.append(w)
+            env = self._env()
+            while len(self._all) < self.size:
+                w = _Worker(env)
+                self._all.append(w)
+                drained.append(w)
+            for w in drained:
+                self._idle.put(w)
+
+    def run(self, jobs: Sequence[Job]) -> list[Outcome]:
+        self.start()
+        self.last_used = time.monotonic()
+
+        def one(job: Job) -> Outcome:
+            w = self._idle.get()
+            try:
+                return w.call(job)
+            finally:
+                if w.alive:
+                    self._idle.put(w)
+                else:  # replaced at the next start(); this run goes on with the others
+                    self.start()
+
+        with ThreadPoolExecutor(max_workers=self.size, thread_name_prefix="kernelgraft-compile") as ex:
+            outcomes = list(ex.map(one, jobs))
+        self.last_used = time.monotonic()
+        return outcomes
+
+    def close(self) -> None:
+        with self._lock:
+            workers_, self._all = self._all, []
+            while not self._idle.empty():
+                self._idle.get_nowait()
+        for w in workers_:
+            w.close()
+
+    @property
+    def running(self) -> int:
+        return sum(w.alive for w in self._all)
+
+
+class _Shared:
+    """The process's pool: made at first use, closed after ``IDLE_S`` idle and at exit."""
+
+    def __init__(self) -> None:
+        self.pool: CompilePool | None = None
+        self._lock = threading.Lock()
+        self._reaper: threading.Thread | None = None
+
+    def get(self, size: int) -> CompilePool:
+        with self._lock:
+            if self.pool is None or self.pool.size != size:
+                if self.pool is not None:
+                    self.pool.close()
+                self.pool = CompilePool(size)
+                if self._reaper is None:
+                    import atexit
+
+                    atexit.register(self.close)
+                    self._reaper = threading.Thread(target=self._reap, name="kernelgraft-compile-reaper",
+                                                    daemon=True)
+                    self._reaper.start()
+            return self.pool
+
+    def _reap(self) -> None:
+        while True:
+            time.sleep(min(IDLE_S, 10.0))
+            with self._lock:
+                pool = self.pool
+                if pool is not None and pool.running and time.monotonic() - pool.last_used > IDLE_S:
+                    pool.close()
+
+    def close(self) -> None:
+        with self._lock:
+            if self.pool is not None:
+                self.pool.close()
+
+
+POOL = _Shared()
+
+
+def _say_once(tag: str, message: str, *args: Any) -> None:
+    if tag not in _said:
+        _said.add(tag)
+        log.info(message, *args)
+
+
+def prestart() -> None:
+    """Start the compile workers now, in the background (they take seconds to import torch and
+    Triton): a tool about to tune many keys overlaps that with its own set-up."""
+    size = workers()
+    if size >= 2:
+        POOL.get(size).start()
+
+
+def compile_ahead(op: Any, candidates: Sequence[Any], args: Sequence[Any], device: torch.device) -> Summary | None:
+    """Compile ``candidates`` in the pool for a call of their runners with ``args`` (inputs, then
+    outputs) on ``device``; None where the pool is not used (see the module docstring)."""
+    if device.type != "cuda":
+        return None  # the CPU runs Triton's interpreter: nothing compiles
+    size = workers()
+    if size < 2:
+        return None
+    source = source_of(op) if op.fingerprint not in _unimportable else (
+        "importing its module does not define it (not a module-level op)")
+    if isinstance(source, str):
+        _say_once(op.name, "%s: candidates compile one after the other: %s", op.name, source)
+        return None
+    jobs = jobs_for(op, candidates, args, Target.of_device(device), source)
+    if len(jobs) < 2:
+        return None
+    return run_jobs(jobs, size)
+
+
+def run_jobs(jobs: Sequence[Job], size: int) -> Summary:
+    """Compile ``jobs`` in the shared pool of ``size`` workers (cuTile cubins are added here)."""
+    started = time.perf_counter()
+    outcomes = POOL.get(size).run(jobs)
+    summary = Summary(jobs=len(jobs), seconds=time.perf_counter() - started)
+    for job, outcome in zip(jobs, outcomes):
+        summary.worker_seconds += outcome.seconds
+        if outcome.ok:
+            summary.compiled += 1
+            if outcome.cubins:
+                from ..backends._cutile import add_cubin
+
+                for artifact in outcome.cubins:
+                    add_cubin(artifact)
+        else:
+            if outcome.detail.startswith("LookupError"):
+                _unimportable.add(job.fingerprint)
+            summary.failed += 1
+            summary.failures.append(f"{job.label}: {outcome.detail}")
+            log.debug("compile ahead of %s failed (it compiles in its gate run): %s", job.label, outcome.detail)
+    for name in ("jobs", "compiled", "failed", "seconds", "worker_seconds"):
+        TOTALS[name] += getattr(summary, name)
+    TOTALS["keys"] += 1
+    log.info("%s: compiled %d of %d candidates in %.2f s on %d workers (%.2f s of compiling)",
+             jobs[0].op if jobs else "-", summary.compiled, summary.jobs, summary.seconds, size,
+             summary.worker_seconds)
+    return summary

@@ -1,0 +1,64 @@
+"""A compile worker: ``python -m kernelgraft.tune._compile_worker``, started by ``_compile_pool``.
+
+Reads length-prefixed pickled ``Job`` objects on stdin and answers each with a pickled ``Outcome``
+on stdout, until stdin closes. The first message out is ``"ready"``, sent once the heavy imports
+are done, so a pool knows its workers started. Anything the imported user code prints goes to
+stderr: the real stdout is kept for answers only.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+import sys
+from typing import Any, BinaryIO
+
+HEADER = struct.Struct("<Q")  # the length of each pickled message that follows
+
+
+def send(stream: BinaryIO, value: Any) -> None:
+    blob = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    view = memoryview(HEADER.pack(len(blob)) + blob)
+    while view:  # an unbuffered pipe may take part of a large write
+        written = stream.write(view)
+        view = view[written if written is not None else len(view):]
+    stream.flush()
+
+
+def receive(stream: BinaryIO) -> Any:
+    """The next message; EOFError when the other side closed the pipe."""
+    head = stream.read(HEADER.size)
+    if len(head) < HEADER.size:
+        raise EOFError
+    (size,) = HEADER.unpack(head)
+    blob = stream.read(size)
+    if len(blob) < size:
+        raise EOFError
+    return pickle.loads(blob)
+
+
+def main() -> int:
+    answers = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # prints from imported modules must not corrupt the answers
+    sys.stdout = sys.stderr
+    requests = sys.stdin.buffer
+    import torch  # noqa: F401  the heavy imports, before "ready"
+
+    from . import _compile_jobs
+
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        pass
+    send(answers, "ready")
+    while True:
+        try:
+            job = receive(requests)
+        except EOFError:
+            return 0
+        send(answers, _compile_jobs.run_job(job))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""The tuner's side of tuning off the caller's path: when it applies, what the call gets, the job.
+
+A key without a decision in memory is looked up on disk first (as inside a call); without one, a
+job tunes it on the device's worker (``_background``) and the call is served at once by the
+provisional choice (``_meanwhile``), marked so (``_select.provisional`` with the job's
+``Pending``): the op keeps that plan, without a native replay, until the decision lands, then plans
+again. Every thread and shape that meets the key shares the one job. A key the queue refuses is
+served the same way for ``SKIP_RETRY_S``, then asked again.
+
+Tuned inside the call as before: ``blocking=True`` (or ``KERNELGRAFT_TUNE_BLOCKING=1``), tensors off
+CUDA unless ``blocking=False``, ranks that agree through torch.distributed (their agreement is made
+on the caller's thread, in the order its calls meet keys), an op whose reference cannot run (a
+bundle's stand-in: nothing to serve meanwhile), and a device whose worker could not start. Nothing
+is queued while a CUDA graph is captured or torch.compile traces: the tuner's ``_may_measure``
+refuses first.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .._op import _select
+from .._op._compete import servable
+from . import _dist, _phases
+from ._background import Job
+from ._inputs import tensors_of
+from ._key import TuneKey
+from ._meanwhile import meanwhile
+from ._modes import Settings
+
+__all__ = ["off_path", "serve", "SKIP_RETRY_S"]
+
+SKIP_RETRY_S = 1.0  # a key the queue refused asks again after this long
+
+
+def off_path(tuner: Any, op: Any, args: tuple, s: Settings) -> bool:
+    """Whether a new key of this call is tuned off the caller's path (else inside the call)."""
+    if s.mode != "on" or s.blocking is True:
+        return False
+    first = next(tensors_of(args), None)
+    if first is None or (s.blocking is None and first.device.type != "cuda"):
+        return False
+    if s.distributed and _dist.active():
+        return False
+    return not getattr(op.reference, "kernelgraft_stub", False) and tuner.background.usable(first.device)
+
+
+def serve(tuner: Any, op: Any, candidates: Sequence[Any], args: tuple, key: TuneKey, s: Settings) -> Any:
+    """The candidate for this call of a key with no decision in memory (None: the reference)."""
+    found = tuner._resolve_locked(op, candidates, args, key, s, False)  # the disk cache, or the default
+    usable = servable(op, candidates)
+    if found.source != "default":
+        return tuner._pick(op, found, usable)
+    first = next(tensors_of(args))
+    pending = tuner.background.submit(key.digest, key.fingerprint, first.device, args,
+                                      _job(tuner, op, candidates, key, s), f"{op.name} ({key.summary()})")
+    if pending is None:  # not queued (the background counts it): ask again after a while
+        _select.provisional(time.monotonic() + SKIP_RETRY_S)
+    else:
+        _select.provisional(pending)
+    return meanwhile(op, usable, args, key.as_json(), list(tuner.memory.values()))
+
+
+def _job(tuner: Any, op: Any, candidates: Sequence[Any], key: TuneKey, s: Settings) -> Any:
+    """What the worker runs for the key: the tuning a call would make, on the copied inputs, in
+    the caller's context (its ``kg.tune`` settings), paced, without a progress bar."""
+    context = contextvars.copy_context()
+    settings = dataclasses.replace(s, progress=False, blocking=True)
+
+    def run(job: Job) -> None:
+        pacer = tuner.background.pacer(job)
+        phases = _phases.Phases(pacer)
+        phases.add("queued", (job.started or job.enqueued) - job.enqueued)
+        waited = time.perf_counter()
+        pacer.before()  # the job's start (the device lock, the disk cache) in a quiet window too
+        pacer.after()
+        phases.paused_s += time.perf_counter() - waited
+        with phases.recording(), torch.no_grad():
+            context.run(tuner._resolve, op, candidates, job.args, key, settings)
+        tuner.stats["background_tuned"] += 1
+
+    return run
