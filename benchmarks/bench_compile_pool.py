@@ -55,11 +55,11 @@ def main() -> int:
     import torch
     from triton import knobs
 
-    from kernelgraft.backends._cuda import CudaRunner
-    from kernelgraft.backends._nvrtc import CACHE
+    from kernelgraft.backends.cuda.jit import CudaRunner
+    from kernelgraft.backends.cuda.nvrtc import CACHE
     from kernelgraft.examples import gemm as G
-    from kernelgraft.tune import _compile_pool as P
-    from kernelgraft.tune._compile_jobs import Target, compile_only_triton, run_job
+    from kernelgraft.tune import compile_pool as P
+    from kernelgraft.tune.compile_jobs import Target, compile_only_triton, run_job
 
     gpu = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
     m, n, k = (int(v) for v in args.shape.split("x"))

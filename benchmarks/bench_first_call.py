@@ -112,7 +112,7 @@ def first_call(case: str, *, device: str, background: bool, cases: dict, tune_op
     import torch
 
     import kernelgraft as kg
-    from kernelgraft.tune._tuner import entry_label
+    from kernelgraft.tune.tuner import entry_label
 
     module, name, shape = cases[case]
     op = _op(module, name)
@@ -171,7 +171,7 @@ def serving(*, device: str, seconds: float, cases: dict, serve_case: str, tune_c
     with kg.tune(**{**options, "blocking": True}):
         serve_op(*serve_args)  # tuned and planned
     if device == "cuda":
-        from kernelgraft import _native
+        from kernelgraft import native as _native
 
         _native.load()  # its native replay built now (a compiler in a child process), not while timed
     with kg.tune(**{**options, "blocking": True}):
@@ -286,7 +286,7 @@ def table(rows: list[dict], serve: dict | None) -> str:
 
 
 def run(args) -> dict:
-    from kernelgraft.tune._tuner import TIE_MARGIN
+    from kernelgraft.tune.tuner import TIE_MARGIN
 
     names = args.cases.split(",") if args.cases else list(SMOKE_CASES if args.smoke else CASES)
     rows = []

@@ -45,15 +45,15 @@ def _worker(args) -> int:
     import torch.distributed as dist
 
     import kernelgraft as kg
-    from kernelgraft.cli._tune import suite_calls
-    from kernelgraft.tune._cache import DiskCache
+    from kernelgraft.cli.tune import suite_calls
+    from kernelgraft.tune.cache import DiskCache
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
         if args.device == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
         dist.init_process_group("gloo")
-    from kernelgraft.cli._common import ops_of
+    from kernelgraft.cli.common import ops_of
 
     ops = [o for name in MODULES for o in ops_of(importlib.import_module(f"kernelgraft.examples.{name}"))]
     calls = suite_calls(ops, args.device, "llm")

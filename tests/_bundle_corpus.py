@@ -23,8 +23,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from kernelgraft.aot import _manifest
-from kernelgraft.aot._sign import SIGNATURE
+from kernelgraft.aot import manifest as _manifest
+from kernelgraft.aot.sign import SIGNATURE
 
 from _aot_helpers import EXAMPLES, env
 from _bundle_edits import (add_stride_guard, drop_a_rule_guard, edited as _edit, first, guard_program_edited, kernels,

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from kernelgraft.aot import _manifest
-from kernelgraft.aot._program import meta_rules
-from kernelgraft.aot._rpn import compile_rpn
+from kernelgraft.aot import manifest as _manifest
+from kernelgraft.aot.program import meta_rules
+from kernelgraft.aot.rpn import compile_rpn
 
 
 def resum(root: Path, m: dict) -> None:

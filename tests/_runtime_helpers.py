@@ -46,7 +46,7 @@ def variant(bundle: Path, dst: Path, namespace: str, edit=None, edit_op=None) ->
 def rewrite(dst: Path, manifest: dict) -> None:
     """Write an edited ``manifest`` into ``dst``: its output rules derived again from its kernels'
     programs (the bundle spec holds them equal; the texts play no part) and its checksum recomputed."""
-    from kernelgraft.aot._program import meta_rules
+    from kernelgraft.aot.program import meta_rules
 
     for op in manifest["ops"]:
         if "meta" in op:

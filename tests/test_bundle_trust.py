@@ -143,7 +143,7 @@ def test_an_expression_text_that_is_not_its_program_is_refused(signed, tmp_path)
 def test_a_guard_program_that_is_not_its_text_is_refused(signed, tmp_path):
     """Each guard text has its own program: one edited alone (its rules derived again from it, as
     the C++ runtime, which has no texts, would accept) is refused by the Python loader, by its index."""
-    from kernelgraft.aot._rpn import compile_rpn
+    from kernelgraft.aot.rpn import compile_rpn
 
     b = _copy(signed, tmp_path)
     m = _manifest.read(b)

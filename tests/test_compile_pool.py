@@ -1,4 +1,4 @@
-"""Compiling a key's candidates in worker processes before timing (kernelgraft.tune._compile_pool).
+"""Compiling a key's candidates in worker processes before timing (kernelgraft.tune.compile_pool).
 
 On the CPU the workers cross-compile for sm_90 (Triton and NVRTC need no GPU for that); the test
 then shows the launching side finds every kernel in the caches the workers wrote: NVRTC's disk
@@ -18,11 +18,11 @@ import pytest
 import torch
 
 import kernelgraft as kg
-from kernelgraft.backends._cuda import CudaRunner
-from kernelgraft.backends._nvrtc import CACHE
-from kernelgraft.tune import _compile_pool as pool_mod
-from kernelgraft.tune._compile_jobs import Target, describe, stand_in
-from kernelgraft.tune._compile_pool import CompilePool, compile_ahead, jobs_for, source_of, workers
+from kernelgraft.backends.cuda.jit import CudaRunner
+from kernelgraft.backends.cuda.nvrtc import CACHE
+from kernelgraft.tune import compile_pool as pool_mod
+from kernelgraft.tune.compile_jobs import Target, describe, stand_in
+from kernelgraft.tune.compile_pool import CompilePool, compile_ahead, jobs_for, source_of, workers
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _pool_ops  # noqa: E402  module level: its ops outlive each test (the workers import it too)
@@ -84,7 +84,7 @@ def test_pool_compiles_and_the_launching_side_hits_the_caches(tmp_path, monkeypa
         sys.path.insert(0, {str(HERE)!r})
         from triton import knobs
         import _pool_ops
-        from kernelgraft.tune._compile_jobs import Target, compile_only_triton
+        from kernelgraft.tune.compile_jobs import Target, compile_only_triton
         hits = []
         knobs.compilation.listener = lambda **kw: hits.append(kw["cache_hit"])
         torch.manual_seed(0)

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import kernelgraft as kg
-from kernelgraft.aot import _manifest
-from kernelgraft.aot._expr import compile_exprs
-from kernelgraft.aot._program import _range, decision_table, kernel_program, meta_rules
-from kernelgraft.aot._rpn import EvalError, compile_rpn, evaluate
+from kernelgraft.aot import manifest as _manifest
+from kernelgraft.symbolic.expr import compile_exprs
+from kernelgraft.aot.program import _range, decision_table, kernel_program, meta_rules
+from kernelgraft.aot.rpn import EvalError, compile_rpn, evaluate
 from kernelgraft.examples import add_relu, rmsnorm  # registered before the per-test registry snapshot
 
 from _aot_helpers import build_bundle

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 import kernelgraft as kg
-from kernelgraft.tune import _key
-from kernelgraft.tune._cache import DiskCache
-from kernelgraft.tune._pretune import prepare
-from kernelgraft.tune._ranges import RECORD_POINTS, Formula, Ranges, describe_arg, fit_site
-from kernelgraft.tune._tuner import TUNER
+from kernelgraft.tune import key as _key
+from kernelgraft.tune.cache import DiskCache
+from kernelgraft.tune.pretune import prepare
+from kernelgraft.tune.ranges import RECORD_POINTS, Formula, Ranges, describe_arg, fit_site
+from kernelgraft.tune.tuner import TUNER
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))

@@ -36,7 +36,7 @@ def _rank_main(rank: int, world: int, root: str) -> None:
 
     import kernelgraft as kg
     from _pretune_ops import fake_timer, scale, scale2
-    from kernelgraft.tune._cache import DiskCache
+    from kernelgraft.tune.cache import DiskCache
 
     dist.init_process_group("gloo", init_method=f"file://{root}/store", rank=rank, world_size=world)
     out: dict = {}
@@ -97,8 +97,8 @@ def test_two_ranks_split_merge_and_survive_a_failing_rank(tmp_path, monkeypatch)
     sys.path.insert(0, str(HERE))
     import kernelgraft as kg
     from _pretune_ops import fake_timer, scale, scale2
-    from kernelgraft.tune._cache import DiskCache
-    from kernelgraft.tune._tuner import TUNER
+    from kernelgraft.tune.cache import DiskCache
+    from kernelgraft.tune.tuner import TUNER
 
     monkeypatch.setenv("KERNELGRAFT_CACHE_DIR", str(tmp_path / "alone"))
     TUNER.memory.clear()

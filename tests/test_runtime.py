@@ -226,7 +226,7 @@ OR_GUARDS = ["x.shape[0] < 4 or x.shape[0] > 8", "x.shape[0] % 2 == 0"]
 
 
 def _with_or_guards(op: dict) -> None:
-    from kernelgraft.aot._rpn import compile_rpn
+    from kernelgraft.aot.rpn import compile_rpn
 
     if op["name"].endswith("::add_relu"):
         names = [p["name"] for p in op["params"]]

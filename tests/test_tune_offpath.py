@@ -17,7 +17,13 @@ import torch
 
 import kernelgraft as kg
 from kernelgraft import TuneWarning
-from kernelgraft.tune import _inputs, _meanwhile, _offpath, _pace, _phases
+from kernelgraft.tune import (
+    inputs as _inputs,
+    meanwhile as _meanwhile,
+    offpath as _offpath,
+    pace as _pace,
+    phases as _phases,
+)
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _tune_ops import FAKE_MS, launch_scale, make_scale  # noqa: E402
@@ -255,7 +261,7 @@ def test_blocking_switch_and_environment(monkeypatch):
 
 @pytest.mark.parametrize("why", ["compile", "capture"])
 def test_capture_and_compile_never_start_a_tuning(why, monkeypatch):
-    from kernelgraft.tune import _modes
+    from kernelgraft.op import modes as _modes
 
     monkeypatch.setattr(_modes, "_warned", set())
     op = make_scale(f"toff::{why}")
@@ -473,7 +479,7 @@ def _label(op, args):
 @pytest.mark.gpu
 def test_gpu_first_call_served_at_once_and_decision_matches_blocking(default_blocking):
     from kernelgraft.examples.softmax import softmax
-    from kernelgraft.tune._tuner import TIE_MARGIN, entry_label
+    from kernelgraft.tune.tuner import TIE_MARGIN, entry_label
 
     x = torch.randn(48, 6000, device="cuda", dtype=torch.bfloat16)
     want = torch.softmax(x.float(), -1).to(x.dtype)
@@ -542,7 +548,7 @@ def test_the_workers_own_cpu_time_is_not_counted_as_serving():
 
 
 def test_a_device_whose_worker_cannot_start_tunes_inside_the_call(monkeypatch):
-    from kernelgraft.tune import _background
+    from kernelgraft.tune import background as _background
 
     background = _background.Background()  # a process of its own: its workers fail to start
     monkeypatch.setattr(kg.tune.TUNER, "background", background)

@@ -178,7 +178,7 @@ def _ahead(args) -> int:
 
     import kernelgraft as kg
 
-    from ._common import load_target, ops_of, table_console
+    from .common import load_target, ops_of, table_console
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     joined = _distributed(device)

@@ -15,8 +15,6 @@ reads any more. A native replay is installed only if the epoch it was planned in
 from __future__ import annotations
 
 import logging
-import os
-import sys
 import threading
 import time
 import warnings
@@ -26,18 +24,19 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from .. import _admit, backends
-from .._errors import FallbackWarning, InputError, LaunchError, SpecError, UnsupportedError, describe
-from .._native._attach import attach
-from ..backends._triton import interpreting
-from ..tune._modes import scope as current_scope
-from ..tune._modes import settings as current_settings
-from . import _compete, _overlap, _probe, _select
-from ._candidates import LAYOUT, Candidate, evaluate, evaluate_one
-from ._limits import check_allocatable, quiet_fake_tensor_errors
-from ._plan import Plan, kernel_plan, meta_plan, reference_plan, torch_plan
-from ._provisional import expiring, pending
-from ._shape_error import named, shape_error
+from .. import admit as _admit, backends
+from ..errors import FallbackWarning, InputError, LaunchError, SpecError, UnsupportedError, describe
+from ..native.attach import attach
+from ..backends.triton.jit import interpreting
+from .modes import scope as current_scope
+from .modes import settings as current_settings
+from . import compete as _compete, overlap as _overlap, probe as _probe, select as _select
+from .candidates import LAYOUT, Candidate, evaluate, evaluate_one
+from .limits import check_allocatable, quiet_fake_tensor_errors
+from .plan import Plan, guarded, kernel_plan, meta_plan, reference_plan, torch_plan
+from .warn import caller_stacklevel
+from .provisional import expiring, pending
+from .shape_error import named, shape_error
 
 
 __all__ = ["Dispatcher", "PLAIN", "ANY_TENSOR"]

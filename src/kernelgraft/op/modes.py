@@ -18,7 +18,7 @@ one warning says so.
 ``blocking`` (``kg.tune(blocking=...)``, ``KERNELGRAFT_TUNE_BLOCKING``): where a new key is tuned.
 None (the default): on CUDA tensors off the caller's path: the call is served at once by a
 provisional choice (the nearest tuned bucket's winner, else the reference) while a background
-worker tunes the key, and the decision swaps in when it lands (``kernelgraft.tune._background``);
+worker tunes the key, and the decision swaps in when it lands (``kernelgraft.tune.background``);
 elsewhere (a test's injected timer on CPU tensors) on the caller's thread. True (``=1``): always on
 the caller's thread, inside the first call, as benchmarks and warm-up scripts want (``kg.tune.pretune``
 and ``kernelgraft tune`` always tune so). False (``=0``): off the path on every device.

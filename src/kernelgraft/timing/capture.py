@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from .gpu_busy import cover
-from ._streams import private_stream
+from .streams import private_stream
 
 __all__ = ["capture", "capture_calls", "replay_graph", "exchange_capture_mode", "RELAXED", "THREAD_LOCAL"]
 

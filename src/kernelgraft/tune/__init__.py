@@ -27,15 +27,15 @@ import sys
 import types
 from typing import Any
 
-from ._cache import DiskCache, cache_dir, cache_path
-from ._key import TuneKey, build_key, normalize_buckets
-from ._modes import MODES, Settings, settings, tune
-from ._prune import matmul_heuristics
-from ._tuner import TUNER, Decision, Tuner
-from ._api import clear, decision, pending, pretune, report, stats, wait
-from ._pretune import KeyResult, Report as PretuneReport
-from ._ranges import Ranges
-from ._report import Report
+from .cache import DiskCache, cache_dir, cache_path
+from .key import TuneKey, build_key, normalize_buckets
+from ..op.modes import MODES, Settings, settings, tune
+from .prune import matmul_heuristics
+from .tuner import TUNER, Decision, Tuner
+from .api import clear, decision, pending, pretune, report, stats, wait
+from .pretune import KeyResult, Report as PretuneReport
+from .ranges import Ranges
+from .report import Report
 
 __all__ = [
     "tune", "settings", "Settings", "MODES", "Decision", "Tuner", "TuneKey", "build_key",

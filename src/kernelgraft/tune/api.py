@@ -10,15 +10,24 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .._errors import SpecError
-from .._op import _select
-from . import _dist
-from ._modes import settings
-from ._pretune import (KeyResult, Report as PretuneReport, calls_of_sites, known_decision, plan, prepare,
-                       run_keys, site_of_call, tune_key)
-from ._ranges import Ranges
-from ._report import Report, build_report
-from ._tuner import TIE_MARGIN, TUNER, Decision
+from ..errors import SpecError
+from ..op import select as _select
+from . import dist as _dist
+from ..op.modes import settings
+from .pretune import (
+    KeyResult,
+    Report as PretuneReport,
+    calls_of_sites,
+    known_decision,
+    plan,
+    prepare,
+    run_keys,
+    site_of_call,
+    tune_key,
+)
+from .ranges import Ranges
+from .report import Report, build_report
+from .tuner import TIE_MARGIN, TUNER, Decision
 
 __all__ = ["pretune", "decision", "clear", "stats", "wait", "pending", "report"]
 
@@ -58,7 +67,7 @@ def pretune(target: Any = None, *args: Any, ranges: Ranges | None = None, exampl
     started = time.perf_counter()
     dev = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type == "cuda":
-        from ._compile_pool import prestart
+        from .compile_pool import prestart
 
         prestart()  # the workers import while the calls are planned
     sites, left_out = 0, []
@@ -77,7 +86,7 @@ def pretune(target: Any = None, *args: Any, ranges: Ranges | None = None, exampl
     jobs, unsupported = plan(calls)
     error = None
     if settings().distributed and _dist.active():
-        from ._shard import pretune_ranks
+        from .shard import pretune_ranks
 
         results, error = pretune_ranks(jobs, force=force, progress=progress, on_key=on_key)
         ranks = _dist.world()
@@ -140,7 +149,7 @@ def _samples(op: Any, device: str) -> list:
 
 
 def _model_sites(model: Any, example_inputs: Any, config: Any, device: torch.device) -> tuple[list, list]:
-    from ._record import inputs_from_config, resized_inputs, sites_of_model
+    from .record import inputs_from_config, resized_inputs, sites_of_model
 
     if not callable(model):
         raise SpecError(f"kg.tune.pretune: expected an op, a list of ops or a model, got {type(model).__name__}")

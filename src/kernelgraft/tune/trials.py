@@ -35,14 +35,14 @@ from typing import Any
 
 import torch
 
-from .. import _verify
-from .._errors import out_of_memory
-from .._op import _compete
-from .._timing import on_device
-from ._compile_pool import compile_ahead
-from ._gate import classify_error, expected, guarded, judge
-from ._phases import clock, phase
-from ._timing import CaptureRefused, Trial, cuda_timer
+from ..verify import oracle as _verify
+from ..errors import out_of_memory
+from ..op import compete as _compete
+from ..timing import on_device
+from .compile_pool import compile_ahead
+from .gate import classify_error, expected, guarded, judge
+from .phases import clock, phase
+from .timing import CaptureRefused, Trial, cuda_timer
 
 __all__ = ["Result", "run_trials"]
 

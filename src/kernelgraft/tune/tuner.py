@@ -21,20 +21,20 @@ from typing import Any
 
 import torch
 
-from .. import _native
-from .._op import _select
-from .._op._compete import TORCH, TORCH_INDEX, find, is_torch, key_backends, servable
-from .._errors import FallbackWarning, TuneWarning, out_of_memory
-from .._spec import Config
-from . import _dist, _phases
-from ._background import BACKGROUND, Background
-from ._cache import DiskCache
-from ._key import TuneKey, build_key
-from ._modes import Settings, no_tune_reason, settings, warn_no_tune
-from ._offpath import off_path, serve
-from ._progress import Progress
-from ._prune import apply_prune
-from ._trials import Result, run_trials
+from .. import native as _native
+from ..op import select as _select
+from ..op.compete import TORCH, TORCH_INDEX, find, is_torch, key_backends, servable
+from ..errors import FallbackWarning, TuneWarning, out_of_memory
+from ..spec import Config
+from . import dist as _dist, phases as _phases
+from .background import BACKGROUND, Background
+from .cache import DiskCache
+from .key import TuneKey, build_key
+from ..op.modes import Settings, no_tune_reason, settings, warn_no_tune
+from .offpath import off_path, serve
+from .progress import Progress
+from .prune import apply_prune
+from .trials import Result, run_trials
 
 __all__ = ["Decision", "Tuner", "TUNER", "entry_label"]
 
@@ -359,7 +359,7 @@ class Tuner:
         try:
             with phases.recording():
                 if s.isolate:
-                    from ._isolate import run_isolated
+                    from .isolate import run_isolated
 
                     results = run_isolated(op, chosen, args, s, progress)
                 else:

@@ -22,12 +22,12 @@ from typing import Any
 
 import torch
 
-from .._op._candidates import evaluate
-from .._op._compete import key_backends, offered
-from ._key import TuneKey, build_key
-from ._modes import settings, tune
-from ._ranges import Arg, Formula, Ranges, Site, describe_arg, materialize
-from ._tuner import TUNER, Decision, entry_label
+from ..op.candidates import evaluate
+from ..op.compete import key_backends, offered
+from .key import TuneKey, build_key
+from ..op.modes import settings, tune
+from .ranges import Arg, Formula, Ranges, Site, describe_arg, materialize
+from .tuner import TUNER, Decision, entry_label
 
 __all__ = ["KeyJob", "KeyResult", "Report", "prepare", "known_decision", "known_entry", "tune_key", "plan", "run_keys",
            "site_of_call", "calls_of_sites"]
@@ -76,7 +76,7 @@ def known_entry(key: TuneKey) -> dict[str, Any] | None:
 
 def tune_key(op: Any, args: tuple, supported: list, key: TuneKey, force: bool) -> Decision | None:
     """Tune one key now (mode 'on'); None where nothing can be measured (CPU tensors, no timer)."""
-    from .._op import _select
+    from ..op import select as _select
 
     if force:
         TUNER.memory.pop(key.digest, None)

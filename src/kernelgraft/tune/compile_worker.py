@@ -1,4 +1,4 @@
-"""A compile worker: ``python -m kernelgraft.tune._compile_worker``, started by ``_compile_pool``.
+"""A compile worker: ``python -m kernelgraft.tune.compile_worker``, started by ``_compile_pool``.
 
 Reads length-prefixed pickled ``Job`` objects on stdin and answers each with a pickled ``Outcome``
 on stdout, until stdin closes. The first message out is ``"ready"``, sent once the heavy imports
@@ -45,7 +45,7 @@ def main() -> int:
     requests = sys.stdin.buffer
     import torch  # noqa: F401  the heavy imports, before "ready"
 
-    from . import _compile_jobs
+    from . import compile_jobs as _compile_jobs
 
     try:
         import triton  # noqa: F401

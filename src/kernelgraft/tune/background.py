@@ -9,7 +9,7 @@ with the same trials a tuning inside a call uses, under the same per-device lock
 a caller's thread (``kg.tune.pretune``, ``blocking=True``) and the worker never time candidates
 against each other. On CUDA the worker has its own stream, created non-blocking: its launches never
 queue behind the serving stream's, nor the serving stream's behind them, and it is no stream of
-torch's pool, which other code may be handed (``kernelgraft._timing._streams``).
+torch's pool, which other code may be handed (``kernelgraft.timing.streams``).
 
 Why a thread rather than a worker process: a job needs the op itself (the reference, the bound and
 compiled kernels, the user's ``supports`` and prune hooks, ``torch:compile`` of the reference), the
@@ -33,7 +33,7 @@ stops at its next unit (``_pace.Cancelled``). ``wait()`` waits for every job to 
 
 **Captures.** A call made while a CUDA graph is captured or ``torch.compile`` traces never queues a
 job (the tuner checks ``no_tune_reason`` on the caller's thread first). The worker's own captures
-(timing by graph replay) use ``capture_error_mode="thread_local"`` (``kernelgraft._timing._capture``),
+(timing by graph replay) use ``capture_error_mode="thread_local"`` (``kernelgraft.timing.capture``),
 so they never break a capture on another thread; and the worker thread runs in the driver's relaxed
 capture mode (thread-local again inside its own captures, so a capture refuses there what it would
 refuse the user), so its synchronisations are not prohibited by (and do not invalidate) a capture
@@ -54,11 +54,11 @@ from typing import Any
 
 import torch
 
-from .._op._select import Pending
-from .._timing._capture import RELAXED, exchange_capture_mode
-from .._timing._streams import private_stream
-from . import _pace
-from ._inputs import clone_args, nbytes
+from ..op.select import Pending
+from ..timing.capture import RELAXED, exchange_capture_mode
+from ..timing.streams import private_stream
+from . import pace as _pace
+from .inputs import clone_args, nbytes
 
 __all__ = ["Job", "Background", "BACKGROUND", "queue_limits"]
 

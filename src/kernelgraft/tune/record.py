@@ -21,9 +21,9 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .._op import _registry
-from ._modes import tune
-from ._ranges import RECORD_POINTS, Site, dedupe, describe_arg, fit_site
+from ..op import registry as _registry
+from ..op.modes import tune
+from .ranges import RECORD_POINTS, Site, dedupe, describe_arg, fit_site
 
 __all__ = ["record", "sites_of_model", "inputs_from_config", "resized_inputs"]
 

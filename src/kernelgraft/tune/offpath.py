@@ -25,14 +25,14 @@ from typing import Any
 
 import torch
 
-from .._op import _select
-from .._op._compete import servable
-from . import _dist, _phases
-from ._background import Job
-from ._inputs import tensors_of
-from ._key import TuneKey
-from ._meanwhile import meanwhile
-from ._modes import Settings
+from ..op import select as _select
+from ..op.compete import servable
+from . import dist as _dist, phases as _phases
+from .background import Job
+from .inputs import tensors_of
+from .key import TuneKey
+from .meanwhile import meanwhile
+from ..op.modes import Settings
 
 __all__ = ["off_path", "serve", "SKIP_RETRY_S"]
 

@@ -6,7 +6,7 @@ per GPU. So before the gate runs, ``compile_ahead`` sends one ``Job`` per Triton
 cuTile candidate to a pool of worker processes, which compile them into the caches the launches
 read (``_compile_jobs`` says how, per backend); the gate then finds every kernel compiled.
 
-The workers are ``python -m kernelgraft.tune._compile_worker`` processes, not ``multiprocessing``
+The workers are ``python -m kernelgraft.tune.compile_worker`` processes, not ``multiprocessing``
 children: a fresh interpreter re-imports only the op's module (never the user's ``__main__``
 script), gets an explicit environment (Triton's interpreter off: workers compile, they never run a
 kernel), creates no CUDA context (it compiles for a named target) and, when a compiler crashes it,
@@ -40,8 +40,8 @@ from typing import Any
 
 import torch
 
-from ._compile_jobs import BACKENDS, Job, NotDescribable, Outcome, Source, Target, describe
-from ._compile_worker import HEADER, send
+from .compile_jobs import BACKENDS, Job, NotDescribable, Outcome, Source, Target, describe
+from .compile_worker import HEADER, send
 
 __all__ = ["CompilePool", "Summary", "compile_ahead", "jobs_for", "source_of", "workers", "prestart", "run_jobs",
            "POOL", "MAX_WORKERS", "TOTALS"]
@@ -147,7 +147,7 @@ class Summary:
 class _Worker:
     def __init__(self, env: dict[str, str]) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kernelgraft.tune._compile_worker"], stdin=subprocess.PIPE,
+            [sys.executable, "-m", "kernelgraft.tune.compile_worker"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, bufsize=0)
         self.ready = False
 
@@ -367,7 +367,7 @@ def run_jobs(jobs: Sequence[Job], size: int) -> Summary:
         if outcome.ok:
             summary.compiled += 1
             if outcome.cubins:
-                from ..backends._cutile import add_cubin
+                from ..backends.cutile.jit import add_cubin
 
                 for artifact in outcome.cubins:
                     add_cubin(artifact)

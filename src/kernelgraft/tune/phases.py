@@ -5,7 +5,7 @@ phase, where one runs), gating a candidate (its compile happens there for backen
 first launch), timing a candidate, re-timing the finalists, measuring host costs. The trials enter
 each unit through ``phase(name, candidate)``. That records the seconds per phase and per candidate
 (``kg.tune.report``) and, for a tuning made off the caller's path, first asks the job's pacer
-whether the unit may start now (``kernelgraft.tune._pace``). A pause is recorded apart
+whether the unit may start now (``kernelgraft.tune.pace``). A pause is recorded apart
 (``paused``) and is not spent from the tuning budget: the trials read their elapsed time from
 ``clock()``, which stands still while paused. Outside a recording every function here is a no-op
 (``clock`` is ``time.perf_counter``), so a tuning on the caller's thread behaves as before.

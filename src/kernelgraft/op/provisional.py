@@ -8,8 +8,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._plan import Plan
-from ._select import Pending
+from .plan import Plan
+from .select import Pending
 
 __all__ = ["expiring", "pending"]
 

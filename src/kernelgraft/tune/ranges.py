@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .._errors import SpecError
+from ..errors import SpecError
 
 __all__ = ["Ranges", "Formula", "Arg", "Site", "fit_site", "materialize", "describe_arg", "dedupe", "RECORD_POINTS"]
 

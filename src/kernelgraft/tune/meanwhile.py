@@ -24,8 +24,8 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .._op._compete import TORCH, is_torch
-from .._spec import Config
+from ..op.compete import TORCH, is_torch
+from ..spec import Config
 
 __all__ = ["meanwhile", "distance"]
 

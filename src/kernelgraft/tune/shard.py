@@ -32,9 +32,9 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import _dist
-from ._pretune import KeyJob, KeyResult, known_entry, run_keys
-from ._tuner import TUNER, Decision
+from . import dist as _dist
+from .pretune import KeyJob, KeyResult, known_entry, run_keys
+from .tuner import TUNER, Decision
 
 __all__ = ["share", "pretune_ranks"]
 

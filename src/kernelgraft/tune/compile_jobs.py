@@ -148,7 +148,7 @@ def _module(source: Source) -> Any:
 
 
 def _find_op(job: Job) -> Any:
-    from .._op import _registry
+    from ..op import registry as _registry
 
     _module(job.source)
     op = _registry.lookup(job.op)
@@ -224,7 +224,7 @@ def _triton(spec: Any, config: Any, args: Sequence[Any], target: Target) -> tupl
 
 
 def _cuda(spec: Any, config: Any, args: Sequence[Any], target: Target) -> tuple:
-    from ..backends._cuda import CudaRunner
+    from ..backends.cuda.jit import CudaRunner
 
     launch = spec.launch(*args, **config.as_dict())
     CudaRunner(spec, config).compile(target.arch, launch.template)
@@ -232,7 +232,7 @@ def _cuda(spec: Any, config: Any, args: Sequence[Any], target: Target) -> tuple:
 
 
 def _cutile(spec: Any, config: Any, args: Sequence[Any], target: Target) -> tuple:
-    from ..backends._cutile import build_cubin
+    from ..backends.cutile.jit import build_cubin
 
     return (build_cubin(spec, config, args, target.arch),)
 
@@ -243,7 +243,7 @@ _COMPILERS = {"triton": _triton, "cuda": _cuda, "cutile": _cutile}
 def run_job(job: Job) -> Outcome:
     """Compile one job in this process; never raises (a failure is an ``Outcome``: the candidate
     then compiles in its gate run, as without the pool)."""
-    from .._spec import Config
+    from ..spec import Config
 
     started = time.perf_counter()
     try:

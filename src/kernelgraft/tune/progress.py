@@ -6,7 +6,7 @@ import logging
 import time
 from typing import Any
 
-from ._key import TuneKey
+from .key import TuneKey
 
 __all__ = ["Progress"]
 
