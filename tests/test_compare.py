@@ -48,8 +48,14 @@ def _launch(x, k, values, indices, *, WRONG):
     _top_kernel[(x.shape[0],)](x, values, indices, x.shape[0], E=x.shape[1], K=k, WRONG=WRONG)
 
 
+def _power_of_two_experts(x, k, **config):
+    # the kernel loads a whole row with tl.arange(0, E): E must be a power of two
+    return (x.shape[-1] & (x.shape[-1] - 1)) == 0 or f"experts must be a power of two, got {x.shape[-1]}"
+
+
 def _top_op(name, configs, **options):
-    @kg.op(name, impls=[kg.triton(_launch, configs=configs)], sample_inputs=_samples, **options)
+    @kg.op(name, impls=[kg.triton(_launch, configs=configs, supports=_power_of_two_experts)],
+           sample_inputs=_samples, **options)
     def top(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         values, indices = torch.topk(x.float(), k)
         return values, indices

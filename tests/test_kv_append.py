@@ -71,17 +71,14 @@ def _few_samples(device="cpu"):
     return list(itertools.islice(module.sample_inputs(device), 3, 5))
 
 
+# "zero_key" writes an input the op does not declare mutated: check's guarded memory compares every
+# such input with a copy taken before the call, per candidate, so it fails the candidate that wrote it.
 BUGS = ["padding", "no_value_cache", "slot_stride", "zero_key"]
-# Comparing each input not declared mutated with a copy taken before the call is check's guard
-# against a kernel that writes one; without it, only opcheck of the op's default kernel sees the
-# write, and blames "opcheck" rather than the candidate.
-_NEEDS_INPUT_GUARD = pytest.mark.xfail(reason="needs check to verify that inputs not declared mutated stay "
-                                       "untouched, per candidate", strict=False)
 
 
 @pytest.mark.parametrize("opcheck", [True, False], ids=["opcheck", "no-opcheck"])
 @pytest.mark.parametrize("beside", [False, True], ids=["alone", "beside-correct"])
-@pytest.mark.parametrize("bug", [pytest.param(b, marks=_NEEDS_INPUT_GUARD) if b == "zero_key" else b for b in BUGS])
+@pytest.mark.parametrize("bug", BUGS)
 def test_check_fails_every_broken_variant(bug, beside, opcheck):
     configs = [{"BUG": "none"}, {"BUG": bug}] if beside else [{"BUG": bug}]
     op = kg.op(f"tkvappend::broken_{bug}_{int(beside)}_{int(opcheck)}", mutates_args=("key_cache", "value_cache"),

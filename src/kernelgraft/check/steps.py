@@ -45,10 +45,19 @@ class Result:
     note: str = ""
 
 
+def _clip(text: str, limit: int) -> str:
+    """``text`` within ``limit`` characters: a long one keeps its start (what failed) and its end
+    (kernelgraft's messages end with how to fix it), the middle elided."""
+    if len(text) <= limit:
+        return text
+    head = limit * 2 // 3
+    return f"{text[:head]} ... {text[-(limit - head - 5):]}"
+
+
 def exception_note(exc: BaseException) -> str:
     if isinstance(exc, KernelgraftError):
-        return str(exc)[:300]
-    return f"{type(exc).__name__}: {exc}"[:300]
+        return _clip(str(exc), 600)
+    return _clip(f"{type(exc).__name__}: {exc}", 300)
 
 
 @contextlib.contextmanager

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import torch  # noqa: F401  (the doctests name torch dtypes)
+
 from ..spec import callable_source
 
 __all__ = ["callable_identity", "tolerances_identity", "dtype_name"]
