@@ -26,7 +26,7 @@ export PYTHONPATH="/tmp/site/nvidia_cutlass_dsl/python_packages:/tmp/site:$ROOT/
 [ -d .carry/cutile/cubins ] && export KERNELGRAFT_CUTILE_CUBINS="$ROOT/.carry/cutile/cubins"
 export KERNELGRAFT_CACHE_DIR=/tmp/kgcache KERNELGRAFT_TEST_INSTAFAIL=1
 [ -d .carry/bundle ] && export KERNELGRAFT_TEST_BUNDLE="$ROOT/.carry/bundle"
-# every example op, every backend (xz: cubins shrink tenfold): tests/test_gpu_runtime_all.py
+# every example op, every backend (xz: cubins shrink tenfold): tests/gpu/test_gpu_runtime_all.py
 if [ -f .carry/bundle_all.tar.xz ]; then
     tar -xJf .carry/bundle_all.tar.xz -C /tmp && export KERNELGRAFT_TEST_BUNDLE_ALL=/tmp/bundle_all
 fi
@@ -43,7 +43,7 @@ step() {  # step NAME SECONDS CMD...
 }
 run_section() {
   case $1 in
-    tests) for f in $(grep -l "mark.gpu" tests/test_*.py); do  # one process per file: a crash costs one file
+    tests) for f in $(grep -l "mark.gpu" tests/*/test_*.py); do  # one process per file: a crash costs one file
              n=$(basename "$f" .py)
              step "$n" 150 python3 -m pytest -q -p no:cacheprovider -m gpu "$f" -rs --tb=short -o log_cli=true --log-cli-level=WARNING
            done ;;
@@ -60,7 +60,7 @@ run_section() {
     explore7) step explore_round7 200 python3 research/explore_softmax_tma.py ;;
     diagsoftmax) step diag_softmax_choice 150 python3 research/diag_softmax_choice.py ;;
     native) step native_build 240 python3 -c "from kernelgraft import _native; m = _native.load(); print('native replay:', m.__file__ if m else _native.reason())"
-            step test_native 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_native.py -rs --tb=short ;;
+            step test_native 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/integration/test_native.py -rs --tb=short ;;
     hostcost_ab)  # the host-cost bench of this tree and of .carry/old (an older tree), alternating
             step native_build 150 python3 -c "import kernelgraft as kg; print(kg.native.build())"
             for i in 1 2; do
@@ -80,20 +80,20 @@ run_section() {
     graftck) step graft_prefill_copies 330 python3 benchmarks/bench_graft_llama.py --compiled-only --copies 7 ${GRAFT_ARGS:-} --out "$R/graft_llama.json" ;;  # prefill, 8 plain programs against 7 grafted ones
     graftdc) step graft_decode 170 python3 benchmarks/bench_graft_llama.py --batch 1 --seq 1 --iters 200 ${GRAFT_ARGS:-} --out "$R/graft_decode.json" ;;  # decode, no profile
     graftdecode) step graft_decode 200 python3 benchmarks/bench_graft_llama.py --batch 1 --seq 1 --eager-only --iters 300 --out "$R/graft_decode.json" ;;
-    aot) step test_gpu_aot 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_aot.py --tb=short
+    aot) step test_gpu_aot 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_gpu_aot.py --tb=short
          step aot_startup 150 python3 benchmarks/bench_aot_startup.py --repeats 3 --out "$R" ;;
-    verify) step test_verify 480 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_verify.py -rs --tb=short --durations=10 ;;  # checks every example (the GEMM's 30 configs take minutes)
+    verify) step test_verify 480 python3 -m pytest -q -p no:cacheprovider -m gpu tests/unit/test_verify.py -rs --tb=short --durations=10 ;;  # checks every example (the GEMM's 30 configs take minutes)
     llmquick) step llm_suite_quick 280 python3 benchmarks/bench_llm_suite.py --quick --out "$R" --time-limit 240 ;;  # the LLM shape suite, short
     llm) limit=$(( SESSION_END - $(date +%s) - 60 )); [ "$limit" -gt 500 ] && limit=500  # ends writing its tables in time
          if [ "$limit" -lt 30 ]; then echo "[llm_suite] skipped: the session's budget is spent"
          else step llm_suite 560 python3 benchmarks/bench_llm_suite.py --out "$R" --time-limit "$limit" ${LLM_ARGS:-}; fi ;;
-    suitetests) step test_bench_suite 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_bench_suite.py tests/test_example_kernels.py -rs --tb=short ;;
+    suitetests) step test_bench_suite 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/unit/test_bench_suite.py tests/unit/test_example_kernels.py -rs --tb=short ;;
     hostcost_ab1)  # one alternation of hostcost_ab: old tree, then this one
             step native_build 150 python3 -c "import kernelgraft as kg; print(kg.native.build())"
             mkdir -p "$R/old1" "$R/new1"
             step host_cost_old_1 90 env PYTHONPATH="${PYTHONPATH/$ROOT\/src/$ROOT/.carry/old/src}" python3 .carry/old/benchmarks/bench_backend_host_cost.py --out "$R/old1"
             step host_cost_new_1 90 python3 benchmarks/bench_backend_host_cost.py --out "$R/new1" ;;
-    gputests) step gpu_tests 300 python3 -m pytest -q -s -p no:cacheprovider -m gpu -rs --tb=short ${GPU_TESTS:-tests/test_bad_input.py tests/test_fuzz.py tests/test_tune_gpu.py tests/test_compete.py tests/test_bench_suite.py tests/test_check_isolation.py tests/test_graft_pattern_generic.py tests/test_replace.py tests/test_gpu_core.py tests/test_gpu_runtime.py} ;;
+    gputests) step gpu_tests 300 python3 -m pytest -q -s -p no:cacheprovider -m gpu -rs --tb=short ${GPU_TESTS:-tests/unit/test_bad_input.py tests/integration/test_fuzz.py tests/gpu/test_tune_gpu.py tests/integration/test_compete.py tests/unit/test_bench_suite.py tests/integration/test_check_isolation.py tests/integration/test_graft_pattern_generic.py tests/unit/test_replace.py tests/gpu/test_gpu_core.py tests/gpu/test_gpu_runtime.py} ;;
     cppbuild)  # the runtime, examples/cpp and host_cost built with CMake; run_bundle
       step cpp_build 300 bash -c 'cmake -S benchmarks/cpp -B /tmp/cppbuild -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$(python3 -c "import torch; print(torch.utils.cmake_prefix_path)")" >/dev/null && cmake --build /tmp/cppbuild -j"$(nproc)" 2>&1 | tail -5'
       step run_bundle 60 env KERNELGRAFT_BUNDLE_ALLOW_NATIVE=1 /tmp/cppbuild/examples/run_bundle "${KERNELGRAFT_TEST_BUNDLE:-.carry/bundle}" ;;
@@ -114,9 +114,9 @@ run_section() {
     diagsuite) step diag_suite_tuned 150 python3 research/diag_suite_tuned.py ;;  # the suite's small-shape rows
     compete) step bench_compete 240 python3 benchmarks/bench_compete.py --out "$R" ${COMPETE_ARGS:---limit 2} ;;
     firstsec) step first_seconds 420 python3 benchmarks/bench_first_seconds.py --out "$R" ;;  # 2 GPUs: decisions side by side
-    verify2) step test_verify_2gpu 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_verify.py -k not_the_current_one -rs --tb=short ;;  # needs 2 GPUs
-    devices) step gpu_devices 300 python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/test_gpu_devices.py -rs --tb=short ;;  # needs 2 GPUs
-    test_*) step "$1" 150 python3 -m pytest -q -p no:cacheprovider -m gpu "tests/$1.py" -rs --tb=short ;;  # one GPU test file
+    verify2) step test_verify_2gpu 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/unit/test_verify.py -k not_the_current_one -rs --tb=short ;;  # needs 2 GPUs
+    devices) step gpu_devices 300 python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/gpu/test_gpu_devices.py -rs --tb=short ;;  # needs 2 GPUs
+    test_*) step "$1" 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/*/"$1".py -rs --tb=short ;;  # one GPU test file (tests/unit, integration or gpu)
     *) echo "unknown section $1" ;;
   esac
 }

@@ -3,7 +3,7 @@
 # machine, which cannot install from a registry: the CuTe DSL wheel unpacked and xz-compressed, the
 # cuda-tile and liger-kernel wheels (cp312, the GPU machine's Python), cuTile cubins, a bundle of the
 # add_relu and rmsnorm examples (every backend: CuTe DSL libraries need gcc, cuTile tileiras, both
-# here), one of every example op (xz-compressed, for tests/test_gpu_runtime_all.py), and an older tree for the host-cost A/B (OLD=REV, default 645f638). Run from the repository
+# here), one of every example op (xz-compressed, for tests/gpu/test_gpu_runtime_all.py), and an older tree for the host-cost A/B (OLD=REV, default 645f638). Run from the repository
 # root after scripts/test.sh made .venv (minutes: the xz pass and the bundle):
 #
 #   bash benchmarks/make_carry.sh            then: run(..., carry=[".carry"])

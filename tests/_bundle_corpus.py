@@ -5,7 +5,7 @@ signed) and says what both loaders must answer: ``LOADED``, or refused with a me
 ``field`` (a path of the bundle spec such as ``ops[0].schema``, or a file). ``verdicts`` runs every
 case through the Python loader and through the C++ runtime, each in a child process (crash
 isolation: a case that kills its child is reported as ``crash`` and the others still run), and
-returns per case ``(verdict, message, seconds)``. ``tests/test_bundle_verdicts.py`` asserts on the
+returns per case ``(verdict, message, seconds)``. ``tests/integration/test_bundle_verdicts.py`` asserts on the
 verdicts; ``benchmarks/bench_bundle_verdicts.py`` prints the times.
 
 Edits change an expression's text and program together (``set_expr``) and re-derive the op's output

@@ -1,4 +1,4 @@
-"""Ops of tests/test_aot_layouts.py (also a ``kernelgraft aot`` target): kernels that take strides.
+"""Ops of tests/integration/test_aot_layouts.py (also a ``kernelgraft aot`` target): kernels that take strides.
 
 - ``kglayout::scatter_rows(x, cache, slot_mapping)``: ``cache[slot_mapping[i]] = x[i]`` for every
   token ``i`` whose slot is in range (-1 pads and writes nothing), mutating ``cache``. Two Triton

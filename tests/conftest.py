@@ -1,4 +1,6 @@
-"""Shared test set-up: a private cache directory, Triton's interpreter on machines without a GPU,
+"""Shared test set-up for tests/unit (fast, in-process), tests/integration (bundles, the C++ runtime,
+the native replay, the CLI, child processes, model grafts, fuzzing) and tests/gpu (GPU only): a
+private cache directory, Triton's interpreter on machines without a GPU,
 hardware markers that skip by themselves, and a clean op registry, tuner and bundle state after
 each test."""
 
@@ -7,7 +9,12 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import sys
 import tempfile
+
+# Tests live in unit/, integration/ and gpu/; the helpers they import (_aot_helpers, _fuzz_cases...)
+# live here, beside this file.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # Every kernelgraft cache (compiled code, the native replay build, tuning decisions) lives under
 # one root that kernelgraft reads from the environment: point it, and XDG_CACHE_HOME for the

@@ -8,7 +8,7 @@ source directory alone (in a child process, by torch's extension tools, wherever
 installed): the file it includes is the file this module reads, so there is nothing to regenerate
 and nothing that can be stale. The rules below use those rows; ``_bundle_check`` implements them in
 Python and ``runtime/csrc/spec.cpp`` in C++, and one corpus of tampered bundles
-(``tests/test_bundle_verdicts.py``) checks that both give every case the same verdict.
+(``tests/integration/test_bundle_verdicts.py``) checks that both give every case the same verdict.
 
 Files (each file is stat'ed first, refused over its cap or when its size is not the manifest's
 ``bytes``, and read with at most cap + 1 bytes; one load reads each file once and charges it to

@@ -1,0 +1,160 @@
+"""Compiling a key's candidates in worker processes before timing (kernelgraft.tune.compile_pool).
+
+On the CPU the workers cross-compile for sm_90 (Triton and NVRTC need no GPU for that); the test
+then shows the launching side finds every kernel in the caches the workers wrote: NVRTC's disk
+cache in this process, and Triton's on-disk cache through Triton's own JIT path with real tensors
+(a subprocess: this one runs Triton's interpreter)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import kernelgraft as kg
+from kernelgraft.backends.cuda.jit import CudaRunner
+from kernelgraft.backends.cuda.nvrtc import CACHE
+from kernelgraft.tune import compile_pool as pool_mod
+from kernelgraft.tune.compile_jobs import Target, describe, stand_in
+from kernelgraft.tune.compile_pool import CompilePool, compile_ahead, jobs_for, source_of, workers
+
+import _pool_ops  # noqa: E402  module level: its ops outlive each test (the workers import it too)
+from _paths import TESTS
+
+HERE = TESTS
+
+
+def _args():
+    torch.manual_seed(0)
+    x = torch.randn(1001)[1:]  # 4 bytes past a 16-byte boundary: Triton specialises on that
+    y = torch.randn(1000)
+    y[3], y[7] = float("nan"), float("inf")
+    return x, y, 0.75, torch.empty(1000)
+
+
+def test_stand_ins_keep_what_compiles_depend_on():
+    x, y, alpha, out = _args()
+    for t in (x, y, torch.randn(6, 8).t(), torch.randn(4, 16)[:, 1:5]):
+        m = stand_in(describe(t))
+        assert m.device.type == "meta"
+        assert (m.shape, m.stride(), m.dtype) == (t.shape, t.stride(), t.dtype)
+        assert m.data_ptr() % 16 == t.data_ptr() % 16
+    assert stand_in(describe(alpha)) == alpha and stand_in(describe(torch.bfloat16)) is torch.bfloat16
+
+
+def test_pool_compiles_and_the_launching_side_hits_the_caches(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    monkeypatch.setenv("KERNELGRAFT_CACHE_DIR", str(tmp_path / "kg"))
+    x, y, alpha, out = _args()
+    cands = _pool_ops.axpy.candidates(x, y, alpha)
+    jobs = jobs_for(_pool_ops.axpy, cands, (x, y, alpha, out), Target(90), source_of(_pool_ops.axpy))
+    assert sorted(j.impl for j in jobs) == [0, 0, 1, 1]
+    # a job that kills its worker (a compiler crash) fails alone; the pool replaces the worker
+    dying = jobs_for(_pool_ops.die, _pool_ops.die.candidates(y)[:1], (y, out), Target(90), source_of(_pool_ops.die))
+    pool = CompilePool(2)
+    try:
+        outcomes = pool.run(dying + jobs)
+    finally:
+        pool.close()
+    assert not outcomes[0].ok and "exited (3)" in outcomes[0].detail
+    outcomes = outcomes[1:]
+    assert all(o.ok for o in outcomes), [o.detail for o in outcomes]
+
+    # NVRTC: the variants compile again here as the launch would (same source, options, arch):
+    # disk hits, no compile
+    CACHE.clear_memory()
+    misses, disk = CACHE.misses, CACHE.hits["disk"]
+    for cand in cands:
+        if cand.impl.backend == "cuda":
+            launch = cand.impl.launch(x, y, alpha, out, **cand.config.as_dict())
+            CudaRunner(cand.impl, cand.config).compile("sm_90", launch.template)
+    assert CACHE.misses == misses and CACHE.hits["disk"] == disk + 2
+
+    # Triton: the JIT's own launch path with the real tensors finds both configs compiled; the
+    # same call with an aligned x is another specialisation (the control: a miss)
+    script = textwrap.dedent(f"""
+        import json, sys, torch, warnings
+        warnings.filterwarnings("ignore")
+        sys.path.insert(0, {str(HERE)!r})
+        from triton import knobs
+        import _pool_ops
+        from kernelgraft.tune.compile_jobs import Target, compile_only_triton
+        hits = []
+        knobs.compilation.listener = lambda **kw: hits.append(kw["cache_hit"])
+        torch.manual_seed(0)
+        x, y, out = torch.randn(1001)[1:], torch.randn(1000), torch.empty(1000)
+        with compile_only_triton(Target(90)):
+            _pool_ops.launch_axpy(x, y, 0.75, out, BLOCK=128)
+            _pool_ops.launch_axpy(x, y, 0.75, out, BLOCK=256, num_warps=2)
+            pooled = list(hits)
+            _pool_ops.launch_axpy(torch.randn(1000), y, 0.75, out, BLOCK=128)
+        print(json.dumps({{"pooled": pooled, "control": hits[len(pooled):]}}))
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {"pooled": [True, True], "control": [False]}
+
+
+def test_ops_a_worker_cannot_import_compile_serially():
+    def local(x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+    op = kg.op(local, name="tpool::local", impls=[kg.triton(_pool_ops.launch_axpy, configs=[{"BLOCK": 64}])])
+    assert source_of(_pool_ops.axpy).module == "_pool_ops"
+    found = source_of(op)
+    assert found.module == __name__  # the test module imports fine; the op is not in it
+    x, y, alpha, out = _args()
+    # a CPU call compiles nothing (Triton's interpreter): no pool
+    assert compile_ahead(_pool_ops.axpy, _pool_ops.axpy.candidates(x, y, alpha), (x, y, alpha, out),
+                         torch.device("cpu")) is None
+
+
+def test_worker_count(monkeypatch):
+    monkeypatch.setenv("KERNELGRAFT_COMPILE_WORKERS", "0")
+    assert workers() == 0
+    monkeypatch.setenv("KERNELGRAFT_COMPILE_WORKERS", "5")
+    assert workers() == 5
+    monkeypatch.delenv("KERNELGRAFT_COMPILE_WORKERS")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    assert workers() == pool_mod.MAX_WORKERS
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two ranks on this host: half the cores each
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    assert workers() == 7
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert workers() == 0  # one worker beside the tuning process gains nothing
+    monkeypatch.setenv("KERNELGRAFT_COMPILE_WORKER", "1")
+    monkeypatch.setenv("KERNELGRAFT_COMPILE_WORKERS", "8")
+    assert workers() == 0  # never a pool inside a worker
+
+
+@pytest.mark.gpu
+def test_gpu_tuning_compiles_in_the_pool_and_the_gate_compiles_nothing(tmp_path, monkeypatch):
+    """The GEMM example's key on the GPU: the pool compiles its Triton and CUDA candidates; the
+    gate's first launch of each Triton candidate is a Triton cache hit."""
+    from triton import knobs
+
+    from kernelgraft.examples.gemm import gemm
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    monkeypatch.setenv("KERNELGRAFT_CACHE_DIR", str(tmp_path / "kg"))
+    monkeypatch.setenv("KERNELGRAFT_COMPILE_WORKERS", "8")
+    events = []
+    monkeypatch.setattr(knobs.compilation, "listener", lambda **kw: events.append(kw["cache_hit"]))
+    a = torch.randn(777, 512, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(512, 384, device="cuda", dtype=torch.bfloat16)
+    before = dict(pool_mod.TOTALS)
+    with kg.tune("on", compete=False):
+        decision = kg.tune.pretune(gemm, a, b, force=True)
+    assert decision is not None and decision.winner is not None
+    assert pool_mod.TOTALS["compiled"] - before["compiled"] >= 30
+    assert events and all(events), f"{events.count(False)} Triton compiles in the tuning process"
+    torch.testing.assert_close(gemm(a, b).float(), (a.float() @ b.float()), rtol=2e-2, atol=2e-1)

@@ -1,0 +1,565 @@
+"""Tuning off the caller's path, on the CPU: a first call is served at once by a provisional
+choice (the reference, or the nearest tuned bucket's winner, never an unverified kernel), one
+background job per key tunes it, the decision swaps in for the next call and equals the blocking
+decision; jobs of a replaced op are dropped, the queue is bounded, capture and compile never start
+a tuning, ``blocking=True`` keeps tuning inside the call. Timing is faked (an injected timer);
+kernels run through Triton's interpreter. The tests hold the worker with events, never with time."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import pytest
+import torch
+
+import kernelgraft as kg
+from kernelgraft import TuneWarning
+from kernelgraft.tune import (
+    inputs as _inputs,
+    meanwhile as _meanwhile,
+    offpath as _offpath,
+    pace as _pace,
+    phases as _phases,
+)
+
+from _tune_ops import FAKE_MS, launch_scale, make_scale  # noqa: E402
+from _paths import TESTS
+
+HOLD_S = 120  # what a held timer waits at most (a test that forgets to release fails, not hangs)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_tuner(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELGRAFT_CACHE_DIR", str(tmp_path / "cache"))
+    for var in ("KERNELGRAFT_TUNE", "KERNELGRAFT_PRUNE", "KERNELGRAFT_MAX_CANDIDATES", "KERNELGRAFT_TUNE_QUEUE",
+                "KERNELGRAFT_TUNE_QUEUE_MB"):
+        monkeypatch.delenv(var, raising=False)
+    kg.tune.clear()
+    kg.tune.TUNER.stats.clear()
+    kg.tune.TUNER.background.stats.clear()
+    yield
+    assert kg.tune.wait(HOLD_S)
+    kg.tune.clear()
+
+
+class HeldTimer:
+    """A fake timer (FAKE_MS, or ``ms`` by BLOCK) that waits for ``release`` first, counting the
+    calls per BLOCK; ``entered`` is set once the worker is inside it."""
+
+    def __init__(self, ms=None):
+        self.ms = ms or FAKE_MS
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        self.calls: dict[int, int] = {}
+        self.lock = threading.Lock()
+
+    def __call__(self, trial, settings):
+        self.entered.set()
+        assert self.release.wait(HOLD_S), "the test never released the held timer"
+        block = trial.candidate.config.as_dict()["BLOCK"]
+        with self.lock:
+            self.calls[block] = self.calls.get(block, 0) + 1
+        trial.run(0)
+        return self.ms[block]
+
+
+def served(op, *args):
+    """What the op's plan for these inputs runs (after calling it): a BLOCK, or 'reference'."""
+    out = op(*args)
+    torch.testing.assert_close(out, args[0] * 2)
+    plan = op.dispatcher.plan_for(tuple(args))
+    return "reference" if plan.candidate is None else plan.candidate.config.as_dict()["BLOCK"]
+
+
+def ranking(d):
+    return [(e["config"]["BLOCK"], e["ms"]) for e in d.ranking]
+
+
+# ---------------------------------------------------------------- the background path
+def test_first_call_is_served_by_the_reference_and_the_decision_swaps_in():
+    op = make_scale("toff::first")
+    x, y = torch.randn(1000), torch.randn(1010)  # one bucket (1024): one job
+    timer = HeldTimer()
+    with kg.tune("on", timer=timer, blocking=False):
+        try:
+            assert served(op, x) == "reference"  # at once: no kernel is verified yet
+            assert served(op, y) == "reference"
+            assert kg.tune.pending() == 1
+            assert kg.tune.decision(op, x) is None
+        finally:
+            timer.release.set()
+        assert kg.tune.wait(HOLD_S)
+        assert served(op, x) == 256 and served(op, y) == 256  # both shapes' plans swapped
+    background = ranking(kg.tune.decision(op, x))
+    assert kg.tune.stats()["background_queued"] == 1
+    kg.tune.clear(disk=True)
+    with kg.tune("on", timer=HeldTimer(), blocking=True) as s:
+        s.timer.release.set()
+        assert served(op, x) == 256  # inside the first call, as before
+    assert ranking(kg.tune.decision(op, x)) == background
+
+
+def test_nearest_bucket_serves_while_a_new_bucket_is_tuned_never_an_unverified_kernel():
+    op = make_scale("toff::near", bug=True)  # BLOCK=1024 with BUG: fastest, and wrong
+    timer = HeldTimer()
+    timer.release.set()
+    with kg.tune("on", timer=timer, blocking=True):
+        assert served(op, torch.randn(1000)) == 256
+    later = HeldTimer(ms={64: 4.0, 128: 3.0, 256: 2.0, 512: 1.0})  # the new bucket is won by 512
+    with kg.tune("on", timer=later, blocking=False):
+        try:
+            big = torch.randn(5000)  # bucket 8192: not tuned; nearest tuned is 1024
+            assert served(op, big) == 256  # the nearest bucket's winner, not BUG, not the default 64
+        finally:
+            later.release.set()
+        assert kg.tune.wait(HOLD_S)
+        assert served(op, big) == 512
+
+
+@pytest.mark.parametrize("change,same", [
+    ("sizes", True), ("dtype", False), ("layout", False), ("value", False), ("env", False), ("fingerprint", False),
+], ids=lambda v: str(v))
+def test_nearest_bucket_only_differs_in_tensor_sizes(change, same):
+    key = {"schema": 2, "op": "a", "fingerprint": "f", "env": {"device": "cpu"}, "tolerances": {},
+           "args": [["T", "torch.float32", [1024, 64], "ca16"], ["I", 8], ["V", True]]}
+    other = {**key, "args": [list(a) for a in key["args"]]}
+    if change == "sizes":
+        other["args"][0] = ["T", "torch.float32", [4096, 64], "ca16"]
+    elif change == "dtype":
+        other["args"][0] = ["T", "torch.float16", [1024, 64], "ca16"]
+    elif change == "layout":
+        other["args"][0] = ["T", "torch.float32", [1024, 64], "ta16"]
+    elif change == "value":
+        other["args"][1] = ["I", 16]
+    elif change == "env":
+        other["env"] = {"device": "NVIDIA H200"}
+    else:
+        other["fingerprint"] = "g"
+    gap = _meanwhile.distance(key, other)
+    assert (gap is not None) is same
+    if same:
+        assert gap == 2.0
+
+
+def test_one_job_per_key_under_eight_threads():
+    op = make_scale("toff::threads")
+    timer = HeldTimer()
+    start = threading.Barrier(8)
+    outs, errors = [], []
+
+    def call(i):
+        try:
+            x = torch.randn(1000 + i)  # one bucket, eight shapes
+            with kg.tune("on", timer=timer, blocking=False):
+                start.wait(HOLD_S)
+                outs.append((x, op(x)))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(8)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(HOLD_S)
+    finally:
+        timer.release.set()
+    assert not errors and len(outs) == 8
+    for x, out in outs:
+        torch.testing.assert_close(out, x * 2)
+    assert kg.tune.wait(HOLD_S)
+    assert kg.tune.stats()["background_queued"] == 1
+    assert timer.calls == {64: 1, 128: 1, 256: 1, 512: 1}  # each candidate timed once: one tuning
+    with kg.tune("on", timer=timer, blocking=False):
+        assert served(op, torch.randn(1000)) == 256
+
+
+def _declare(name, configs, replace=False):
+    def scale(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    return kg.op(scale, name=name, impls=[kg.triton(launch_scale, configs=configs)], replace=replace)
+
+
+def test_a_replaced_ops_job_is_dropped():
+    first = make_scale("toff::hold")
+    other = _declare("toff::replaced", [{"BLOCK": 64}, {"BLOCK": 128}])
+    timer = HeldTimer()
+    with kg.tune("on", timer=timer, blocking=False):
+        try:
+            first(torch.randn(1000))
+            assert timer.entered.wait(HOLD_S)  # the worker is inside the first job
+            x = torch.randn(700)
+            assert served(other, x) == "reference"  # queued behind it
+            assert kg.tune.pending() == 2
+            _declare("toff::replaced", [{"BLOCK": 256}, {"BLOCK": 512}], replace=True)
+            assert kg.tune.pending() == 1  # the replaced op's job is gone
+        finally:
+            timer.release.set()
+        assert kg.tune.wait(HOLD_S)
+    assert set(timer.calls) == {64, 128, 256, 512}  # only the first op's candidates were timed
+    assert kg.tune.stats()["background_dropped"] == 1
+    assert not [d for d in kg.tune.TUNER.memory.values() if d.key["op"] == "toff::replaced"]
+
+
+def test_the_queue_is_bounded_and_a_skipped_key_asks_again(monkeypatch):
+    monkeypatch.setenv("KERNELGRAFT_TUNE_QUEUE", "1")
+    monkeypatch.setattr(_offpath, "SKIP_RETRY_S", 0.0)  # a skipped key asks again on its next call
+    op = make_scale("toff::cap")
+    timer = HeldTimer()
+    third = torch.randn(5000)
+    with kg.tune("on", timer=timer, blocking=False):
+        try:
+            op(torch.randn(100))  # running
+            assert timer.entered.wait(HOLD_S)
+            op(torch.randn(1000))  # queued: the queue is full now
+            torch.testing.assert_close(op(third), third * 2)  # skipped: served meanwhile, not queued,
+            assert op.dispatcher.plan_for((third,)) is None  # and the next call asks again
+            assert kg.tune.pending() == 2 and kg.tune.stats()["background_skipped"] == 1
+        finally:
+            timer.release.set()
+        assert kg.tune.wait(HOLD_S)
+        assert kg.tune.decision(op, third) is None
+        assert served(op, third) == 256  # asked again, queued now; the nearest bucket serves meanwhile
+        assert kg.tune.wait(HOLD_S)
+        assert kg.tune.decision(op, third) is not None and kg.tune.stats()["background_queued"] == 3
+    monkeypatch.setenv("KERNELGRAFT_TUNE_QUEUE_MB", "1")
+    with kg.tune("on", timer=timer, blocking=False):
+        big = torch.randn(300_000)  # 1.2 MB of inputs: over the limit
+        torch.testing.assert_close(op(big), big * 2)
+        assert kg.tune.pending() == 0 and kg.tune.stats()["background_skipped"] == 2
+
+
+def test_blocking_switch_and_environment(monkeypatch):
+    op = make_scale("toff::switch")
+    timer = HeldTimer()
+    timer.release.set()
+    monkeypatch.delenv("KERNELGRAFT_TUNE_BLOCKING", raising=False)
+    assert kg.tune.settings().blocking is None  # off the path on CUDA, inside the call elsewhere
+    with kg.tune("on", timer=timer):
+        assert served(op, torch.randn(100)) == 256  # CPU tensors: tuned inside the call
+    monkeypatch.setenv("KERNELGRAFT_TUNE_BLOCKING", "0")
+    with kg.tune("on", timer=timer):
+        assert kg.tune.settings().blocking is False
+        assert served(op, torch.randn(1000)) == 256  # the nearest bucket's, while a job tunes it
+        assert kg.tune.wait(HOLD_S)
+    assert kg.tune.stats()["background_queued"] == 1
+    monkeypatch.setenv("KERNELGRAFT_TUNE_BLOCKING", "1")
+    with kg.tune("on", timer=timer, blocking=None):  # None in a block: the environment's default
+        assert kg.tune.settings().blocking is None
+        assert served(op, torch.randn(3000)) == 256
+    with kg.tune("on", timer=timer):
+        assert kg.tune.settings().blocking is True
+        assert served(op, torch.randn(9000)) == 256
+    assert kg.tune.stats()["background_queued"] == 1 and kg.tune.stats()["tuned"] == 4
+    with pytest.raises(kg.SpecError, match="blocking must be"):
+        kg.tune(blocking=1)
+
+
+@pytest.mark.parametrize("why", ["compile", "capture"])
+def test_capture_and_compile_never_start_a_tuning(why, monkeypatch):
+    from kernelgraft.op import modes as _modes
+
+    monkeypatch.setattr(_modes, "_warned", set())
+    op = make_scale(f"toff::{why}")
+    x = torch.randn(1000)
+    timer = HeldTimer()
+    timer.release.set()
+    with kg.tune("on", timer=timer, blocking=False), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with monkeypatch.context() as m:
+            if why == "compile":
+                m.setattr(torch.compiler, "is_compiling", lambda: True)
+            else:
+                m.setattr(torch.cuda, "is_available", lambda: True)
+                m.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+            op.dispatcher.execute((x,), op.dispatcher.key((x,), False))
+        assert kg.tune.pending() == 0 and not timer.calls
+        assert any(issubclass(w.category, TuneWarning) for w in caught)
+    assert kg.tune.stats().get("background_queued", 0) == 0
+
+
+def test_report_says_what_was_tried_where_time_went_and_why_each_lost():
+    op = make_scale("toff::report", bug=True, crash=True)
+    timer = HeldTimer()
+    with kg.tune("on", timer=timer, blocking=False):
+        op(torch.randn(1000))
+        pending = kg.tune.report(op)
+        assert [k.state for k in pending.keys] == ["pending"]
+        timer.release.set()
+        assert kg.tune.wait(HOLD_S)
+    report = kg.tune.report(op)
+    (key,) = report.keys
+    outcomes = {t.label: (t.outcome, t.why) for t in key.tried}
+    assert outcomes["triton:launch_scale[BLOCK=256]"][0] == "won"
+    assert outcomes["triton:launch_scale[BLOCK=512]"] == ("lost", "100.0% slower than the winner")
+    assert outcomes["triton:launch_scale[BLOCK=1024,BUG=True]"][0] == "excluded"
+    assert "wrong result" in outcomes["triton:launch_scale[BLOCK=1024,BUG=True]"][1]
+    assert outcomes["triton:launch_crash[BLOCK=32]"][1].startswith("launch:")
+    assert key.phases["gate"] > 0 and key.phases["measure"] > 0 and "queued" in key.phases
+    assert report.compile_s > 0 and report.measure_s > 0
+    assert all(t.gate_s is not None for t in key.tried)
+    text = str(report)
+    assert "toff::report: 1 key(s)" in text and "compile+gate" in text and "slower than the winner" in text
+
+
+def test_cli_tune_prints_the_report(tmp_path, capsys):
+    from kernelgraft.cli import main
+
+    op = make_scale("toff::cli")
+    timer = HeldTimer()
+    timer.release.set()
+    with kg.tune("on", timer=timer, blocking=True):
+        op(torch.randn(100))  # on disk now; the command finds it there (the CPU measures nothing)
+    kg.tune.clear()
+    target = tmp_path / "ops.py"
+    target.write_text(
+        "import sys; sys.path.insert(0, %r)\n"
+        "from _tune_ops import make_scale\n"
+        "import torch\n"
+        "op = make_scale('toff::cli')\n"
+        "op.sample_inputs = lambda device='cpu': [(torch.randn(100, device=device),)]\n"
+        % str(TESTS))
+    assert main(["tune", str(target)]) == 0
+    out = capsys.readouterr().out
+    assert "toff::cli: 1 key(s)" in out and "won" in out and "slower than the winner" in out
+
+
+# ---------------------------------------------------------------- the parts
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
+        self.slept = 0.0
+
+    def now(self):
+        return self.t
+
+    def sleep(self, s):
+        self.t += s
+        self.slept += s
+
+
+def test_pacer_runs_at_once_when_quiet_and_at_its_duty_cycle_when_busy():
+    clock = FakeClock()
+    busy = [False]
+    pacer = _pace.Pacer(lambda: busy[0], share=0.1, sleep=clock.sleep, now=clock.now)
+    for _ in range(5):  # quiet: no waiting, nothing charged
+        pacer.before()
+        clock.t += 0.2
+        pacer.after()
+    assert clock.slept == 0.0 and pacer.busy_units == 0
+    busy[0] = True
+    work = 0.0
+    started = clock.t
+    for _ in range(20):
+        pacer.before()
+        clock.t += 0.1  # a unit of work
+        work += 0.1
+        pacer.after()
+    assert pacer.busy_units == 20
+    # busy throughout: the work stays within the duty cycle, plus the unit in flight and a burst
+    assert work <= 0.1 * (clock.t - started) + 0.1 + _pace.BURST_S
+    cancelled = _pace.Pacer(lambda: True, cancelled=lambda: True, sleep=clock.sleep, now=clock.now)
+    with pytest.raises(_pace.Cancelled):
+        cancelled.before()
+
+
+def test_phases_record_units_and_a_paused_clock():
+    class Pace:
+        def __init__(self):
+            self.events = []
+
+        def before(self):
+            self.events.append("before")
+
+        def after(self):
+            self.events.append("after")
+
+    pace = Pace()
+    rec = _phases.Phases(pace)
+    with rec.recording():
+        with _phases.phase("gate", "a"):
+            with _phases.phase("measure", "a"):  # inside a unit: part of it, not paced again
+                pass
+        with _phases.phase("measure", "a"):
+            pass
+    assert pace.events == ["before", "after", "before", "after"]
+    assert set(rec.seconds) == {"gate", "measure"} and set(rec.of("a")) == {"gate", "measure"}
+    assert _phases.current() is None
+    with _phases.phase("gate"):  # no recording: nothing happens
+        pass
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.randn(6, 5).t(),                      # transposed
+    lambda: torch.randn(8, 10)[:, 2:7],                 # a view with gaps
+    lambda: torch.randn(1, 7).expand(4, 7),             # overlapping (stride 0)
+    lambda: torch.randn(33)[1:],                        # 4 bytes off 16-byte alignment
+    lambda: torch.randint(0, 9, (5,), dtype=torch.int64),
+    lambda: torch.empty(0, 3),
+], ids=["transposed", "gaps", "expanded", "misaligned", "int64", "empty"])
+def test_input_copies_keep_layout_alignment_and_values(make):
+    t = make()
+    with torch.inference_mode():
+        inf = t.clone() if t.numel() else t
+    for src in (t, inf):
+        (copy, listed, n), ready = _inputs.clone_args((src, [src], 3))
+        assert ready is None and n == 3
+        for c in (copy, listed[0]):
+            assert c.shape == src.shape and c.stride() == src.stride() and c.dtype == src.dtype
+            assert c.data_ptr() % 16 == src.data_ptr() % 16 or not src.numel()
+            assert not c.is_inference()
+            torch.testing.assert_close(c, src)
+            if src.numel():
+                assert c.untyped_storage().data_ptr() != src.untyped_storage().data_ptr()
+
+
+def test_the_provisional_reference_refuses_what_the_kernels_refuse():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _add_into(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=m) + tl.load(y_ptr + offs, mask=m), mask=m)
+
+    def launch(x, y, *, BLOCK):
+        _add_into[(triton.cdiv(x.numel(), BLOCK),)](x, y, x.numel(), BLOCK=BLOCK)
+
+    def add_into_(x: torch.Tensor, y: torch.Tensor) -> None:
+        x.add_(y)
+
+    op = kg.op(add_into_, name="toff::into", mutates_args=("x",),
+               impls=[kg.triton(launch, configs=[{"BLOCK": 64}, {"BLOCK": 128}])])
+    x = torch.randn(2000)
+    timer = HeldTimer(ms={64: 2.0, 128: 1.0})
+    with kg.tune("on", timer=timer, blocking=False):
+        try:
+            with pytest.raises(kg.InputError, match="overlaps the memory"):
+                op(x[1:], x[:-1])  # served meanwhile by the reference: refused as a kernel would be
+            y = torch.randn(2000)
+            before = x.clone()
+            op(x, y)
+            torch.testing.assert_close(x, before + y)
+        finally:
+            timer.release.set()
+        assert kg.tune.wait(HOLD_S)
+
+
+def test_bench_first_call_smoke(tmp_path):
+    from _bench_scripts import bench_script
+
+    with bench_script("bench_first_call") as bench:
+        result = bench.main(["--smoke", "--serve-seconds", "0.2", "--out", str(tmp_path)])
+    rows = {r["case"]: r for r in result["rows"]}
+    assert set(rows) == {"add_relu", "rmsnorm"}
+    for r in rows.values():
+        assert "error" not in r, r
+        assert r["landed"] and r["meanwhile"] == "reference" and r["choice"] == "equal"
+    assert result["serving"]["landed"] and result["serving"]["queued"] == 1
+    assert "serving during tuning" in result["table"] and (tmp_path / "bench_first_call.json").exists()
+
+
+# ---------------------------------------------------------------- on the GPU
+@pytest.fixture
+def default_blocking(monkeypatch):
+    """The default settings (conftest pins blocking=1 for the other GPU tests)."""
+    monkeypatch.delenv("KERNELGRAFT_TUNE_BLOCKING", raising=False)
+
+
+def _label(op, args):
+    plan = op.dispatcher.plan_for(tuple(args))
+    return "reference" if plan.candidate is None else plan.candidate.label
+
+
+@pytest.mark.gpu
+def test_gpu_first_call_served_at_once_and_decision_matches_blocking(default_blocking):
+    from kernelgraft.examples.softmax import softmax
+    from kernelgraft.tune.tuner import TIE_MARGIN, entry_label
+
+    x = torch.randn(48, 6000, device="cuda", dtype=torch.bfloat16)
+    want = torch.softmax(x.float(), -1).to(x.dtype)
+    torch.testing.assert_close(softmax(x), want)
+    assert _label(softmax, (x,)) in ("reference", "torch:eager")  # never an unverified kernel
+    assert kg.tune.wait(600)
+    torch.testing.assert_close(softmax(x), want)
+    background = kg.tune.decision(softmax, x)
+    assert background is not None and _label(softmax, (x,)) == entry_label(background.winner)
+    assert background.phases["measure"] > 0 and background.phases["gate"] > 0
+    kg.tune.clear(disk=True)
+    with kg.tune(blocking=True):
+        softmax(x)
+    blocking = kg.tune.decision(softmax, x)
+    times = {entry_label(e): e["ms"] for e in blocking.ranking}
+    ours = times.get(entry_label(background.winner))
+    # the same choice, or one the blocking run itself timed within a few tie margins of its winner
+    # (two tunings of one shape are two timings: a near-tie can fall either way)
+    assert ours is not None and ours <= blocking.winner["ms"] * (1 + 5 * TIE_MARGIN), (background.winner, blocking.winner)
+
+
+@pytest.mark.gpu
+def test_gpu_a_users_global_capture_while_a_tuning_runs(default_blocking):
+    from kernelgraft.examples.gemm import gemm
+    from kernelgraft.examples.rmsnorm import rmsnorm
+
+    x, w = torch.randn(64, 4096, device="cuda"), torch.randn(4096, device="cuda")
+    with kg.tune(blocking=True):
+        rmsnorm(x, w, 1e-6)  # tuned before
+    a = torch.randn(777, 4096, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    gemm(a, b)  # a new shape: its 36 candidates tuned off the path, for seconds
+    assert kg.tune.pending() == 1
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        rmsnorm(x, w, 1e-6)
+        gemm(a, b)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # the default global mode, beside the worker's timings and captures
+        y = rmsnorm(x, w, 1e-6)
+        c = gemm(a, b)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y, rmsnorm.reference(x, w, 1e-6))
+    torch.testing.assert_close(c.float(), (a.float() @ b.float()), rtol=2e-2, atol=2e-1)
+    assert kg.tune.wait(900)
+    d = kg.tune.decision(gemm, a, b)
+    assert d is not None and d.ranking  # the tuning it ran beside was not broken either
+    assert torch.randn(4, device="cuda").isfinite().all()  # random numbers still work
+
+
+def test_the_workers_own_cpu_time_is_not_counted_as_serving():
+    import time as _time
+
+    tid = threading.get_native_id()
+    _pace.register_worker(tid)
+    try:
+        start, own = _pace._workers_cpu(), _time.thread_time()
+        sum(i * i for i in range(200_000))  # some CPU on this (now a worker's) thread
+        spent, own_spent = _pace._workers_cpu() - start, _time.thread_time() - own
+    finally:
+        _pace.unregister_worker(tid)
+    assert abs(spent - own_spent) < 0.005  # (an idle worker of an earlier test adds nothing)
+
+
+def test_a_device_whose_worker_cannot_start_tunes_inside_the_call(monkeypatch):
+    from kernelgraft.tune import background as _background
+
+    background = _background.Background()  # a process of its own: its workers fail to start
+    monkeypatch.setattr(kg.tune.TUNER, "background", background)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no worker here")
+
+    monkeypatch.setattr(_pace.Pacer, "before", broken)
+    op = make_scale("toff::broken")
+    timer = HeldTimer()
+    timer.release.set()
+    with kg.tune("on", timer=timer, blocking=False):
+        assert served(op, torch.randn(100)) == "reference"  # queued; its worker then fails
+        assert background.wait(HOLD_S) and not background.usable(torch.device("cpu"))
+        assert served(op, torch.randn(1000)) == 256  # tuned inside the call now
+    assert background.stats["skipped"] == 1
