@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +27,28 @@ def build_bundle(out: Path, arch: str, timeout: int, examples=EXAMPLES, allow_pa
                           timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return out
+
+
+def shared_bundle(base: Path, name: str, examples=EXAMPLES, arch: str = "sm_90", timeout: int = 900) -> Path:
+    """``build_bundle`` into ``base / name`` once: the first caller (of any process sharing
+    ``base``) builds under a file lock and marks it done; later callers find it there."""
+    from filelock import FileLock
+
+    out, done = base / name, base / f"{name}.done"
+    with FileLock(str(base / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(out, ignore_errors=True)  # left by a build that failed
+            build_bundle(out, arch, timeout, examples)
+            done.touch()
+    return out
+
+
+def tree_digest(root: Path) -> str:
+    """A sha256 over every file's relative path and bytes under ``root``."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
 
 
 def gpu_bundle(tmp_path_factory, variable: str, examples=EXAMPLES, allow_partial: bool = False,

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kernelgraft.aot import manifest as _manifest
-from kernelgraft.aot.sign import SIGNATURE
+from kernelgraft.aot.sign import SIGNATURE, sign_bundle
 
 from _aot_helpers import EXAMPLES, env
 from _bundle_edits import (add_stride_guard, drop_a_rule_guard, edited as _edit, first, guard_program_edited, kernels,
@@ -37,9 +37,10 @@ LOADED = "loaded"
 _HANG_GUARD_S = 60  # per case: a generous bound on a child that hangs, not a measure of speed
 
 
-def real_bundle(base: Path) -> Path:
-    """The real bundle of the examples, signed with ``KEY`` (built once under ``base``; a later
-    call, from this or another test module, finds it there)."""
+def real_bundle(base: Path, unsigned: Path | None = None) -> Path:
+    """The real bundle of the examples, signed with ``KEY`` (made once under ``base``; a later
+    call, from this or another process sharing ``base``, finds it there): a signed copy of
+    ``unsigned`` (that bundle, built by ``kernelgraft aot`` of the same examples), else built."""
     from filelock import FileLock
 
     out = base / "kg-real-bundle"
@@ -48,10 +49,17 @@ def real_bundle(base: Path) -> Path:
             shutil.rmtree(out, ignore_errors=True)
             keyfile = base / "kg-real-bundle.key"
             keyfile.write_bytes(KEY + b"\n")
-            cmd = [sys.executable, "-m", "kernelgraft", "aot", *EXAMPLES, "--arch", "sm_90", "-o", str(out),
-                   "--sign", str(keyfile)]
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=900)
-            assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+            if unsigned is not None:  # what ``--sign`` does after the build
+                tmp = base / "kg-real-bundle.tmp"
+                shutil.rmtree(tmp, ignore_errors=True)
+                shutil.copytree(unsigned, tmp)
+                sign_bundle(tmp, keyfile)
+                tmp.rename(out)
+            else:
+                cmd = [sys.executable, "-m", "kernelgraft", "aot", *EXAMPLES, "--arch", "sm_90", "-o", str(out),
+                       "--sign", str(keyfile)]
+                proc = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=900)
+                assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return out
 
 

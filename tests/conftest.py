@@ -11,20 +11,28 @@ import os
 import shutil
 import sys
 import tempfile
+from pathlib import Path
 
 # Tests live in unit/, integration/ and gpu/; the helpers they import (_aot_helpers, _fuzz_cases...)
 # live here, beside this file.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-# Every kernelgraft cache (compiled code, the native replay build, tuning decisions) lives under
-# one root that kernelgraft reads from the environment: point it, and XDG_CACHE_HOME for the
-# tools that follow it, at a directory of this session before anything imports kernelgraft, so
-# the suite never reads or writes the user's ~/.cache. KERNELGRAFT_TEST_CACHE_DIR names a
-# directory to keep between sessions instead (the native build takes a while on a small machine).
+# Every kernelgraft cache (compiled code, the native replay build, the C++ runtime build, tuning
+# decisions) lives under one root that kernelgraft reads from the environment: point it, and
+# XDG_CACHE_HOME for the tools that follow it, at a directory of this run before anything imports
+# kernelgraft, so the suite never reads or writes the user's ~/.cache. One directory per run, not
+# per process: the process that starts the run (pytest-xdist's controller, or the only process)
+# creates it, names it in the environment its workers inherit, and alone removes it at exit, so the
+# native replay and the runtime are compiled once per run (their builds hold a file lock on their
+# directory; a second builder waits and finds the build). KERNELGRAFT_TEST_CACHE_DIR names a
+# directory to keep between runs instead.
 _KEEP = os.environ.get("KERNELGRAFT_TEST_CACHE_DIR")
-_SESSION_CACHE = _KEEP or tempfile.mkdtemp(prefix="kernelgraft-test-cache-")
-if not _KEEP:
+_RUN_CACHE_VAR = "KERNELGRAFT_TEST_RUN_CACHE"
+_INHERITED = os.environ.get(_RUN_CACHE_VAR) if os.environ.get("PYTEST_XDIST_WORKER") else None
+_SESSION_CACHE = _KEEP or _INHERITED or tempfile.mkdtemp(prefix="kernelgraft-test-cache-")
+if not (_KEEP or _INHERITED):
     atexit.register(shutil.rmtree, _SESSION_CACHE, ignore_errors=True)
+    os.environ[_RUN_CACHE_VAR] = _SESSION_CACHE
 os.environ["KERNELGRAFT_CACHE_DIR"] = os.path.join(_SESSION_CACHE, "kernelgraft")
 os.environ["XDG_CACHE_HOME"] = os.path.join(_SESSION_CACHE, "xdg")
 
@@ -112,6 +120,39 @@ def _reset_runtime_state():
 @pytest.fixture
 def device() -> str:
     return "cuda" if _HAS_CUDA else "cpu"
+
+
+def _run_dir(tmp_path_factory) -> Path:
+    """A directory every process of this run shares: under pytest-xdist the parent of the worker's
+    base temporary directory (the run's own), else the base temporary directory."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="session")
+def example_bundle(tmp_path_factory):
+    """The examples' bundle (``kernelgraft aot`` of add_relu and rmsnorm for sm_90), built once per
+    run: the first process to ask builds it under a file lock, the others wait and read it.
+    Shared, so read-only: a test that edits a bundle edits a copy. Checked unchanged at the end."""
+    pytest.importorskip("cuda.bindings")
+    from _aot_helpers import shared_bundle, tree_digest
+
+    path = shared_bundle(_run_dir(tmp_path_factory), "kg-example-bundle")
+    before = tree_digest(path)
+    yield path
+    assert tree_digest(path) == before, f"a test edited the shared bundle {path} in place (copy it first)"
+
+
+@pytest.fixture(scope="session")
+def signed_example_bundle(example_bundle, tmp_path_factory):
+    """``example_bundle`` signed with ``_bundle_corpus.KEY``, made once per run like it."""
+    from _aot_helpers import tree_digest
+    from _bundle_corpus import real_bundle
+
+    path = real_bundle(_run_dir(tmp_path_factory), unsigned=example_bundle)
+    before = tree_digest(path)
+    yield path
+    assert tree_digest(path) == before, f"a test edited the shared bundle {path} in place (copy it first)"
 
 
 def pytest_runtest_logreport(report):

@@ -18,14 +18,13 @@ from kernelgraft.symbolic.expr import compile_exprs, to_text
 from kernelgraft.backends.cutile import jit as _cutile
 from kernelgraft.examples import add_relu, rmsnorm  # registered before the per-test registry snapshot
 
-from _aot_helpers import build_bundle, cutedsl_bundled, run_child
+from _aot_helpers import cutedsl_bundled, run_child
 
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory) -> Path:
-    pytest.importorskip("cuda.bindings")
-    return build_bundle(tmp_path_factory.mktemp("bundle"), "sm_90", timeout=600)
+def bundle(example_bundle) -> Path:
+    return example_bundle  # built once per run (conftest); read-only
 
 
 # cuTile kernels are bundled where its toolchain (tileiras) works, skipped with the reason elsewhere

@@ -17,7 +17,6 @@ from kernelgraft.backends.cutile import jit as _cutile
 from kernelgraft.op.samples import samples
 from kernelgraft.examples import add_relu, rmsnorm
 
-from _aot_helpers import build_bundle
 from _runtime_helpers import rewrite
 
 OPS = {"add_relu": add_relu.add_relu, "rmsnorm": rmsnorm.rmsnorm}
@@ -27,9 +26,8 @@ pytestmark = pytest.mark.skipif(_cutile.toolchain_reason() is not None,
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory) -> Path:
-    pytest.importorskip("cuda.bindings")
-    return build_bundle(tmp_path_factory.mktemp("bundle"), "sm_90", timeout=900)
+def bundle(example_bundle) -> Path:
+    return example_bundle  # built once per run (conftest); read-only
 
 
 @pytest.fixture(scope="module")

@@ -20,14 +20,13 @@ from kernelgraft.aot.sign import SIGNATURE
 from kernelgraft.examples import add_relu, rmsnorm  # registered before the per-test registry snapshot
 
 from _aot_helpers import bundled_configs, env
-from _bundle_corpus import KEY, first, real_bundle, resum, set_expr
+from _bundle_corpus import KEY, first, resum, set_expr
 
 
 @pytest.fixture(scope="module")
-def signed(tmp_path_factory) -> Path:
-    """One real bundle of the examples, signed; unkeyed loads ignore the signature."""
-    pytest.importorskip("cuda.bindings")
-    return real_bundle(tmp_path_factory.getbasetemp())
+def signed(signed_example_bundle) -> Path:
+    """One real bundle of the examples, signed (once per run: conftest); unkeyed loads ignore the signature."""
+    return signed_example_bundle
 
 
 def _copy(bundle: Path, tmp_path: Path) -> Path:

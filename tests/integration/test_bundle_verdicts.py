@@ -14,15 +14,14 @@ import json
 
 import pytest
 
-from _bundle_corpus import CASES, LOADED, derive, real_bundle, verdicts
+from _bundle_corpus import CASES, LOADED, derive, verdicts
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> dict:
-    pytest.importorskip("cuda.bindings")
+def corpus(signed_example_bundle, tmp_path_factory) -> dict:
     from kernelgraft import runtime
 
-    bundle = real_bundle(tmp_path_factory.getbasetemp())
+    bundle = signed_example_bundle
     out = tmp_path_factory.mktemp("corpus")
     found = verdicts(derive(bundle, out), runtime.library(), out)
     print("\ncase: python s, c++ s")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from _aot_helpers import build_bundle, env
+from _aot_helpers import env
 from _paths import ROOT
 
 pytestmark = [pytest.mark.slow,
@@ -51,9 +51,8 @@ def programs(tmp_path_factory) -> Path:
     return build
 
 
-def test_run_aoti_reaches_the_bundled_op_through_the_proxy_executor(programs, tmp_path):
-    pytest.importorskip("cuda.bindings")
-    bundle = build_bundle(tmp_path / "bundle", "sm_90", timeout=900)
+def test_run_aoti_reaches_the_bundled_op_through_the_proxy_executor(programs, example_bundle, tmp_path):
+    bundle = example_bundle
     package, io = tmp_path / "block.pt2", tmp_path / "io.pt"
     script = tmp_path / "package.py"
     script.write_text(PACKAGE)

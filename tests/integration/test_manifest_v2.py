@@ -19,13 +19,12 @@ from kernelgraft.aot.program import _range, decision_table, kernel_program, meta
 from kernelgraft.aot.rpn import EvalError, compile_rpn, evaluate
 from kernelgraft.examples import add_relu, rmsnorm  # registered before the per-test registry snapshot
 
-from _aot_helpers import build_bundle
+
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory) -> Path:
-    pytest.importorskip("cuda.bindings")
-    return build_bundle(tmp_path_factory.mktemp("bundle"), "sm_90", timeout=600)
+def bundle(example_bundle) -> Path:
+    return example_bundle  # built once per run (conftest); read-only
 
 
 def _python(text: str, names, args):

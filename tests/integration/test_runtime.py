@@ -20,16 +20,14 @@ from kernelgraft.symbolic.expr import compile_exprs
 from kernelgraft.aot.sign import sign_bundle
 from kernelgraft.examples import add_relu, rmsnorm  # registered before the per-test registry snapshot
 
-from _aot_helpers import build_bundle
 from _runtime_helpers import WITHOUT_KERNELGRAFT, json_child, so, variant  # noqa: F401 (so: a fixture)
 
 PYTHON_OPS = {"add_relu": add_relu.add_relu, "rmsnorm": rmsnorm.rmsnorm}
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory) -> Path:
-    pytest.importorskip("cuda.bindings")
-    return build_bundle(tmp_path_factory.mktemp("bundle"), "sm_90", timeout=600)
+def bundle(example_bundle) -> Path:
+    return example_bundle  # built once per run (conftest); read-only
 
 
 def _load(path: Path, key=None, arch="sm_90", allow_native=True) -> list[str]:

@@ -13,14 +13,12 @@ import torch
 from kernelgraft.symbolic.expr import compile_exprs
 from kernelgraft.aot.rpn import compile_rpn
 
-from _aot_helpers import build_bundle
 from _runtime_helpers import json_child, so, variant  # noqa: F401 (so: a fixture)
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory) -> Path:
-    pytest.importorskip("cuda.bindings")
-    return build_bundle(tmp_path_factory.mktemp("bundle"), "sm_90", timeout=600)
+def bundle(example_bundle) -> Path:
+    return example_bundle  # built once per run (conftest); read-only
 
 
 def _serve(bundle: Path, dst: Path, namespace: str, edit=None) -> None:
