@@ -35,7 +35,9 @@ SRC = HERE.parent / "src"
 sys.path.insert(0, str(FIXTURE))
 
 import kgtoy  # noqa: E402
-from kgtoy.example import SOURCE, make_scale, samples, toy_scale  # noqa: E402
+import toy_ops  # noqa: E402  module level: its op outlives each test (compile workers import it too)
+from kgtoy.example import SOURCE, make_scale, toy_scale  # noqa: E402
+from kgtoy.jit import compile_for  # noqa: E402
 
 try:
     nvrtc.nvrtc_version()
@@ -241,6 +243,26 @@ def test_the_tuning_gate_excludes_a_wrong_toy_kernel(interpret, fresh_tuner):
     assert sorted(e["kind"] for e in decision.excluded if e["backend"] == "toy") == ["wrong", "wrong"]
 
 
+@needs_nvrtc
+def test_the_toy_backend_compiles_ahead_for_the_compile_pool(tmp_path, monkeypatch):
+    from kernelgraft.tune.compile_jobs import Target, run_job
+    from kernelgraft.tune.compile_pool import jobs_for, source_of
+
+    monkeypatch.setenv("KERNELGRAFT_CACHE_DIR", str(tmp_path / "kg"))
+    x = fresh(1000, 14)
+    cands = [c for c in toy_ops.scale.candidates(x, 1.5) if c.index >= 0]
+    jobs = jobs_for(toy_ops.scale, cands, (x, 1.5, torch.empty(1000)), Target(90), source_of(toy_ops.scale))
+    assert sorted(j.impl for j in jobs) == [0, 1, 1]  # Triton's and both toy configs
+    nvrtc.CACHE.clear_memory()  # as in a worker: nothing compiled yet
+    outcomes = [run_job(j) for j in jobs if j.impl == 1]  # here: a worker would do the same
+    assert all(o.ok and o.backend == "toy" and o.artifacts == () for o in outcomes), [o.detail for o in outcomes]
+    nvrtc.CACHE.clear_memory()
+    misses, disk = nvrtc.CACHE.misses, nvrtc.CACHE.hits["disk"]
+    for cand in cands[1:]:  # what the launch compiles is on disk: no compile
+        compile_for(cand.impl, cand.config, "sm_90")
+    assert nvrtc.CACHE.misses == misses and nvrtc.CACHE.hits["disk"] == disk + 2
+
+
 # ---------------------------------------------------------------- bundles
 @pytest.fixture(scope="module")
 def toy_bundle(tmp_path_factory) -> Path:
@@ -276,7 +298,7 @@ def test_aot_bundles_the_toy_candidates_as_cubins(toy_bundle):
 def test_the_loader_attaches_the_toy_candidates_to_the_op_in_this_process(toy_bundle):
     from kernelgraft.aot.runner import BundledRunner
 
-    op = make_scale("kgtoy::scale")
+    op = toy_ops.scale  # the op the bundle was built from, defined in this process
     loaded = load_bundle(toy_bundle, arch="sm_90")
     try:
         attached = loaded.attached["kgtoy::scale"]
@@ -311,7 +333,7 @@ def test_the_loader_launches_the_toy_cubins_without_the_backend(toy_bundle, tmp_
 # ---------------------------------------------------------------- GPU
 @pytest.mark.gpu
 def test_gpu_the_toy_backend_runs_jit_tuned_and_from_a_bundle(tmp_path, fresh_tuner):
-    op = make_scale("kgtoy::scale")
+    op = toy_ops.scale
     for n, seed in ((1, 10), (1000, 11), (1 << 20, 12)):
         x = fresh(n, seed).cuda()
         for config in range(2):
