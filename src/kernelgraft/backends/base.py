@@ -4,8 +4,8 @@ record a launch on fake inputs, compile it for an arch). A backend is a folder u
 ``kernelgraft/backends/`` (or a package elsewhere, registered through the ``kernelgraft.backends``
 entry point) whose ``BACKEND`` object implements ``Backend``; its ``aot()`` returns the ``AotPath``.
 
-Everything kernelgraft does per backend is asked of these objects, never decided by a backend's
-name: adding a backend is adding a folder (or a package) and registering it."""
+The op, the tuner, ``kernelgraft check`` and ``kernelgraft aot`` ask these objects, never a
+backend's name: adding a backend is adding a folder (or a package) and registering it."""
 
 from __future__ import annotations
 
