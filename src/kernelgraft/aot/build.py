@@ -60,6 +60,14 @@ def _toolchains() -> dict[str, str]:
     return out
 
 
+def _no_aot_path(backend: str) -> str | None:
+    """Why ``backend``'s candidates cannot be bundled; None when they can."""
+    try:
+        return None if backends.aot_path(backend) is not None else "has no AOT path"
+    except Exception as exc:  # a plugin's AOT module that fails to import
+        return f"has an AOT path that did not load: {type(exc).__name__}: {exc}"
+
+
 def _param_entry(p) -> dict:
     import inspect
 
@@ -223,12 +231,8 @@ def _build_op(op, archs, out: Path, inputs, dynamic, progress, missing: Mapping[
     for index, impl in enumerate(op.impls):
         for config in impl.configs:
             label = f"{impl.backend}:{impl.display_name}[{config.label()}]"
-            try:
-                no_path = backends.aot_path(impl.backend) is None
-            except Exception as exc:  # a plugin's AOT module that fails to import
-                no_path = f"its AOT path did not load: {type(exc).__name__}: {exc}"
-            if no_path:
-                why = no_path if isinstance(no_path, str) else "has no AOT path"
+            why = _no_aot_path(impl.backend)
+            if why:
                 skipped.append({"candidate": label, "reason": f"backend {impl.backend} {why}"})
                 continue
             if impl.backend in missing:
