@@ -189,14 +189,20 @@ def _callable(name: str, dist: str) -> Callable[..., Any]:
     raise KeyError(f"{dist} has no function for {name}")
 
 
-def library_functions(name: str, installed: dict[str, bool]) -> dict[str, LibraryFunction]:
-    """The own functions of the installed libraries that have op ``name``."""
-    out = {}
+def library_functions(name: str, installed: dict[str, bool]) -> tuple[dict[str, LibraryFunction], dict[str, str]]:
+    """The own functions of the installed libraries that have op ``name``, and why any of them
+    could not be had (an import that failed)."""
+    out, errors = {}, {}
     for dist in libraries.LIBRARIES:
         label = function_label(name, dist)
         if label is not None and installed.get(dist):
-            out[dist] = LibraryFunction(label, _callable(name, dist), lambda args, d=dist: same_kernel(name, d, args))
-    return out
+            try:
+                fn = _callable(name, dist)
+            except Exception as exc:  # the library imports, this function's module does not
+                errors[dist] = f"{label}: {type(exc).__name__}: {exc}"[:300]
+                continue
+            out[dist] = LibraryFunction(label, fn, lambda args, d=dist: same_kernel(name, d, args))
+    return out, errors
 
 
 def impls_by_library(op: Any) -> dict[str, list[str]]:
@@ -312,6 +318,23 @@ def table(shapes: list[dict]) -> str:
             lib("quack-kernels"), lib("liger-kernel"), lib(libraries.OWN), _x(r["tuned_over_best_function"]),
             _x(r["tuned_over_eager"]), _x(r["tuned_over_compile"]), f"{len(checks) - bad}/{len(checks)} ok",
         ]) + " |")
+    return "\n".join(lines)
+
+
+def bit_equal_table(shapes: list[dict]) -> str:
+    """Where the same kernel runs with the same launch as a library's function: per op, kernel
+    and function, on how many shapes the output was bit-equal (forced, and the tuned op where it
+    chose that kernel)."""
+    groups: dict[tuple, list[int]] = {}
+    for e in shapes:
+        for c in e.get("checks", ()):
+            if c.get("same_kernel"):
+                who = "tuned op" if c["what"] == "tuned" else "forced"
+                got = groups.setdefault((e["op"].split("::")[-1], c["same_kernel_impl"], who, c["against"]), [0, 0])
+                got[0] += c["bit_equal"]
+                got[1] += 1
+    lines = ["| op | kernel (same launch) | run as | library function | bit-equal shapes |", "| --- | --- | --- | --- | ---: |"]
+    lines += [f"| {op} | {impl} | {who} | `{fn}` | {held}/{total} |" for (op, impl, who, fn), (held, total) in groups.items()]
     return "\n".join(lines)
 
 

@@ -144,3 +144,63 @@ def test_serve_child_blocks_the_libraries_even_where_installed(tmp_path):
     report = json.loads(child.stdout.strip().splitlines()[-1])
     assert set(report["imports"].values()) == {"blocked"} and len(report["imports"]) == 7
     assert report["loaded"] == []
+
+
+def test_run_writes_every_shape_and_the_ratios_with_a_stand_in_timer(bench, common, tmp_path, monkeypatch, capsys):
+    """The GPU run's loop on the CPU: small inputs in place of the LLM shapes, each callable called
+    by a stand-in for measure_interleaved (no GPU to time on) that reads the tuned op and every
+    kernel candidate at 10 us and everything else at 20 us. cross_entropy's only library (quack)
+    has no kernel here: its shapes have no library ratio, and say why."""
+    import kernelgraft.bench as kgbench
+    from kernelgraft.bench.timing import Timing
+
+    def small(module, device, suite):
+        for regime, dims in shape_plan(module.BENCH_SHAPES, suite):
+            yield Case(module.bench_case(3, 64, device="cpu"), regime, dims)
+
+    kernels = set()
+
+    def together(fns, **_):
+        out = []
+        for fn in fns:
+            try:
+                fn()  # every callable really runs (the interpreter, tiny inputs)
+            except Exception as exc:  # as measure_interleaved reports a callable that fails
+                out.append(exc)
+                continue
+            out.append(Timing(10.0 if fn in kernels else 20.0, 1.0, 1.0, 1.0, 5, "graph", 40))
+        return out
+
+    real = bench._together
+
+    def spy(fns, rounds):
+        kernels.clear()
+        kernels.update(fn for label, fn in fns.items()
+                       if label == "tuned" or label.split(":")[0] in ("triton", "cutedsl"))  # candidate labels
+        return real(fns, rounds)
+
+    monkeypatch.setattr(kgbench, "module_inputs", small)
+    monkeypatch.setattr(kgbench, "measure_interleaved", together)
+    monkeypatch.setattr(bench, "_together", spy)
+    args = bench.argparse.Namespace(ops=["softmax,cross_entropy"], quick=True, rounds=2, time_limit=600.0,
+                                    no_compile=True, check_only=False)
+    assert bench.run(args, tmp_path) == 0
+    doc = json.loads((tmp_path / "libraries.json").read_text())
+    assert [(e["op"], e["dims"]) for e in doc["shapes"]] == [
+        ("kglib::softmax", "32x4096"), ("kglib::softmax", "64x65536"), ("kglib::cross_entropy", "1024x32000"),
+        ("kglib::cross_entropy", "4096x128256")]
+    for e in doc["shapes"]:
+        assert e["times"]["tuned"]["samples"] == [10.0, 10.0] and e["times"]["eager"]["median_us"] == 20.0
+        assert e["ratios"]["tuned_over_eager"] == pytest.approx(0.5)
+    softmax, ce = doc["shapes"][:2], doc["shapes"][2:]
+    assert all(e["ratios"]["tuned_over_best_library"] == pytest.approx(1.0) for e in softmax)
+    for e in ce:
+        assert e["ratios"]["tuned_over_best_library"] is None
+        assert e["ratios"]["libraries"]["quack-kernels"]["status"] in (common.NOT_INSTALLED,
+                                                                        "no candidate timed for this shape")
+    summary = doc["summary"]["vs_best_library"]
+    assert summary["at_most_1"] == summary["timed"] == 2 and len(summary["no_library"]) == 2
+    assert not doc["summary"]["checks"]["failed"]
+    table = (tmp_path / "libraries.md").read_text()
+    assert "| softmax | 64x65536 | 10.000 |" in table and "2 of 2 shapes at most 1.00" in table
+    assert capsys.readouterr().out.rstrip().endswith("libraries.md")
