@@ -204,3 +204,41 @@ def test_run_writes_every_shape_and_the_ratios_with_a_stand_in_timer(bench, comm
     table = (tmp_path / "libraries.md").read_text()
     assert "| softmax | 64x65536 | 10.000 |" in table and "2 of 2 shapes at most 1.00" in table
     assert capsys.readouterr().out.rstrip().endswith("libraries.md")
+
+
+VARIANT_BUNDLE = """
+import sys, torch
+from kernelgraft.aot import build_bundle
+from kernelgraft.examples.libraries import swiglu
+gate = torch.randn(4, 64)
+build_bundle([swiglu.swiglu], sys.argv[1], archs=["sm_90"], inputs={"kglib::swiglu": [(gate, torch.randn(4, 64))]})
+"""
+
+
+def test_serve_check_variants_hold_one_librarys_kernels_each_and_load(common, tmp_path):
+    """The serve check's bundle variants (kernelgraft's own SwiGLU kernels, compiled for sm_90
+    here; Liger's too where it is installed): a namespace of their own, only one library's
+    candidates, output rules derived again, and a bundle the loader accepts."""
+    import kernelgraft as kg
+    from kernelgraft.aot import manifest as _manifest
+    from kernelgraft.aot.program import meta_rules
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    built = subprocess.run([sys.executable, "-c", VARIANT_BUNDLE, str(tmp_path / "b")], capture_output=True, text=True,
+                           env=env, timeout=600)
+    assert built.returncode == 0, built.stderr[-3000:]
+    with bench_script("_libraries_serve") as serve:
+        op = common.load("swiglu")[1]
+        ops = {op.name: op}
+        liger = libraries.status("liger-kernel")[0] is not None
+        kernels = serve.contents(tmp_path / "b", ops)[op.name]["kernels"]
+        assert kernels == {libraries.OWN: 3, **({"liger-kernel": 1} if liger else {})}
+        own = serve.variant(tmp_path / "b", tmp_path / "own", "kglib_own", ops,
+                            lambda o, c: libraries.library_of(o.impls[c["index"]]) == libraries.OWN)
+        assert own == ["kglib_own::swiglu"]
+        assert serve.variant(tmp_path / "b", tmp_path / "quack", "kglib_quack", ops,
+                             lambda o, c: libraries.library_of(o.impls[c["index"]]) == "quack-kernels") == []
+        assert not (tmp_path / "quack").exists()
+    (entry,) = _manifest.read(tmp_path / "own")["ops"]
+    assert {c["impl"] for c in entry["candidates"]} == {"launch_swiglu"} and entry["meta"] == meta_rules(entry["candidates"])
+    assert "kglib_own::swiglu" in kg.load_bundle(tmp_path / "own", arch="sm_90").ops
