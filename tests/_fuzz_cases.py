@@ -129,13 +129,30 @@ def judge(kind: str, op, case: Case) -> dict:
         return _fail("a bad input was accepted")
     produced = [t.detach() for t in _produced(op, result, args)]
     verdict = _verify.verify(ref, produced, op.tolerances)
-    if not verdict.ok:
+    if not verdict.ok and not any(_verify.verify(_verify.reference(op, alt), produced, op.tolerances).ok
+                                  for alt in _one_writer(case)):
         return _fail(f"silent wrong result: {verdict}")
     if grad:
         why = _judge_backward(op, args, result)
         if why:
             return _fail(why)
     return {"outcome": "match"}
+
+
+def _one_writer(case: Case) -> list[list]:
+    """A slot_mapping whose tokens all hold one slot: the documented result (kv_append: "two
+    tokens with the same slot leave either one's row") is the reference's with any one of them
+    writing it, the others padding. One argument list per token."""
+    i = case.extra.get("one_writer")
+    if i is None:
+        return []
+    slots = case.args[i]
+    out = []
+    for t in range(slots.shape[0]):
+        alone = torch.full_like(slots, -1)
+        alone[t] = slots[t]
+        out.append([alone if j == i else a for j, a in enumerate(case.args)])
+    return out
 
 
 class _null:
@@ -268,7 +285,13 @@ def to_device(args: list, device: str) -> list:
 def run_case(seed: int, index: int, name: str, kind: str, device: str) -> None:
     for attempt in range(ATTEMPTS):
         rng, g = case_rngs(seed, index, attempt)
-        case = build(kind, name, rng, g)
+        try:
+            case = build(kind, name, rng, g)
+        except Exception:  # the fuzz's own bug: a failed case, not a dead run
+            print(json.dumps({"case": index, "op": name, "kind": kind, "detail": "", "args": ""}), flush=True)
+            print(json.dumps({"done": index, **_fail("building the case raised: " + traceback.format_exc()[-800:])}),
+                  flush=True)
+            return
         if case is not None:
             break
     else:

@@ -240,9 +240,9 @@ def mutate(kind: str, name: str, op, rng: random.Random, g: torch.Generator) -> 
         if not idx:
             return None
         i = rng.choice(idx)
-        flat = args[i].view(-1)
-        for v in (float("nan"), float("inf"), float("-inf")):
-            flat[rng.randrange(flat.numel())] = v
+        t = args[i]
+        for v in (float("nan"), float("inf"), float("-inf")):  # by index: t may be a strided view
+            t[tuple(int(d) for d in torch.unravel_index(torch.tensor(rng.randrange(t.numel())), t.shape))] = v
         return Case(args, None, pname(op, i))
     if kind in ("strided", "transposed", "expanded", "expanded_mutated"):
         idx = [i for i in tensor_params(op, args, mutated=True if kind == "expanded_mutated" else None)
@@ -263,7 +263,10 @@ def mutate(kind: str, name: str, op, rng: random.Random, g: torch.Generator) -> 
             d = next(d for d, s in enumerate(t.shape) if s > 1)
             view = t.narrow(d, 0, 1).expand(t.shape)
         args[i] = view
-        return Case(args, pname(op, i) if kind == "expanded_mutated" else None, pname(op, i))
+        case = Case(args, pname(op, i) if kind == "expanded_mutated" else None, pname(op, i))
+        if pname(op, i) == "slot_mapping":  # every token one slot: any one of them may be the writer
+            case.extra["one_writer"] = i
+        return case
     if kind == "alias_inputs":
         idx = tensor_params(op, args, mutated=False)
         pairs = [(a, b) for a in idx for b in idx if a < b and args[a].shape == args[b].shape]
