@@ -80,6 +80,20 @@ def megabytes(args: tuple) -> float:
 
 
 # ------------------------------------------------------------------ the libraries' own functions
+# The device types each library's own functions take tensors on: quack's CuTe DSL kernels run on
+# CUDA only; Liger's Triton kernels also run on the CPU under the Triton interpreter.
+DEVICES = {"quack-kernels": ("cuda",), "liger-kernel": ("cuda", "cpu")}
+
+
+def not_runnable_here(dist: str, args: tuple) -> str | None:
+    """Why ``dist``'s own function cannot take ``args`` (a device it does not run on), or None."""
+    devices = {a.device.type for a in args if isinstance(a, torch.Tensor)}
+    off = sorted(devices - set(DEVICES.get(dist, devices)))
+    if off:
+        return f"not run: {dist} takes tensors on {' or '.join(DEVICES[dist])} only, these are on {', '.join(off)}"
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class LibraryFunction:
     label: str  # what is called, as its users write it
@@ -311,12 +325,13 @@ def table(shapes: list[dict]) -> str:
             return "n/i" if got["status"] == NOT_INSTALLED else _x(got.get("tuned_over"))
 
         checks = e["checks"]
-        bad = sum(not c["ok"] for c in checks)
+        bad = sum(c["ok"] is False for c in checks)
+        skipped = sum(c["ok"] is None for c in checks)
         lines.append("| " + " | ".join([
             e["op"].split("::")[-1], e["dims"], _x(e["times"].get("tuned", {}).get("median_us")),
             e.get("chosen") or "-", _x(r["tuned_over_best_library"]) + (f" ({SHORT[r['best_library']]})" if r["best_library"] else ""),
             lib("quack-kernels"), lib("liger-kernel"), lib(libraries.OWN), _x(r["tuned_over_best_function"]),
-            _x(r["tuned_over_eager"]), _x(r["tuned_over_compile"]), f"{len(checks) - bad}/{len(checks)} ok",
+            _x(r["tuned_over_eager"]), _x(r["tuned_over_compile"]), f"{len(checks) - bad - skipped}/{len(checks)} ok" + (f", {skipped} not run" if skipped else ""),
         ]) + " |")
     return "\n".join(lines)
 
@@ -351,6 +366,7 @@ def summarize(shapes: list[dict]) -> dict:
                             "below_1": sum(v < 1.0 for *_, v in have),
                             "worst": max(have, key=lambda v: v[2]) if have else None,
                             "no_library": [f"{o} {d}" for o, d, v in vs if v is None]},
-        "checks": {"run": len(checks), "failed": [c for c in checks if not c["ok"]]},
+        "checks": {"run": sum(c["ok"] is not None for c in checks), "failed": [c for c in checks if c["ok"] is False],
+                   "not_run": [c for c in checks if c["ok"] is None]},
         "bit_equal": {"expected": len(same), "held": sum(c["bit_equal"] for c in same)},
     }

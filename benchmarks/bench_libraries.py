@@ -165,6 +165,11 @@ def bench_shape(name: str, op, case, status: dict, compiled, rounds: int, time_i
                 checks.append({"what": label, "against": "reference (float64)", "ok": False,
                                "detail": f"raised {type(exc).__name__}: {exc}"[:300]})
         chosen_impl = getattr(getattr(chosen, "impl", None), "display_name", None)
+        elsewhere = {dist: common.not_runnable_here(dist, args) for dist in functions}
+        for dist, why in elsewhere.items():
+            if why:  # a check that cannot run here is said so (ok None), never passed or failed
+                checks.append({"what": functions[dist].label, "against": "its own run", "ok": None, "detail": why})
+        functions = {dist: lf for dist, lf in functions.items() if not elsewhere[dist]}
         for dist, lf in functions.items():
             try:
                 want = common.run(op, lf.fn, args)
@@ -257,7 +262,8 @@ def run(args, out: Path) -> int:
     worst = "-" if vs["worst"] is None else "{} {} {:.3f}".format(*vs["worst"])
     text += (f"\n\ntuned / best single library: {vs['at_most_1']} of {vs['timed']} shapes at most 1.00, "
              f"{vs['below_1']} under 1.00; worst {worst}; checks: {s['checks']['run'] - len(s['checks']['failed'])}"
-             f"/{s['checks']['run']} ok; bit-equal where the same kernel runs: {s['bit_equal']['held']}/"
+             f"/{s['checks']['run']} ok" + (f" ({len(s['checks']['not_run'])} not run on this device)" if s['checks']['not_run'] else "")
+             + f"; bit-equal where the same kernel runs: {s['bit_equal']['held']}/"
              f"{s['bit_equal']['expected']}")
     events = sorted({f"{e['op'].split('::')[-1]}: {label}" for e in doc["shapes"]
                      for label, t in e.get("times", {}).items() if t.get("median_us") and t.get("method") != "graph"})

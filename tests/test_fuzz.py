@@ -177,7 +177,7 @@ def test_gpu_fuzz_every_example_op(native):
 def test_gpu_host_cost_per_call_with_the_checks():
     """Host cost per eager call of the native replay, plain and with a parameter that requires
     grad under no_grad (the inference case; the autograd branch must not be taken): printed for
-    the report, and bounded loosely so a regression to the Python path shows."""
+    the report (timing is printed, never asserted: benchmarks/bench_host_overhead.py is the measure)."""
     import timeit
 
     from kernelgraft.examples.add_relu import add_relu
@@ -200,4 +200,4 @@ def test_gpu_host_cost_per_call_with_the_checks():
             costs[name] = min(timeit.repeat(call, number=2000, repeat=5)) / 2000 * 1e6
         torch.cuda.synchronize()
     print("\nhost cost per call (us): " + ", ".join(f"{n} {c:.2f}" for n, c in costs.items()))
-    assert all(c < 30 for c in costs.values()), costs
+    assert set(costs) == set(calls)

@@ -240,6 +240,7 @@ def _build_op(op, archs, out: Path, inputs, dynamic, progress, missing: Mapping[
                 continue
             variants: dict[str, dict] = {}
             reasons: list[str] = []
+            declined: list[str] = []  # the candidate's own supports() reasons, per sample
 
             def drop(number, arch, exc) -> None:
                 reason = f"{type(exc).__name__}: {exc}" if isinstance(exc, BaseException) else str(exc)
@@ -257,6 +258,7 @@ def _build_op(op, archs, out: Path, inputs, dynamic, progress, missing: Mapping[
                 if isinstance(result, str):  # the candidate declines this sample, as eager dispatch would
                     refused.append({"candidate": label, "signature": sig_label, "reason": result})
                     why_not.setdefault(number, []).append(f"{label}: {result}")
+                    declined.append(result)
                     continue
                 call, guards, out_shapes, out_dtypes = result
                 try:
@@ -303,7 +305,8 @@ def _build_op(op, archs, out: Path, inputs, dynamic, progress, missing: Mapping[
                 lost = sum(d["candidate"] == label for d in dropped)
                 progress(f"{op.name} {label}: {len(variants)} kernels" + (f", {lost} dropped" if lost else ""))
             if not variants:
-                why = "; ".join(dict.fromkeys(reasons)) or "no sample is supported"
+                why = "; ".join(dict.fromkeys(reasons)) or (
+                    "no sample is supported: " + "; ".join(dict.fromkeys(declined)) if declined else "no sample is supported")
                 skipped.append({"candidate": label, "reason": why})
                 continue
             ordered = sorted(variants.values(), key=lambda v: (not v["dynamic"], -len(v["guards"])))
