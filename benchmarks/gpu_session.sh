@@ -2,7 +2,7 @@
 # One batched run on the GPU machine: installs carried wheels, runs the selected sections with
 # time limits, and packs every result into $OUT/results.tar.gz (plus the log).
 #   bash benchmarks/gpu_session.sh SECTION...     sections: tests core cute hostcost rmsnorm
-#                                                 examples tune tunequick ranks graft graftc graftck graftdc graftdk graftprofile graftdecode graftdecodecompile aot explore explore5 explore6 explore7 diagsoftmax native devices verify verify2 firstsec diagsmall diagload diagcopies diagdecode aotipre compete llmquick llm suitetests gputests cpp cppbuild llamaaoti diagsuite test_FILE
+#                                                 examples libraries libserve tune tunequick ranks graft graftc graftck graftdc graftdk graftprofile graftdecode graftdecodecompile aot explore explore5 explore6 explore7 diagsoftmax native devices verify verify2 firstsec diagsmall diagload diagcopies diagdecode aotipre compete llmquick llm suitetests gputests cpp cppbuild llamaaoti diagsuite test_FILE
 # A "0:tests,aot|1:tune,rmsnorm" argument runs lanes side by side, each on its own GPU
 # (CUDA_VISIBLE_DEVICES) with its own kernelgraft cache; the next argument starts when all end.
 set -uo pipefail
@@ -87,6 +87,8 @@ run_section() {
     llm) limit=$(( SESSION_END - $(date +%s) - 60 )); [ "$limit" -gt 500 ] && limit=500  # ends writing its tables in time
          if [ "$limit" -lt 30 ]; then echo "[llm_suite] skipped: the session's budget is spent"
          else step llm_suite 560 python3 benchmarks/bench_llm_suite.py --out "$R" --time-limit "$limit" ${LLM_ARGS:-}; fi ;;
+    libraries) step bench_libraries 500 python3 benchmarks/bench_libraries.py --out "$R" --time-limit 460 ${LIB_ARGS:-} ;;  # the library-backed ops vs quack, Liger, torch (LIB_ARGS="--ops rmsnorm,softmax" splits it)
+    libserve) step lib_serve_check 560 python3 benchmarks/bench_libraries.py --serve-check --out "$R" --time-limit 540 ${LIB_BUNDLE:+--bundle "$LIB_BUNDLE"} ;;  # the C++ runtime serves them where neither library imports
     suitetests) step test_bench_suite 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/unit/test_bench_suite.py tests/unit/test_example_kernels.py -rs --tb=short ;;
     hostcost_ab1)  # one alternation of hostcost_ab: old tree, then this one
             step native_build 150 python3 -c "import kernelgraft as kg; print(kg.native.build())"
@@ -116,6 +118,12 @@ run_section() {
     firstsec) step first_seconds 420 python3 benchmarks/bench_first_seconds.py --out "$R" ;;  # 2 GPUs: decisions side by side
     verify2) step test_verify_2gpu 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/unit/test_verify.py -k not_the_current_one -rs --tb=short ;;  # needs 2 GPUs
     devices) step gpu_devices 300 python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/gpu/test_gpu_devices.py -rs --tb=short ;;  # needs 2 GPUs
+    alltests)  # every file with GPU tests, one process per file, PAR files at a time on this GPU
+      files=$(grep -l "mark.gpu" tests/*/test_*.py 2>/dev/null | sort)
+      left=$(( SESSION_END - $(date +%s) - 25 ))
+      section "alltests ($(echo "$files" | wc -w) files, ${PAR:-4} at a time, ${left}s)"
+      echo "$files" | timeout "$left" xargs -P "${PAR:-4}" -I{} bash -c 'n=$(basename {} .py); timeout '"${FILE_LIMIT:-300}"' python3 -m pytest -q -p no:cacheprovider -m gpu {} -rs --tb=short > "'"$R"'/$n.txt" 2>&1; echo "[$n] exit $? $(tail -1 "'"$R"'/$n.txt")"'
+      echo "[alltests] exit $?" ;;
     test_*) step "$1" 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/*/"$1".py -rs --tb=short ;;  # one GPU test file (tests/unit, integration or gpu)
     *) echo "unknown section $1" ;;
   esac

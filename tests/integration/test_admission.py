@@ -178,6 +178,21 @@ def test_meta_tensors_get_the_meta_functions_outputs_and_never_reach_a_kernel():
         double.run(x, impl=0)
 
 
+def test_an_op_that_returns_none_takes_meta_tensors_as_torch_ops_does():
+    """A mutate-only op whose reference indexes by its data (a boolean mask, as kv_append's) gives
+    None on meta tensors through the op object, as through torch.ops: no meta function runs for
+    an op that returns None (on meta tensors it would raise torch's raw NotImplementedError)."""
+
+    @kg.op("tadmit::masked_write", mutates_args=("out",))
+    def masked_write(x: torch.Tensor, out: torch.Tensor) -> None:
+        keep = x > 0
+        out[keep] = x[keep]
+
+    x, out = torch.empty(6, device="meta"), torch.empty(6, device="meta")
+    for call in (masked_write, torch.ops.tadmit.masked_write):
+        assert call(x, out) is None
+
+
 # ---------------------------------------------------------------- shapes that do not fit, under compile
 def test_a_shape_mismatch_under_compile_names_the_op_and_its_arguments():
     x, y = torch.randn(3), torch.randn(4)

@@ -218,7 +218,7 @@ def test_graph_timing_on_gpu():
 
     x = torch.randn(1 << 20, device="cuda")
     t = measure(lambda: torch.relu(x), graph=True, warmup_ms=10, rep_ms=10)
-    assert t.method == "graph" and 0 < t.median_us < 100
+    assert t.method == "graph" and t.median_us > 0
     e = measure(lambda: torch.relu(x).sum().item(), graph=True, warmup_ms=10, rep_ms=10)
     assert e.method == "events" and e.median_us > 0
     # the failed capture left the process's random numbers working (torch leaves the default

@@ -7,7 +7,7 @@ every dimension and every stride of an input the candidate does not need contigu
 symbol, and the launch parameters become expressions of them, valid wherever the recorded guards
 hold (``_trace``, ``_layout``); when a launch function does something the expression grammar
 cannot hold, that signature is compiled for its static shapes and strides instead. CuTe DSL
-candidates become one shared library per kernel (``_cutedsl_aot``).
+candidates become one shared library per kernel (``kernelgraft.backends.cutedsl.aot``).
 
 What is not built is listed in the op's entry, with why: ``skipped``, candidates with no AOT path
 (or no toolchain here, or no signature at all); ``dropped``, every (candidate, signature, arch)
@@ -29,12 +29,9 @@ from typing import Any
 
 import torch
 
+from .. import backends
 from ..errors import BundleError
-from ..backends.cuda import aot as _cuda_aot
-from ..backends.cutedsl import aot as _cutedsl_aot
-from ..backends.cutile import aot as _cutile_aot
 from . import manifest as _manifest
-from ..backends.triton import aot as _triton_aot
 from .bundle_check import check_manifest
 from ..symbolic.expr import Unsupported
 from ..spec.layout import contiguous_names, declared
@@ -43,17 +40,32 @@ from .sign import SIGNATURE, load_key, sign_bundle
 from ..symbolic.trace import trace
 from ..version import __version__
 
-__all__ = ["build_bundle", "record_call", "compile_recorded", "call_identity", "AOT_BACKENDS"]
+__all__ = ["build_bundle", "record_call", "compile_recorded", "call_identity"]
 
 log = logging.getLogger(__name__)
-_BACKENDS = {"triton": _triton_aot, "cuda": _cuda_aot, "cutile": _cutile_aot, "cutedsl": _cutedsl_aot}
-AOT_BACKENDS = tuple(_BACKENDS)  # the backends this path records and compiles (check reuses it)
-# Why a backend has no AOT path, as `kernelgraft aot` prints it for each of its candidates.
-_NO_AOT: dict[str, str] = {}
-# Backends whose toolchain is an optional extra: without it their candidates are skipped (with the
-# reason) instead of dropped, so a machine without tileiras (or CuTe DSL, or a C compiler to link
-# its libraries) still builds a bundle of the others.
-_OPTIONAL = ("cutile", "cutedsl")
+
+
+def _toolchains() -> dict[str, str]:
+    """Each registered backend's AOT toolchain version, or why it is unavailable (which matters
+    only if an op needs it)."""
+    out = {}
+    for name in backends.names():
+        try:
+            path = backends.aot_path(name)
+            if path is None:
+                continue
+            out[name] = path.toolchain_version()
+        except Exception as exc:  # a missing toolchain (or a plugin's AOT module that fails to import)
+            out[name] = f"unavailable: {exc}"
+    return out
+
+
+def _no_aot_path(backend: str) -> str | None:
+    """Why ``backend``'s candidates cannot be bundled; None when they can."""
+    try:
+        return None if backends.aot_path(backend) is not None else "has no AOT path"
+    except Exception as exc:  # a plugin's AOT module that fails to import
+        return f"has an AOT path that did not load: {type(exc).__name__}: {exc}"
 
 
 def _param_entry(p) -> dict:
@@ -90,11 +102,15 @@ def _string_pins(op, sample) -> dict[str, str]:
 
 def record_call(op, impl, config, sample, dynamic):
     """(the recorded launch, whether it is symbolic), or the reason ``supports`` refused the sample."""
-    module = _BACKENDS[impl.backend]
-    target = impl.launch if impl.backend == "triton" else impl
+    module = backends.aot_path(impl.backend)
+    if module is None:
+        raise Unsupported(f"backend {impl.backend} has no AOT path")
 
     def rec(ctx, args, kwargs):
-        return module.record(ctx, args, kwargs, target)
+        call = module.record(ctx, args, kwargs, impl)
+        # The impl's code decides the binary too: two impls whose launches look alike (the same
+        # grid, parameters and config) are still two kernels, compiled apart.
+        return {**call, "impl": impl.fingerprint}
 
     try:
         return trace(op, impl, config, sample, rec, dynamic=dynamic), dynamic
@@ -131,14 +147,12 @@ def build_bundle(
     archs = list(dict.fromkeys(_manifest.normalize_arch(a) for a in archs))
     out = Path(out)
     (out / "bin").mkdir(parents=True, exist_ok=True)
-    toolchain = {"torch": torch.__version__}
-    for name, module in _BACKENDS.items():
-        try:
-            toolchain[name] = module.toolchain_version()
-        except Exception as exc:  # a missing toolchain only matters if an op needs it
-            toolchain[name] = f"unavailable: {exc}"
-    missing = {b: toolchain[b].removeprefix("unavailable: ") for b in _OPTIONAL
-               if toolchain[b].startswith("unavailable: ")}
+    toolchain = {"torch": torch.__version__, **_toolchains()}
+    # A backend whose toolchain is an optional extra (``aot_optional``) and missing here has its
+    # candidates skipped, with the reason, instead of dropped: a machine without tileiras (or CuTe
+    # DSL, or a C compiler to link its libraries) still builds a bundle of the others.
+    missing = {b: v.removeprefix("unavailable: ") for b, v in toolchain.items()
+               if b != "torch" and v.startswith("unavailable: ") and getattr(backends.get(b), "aot_optional", False)}
     manifest_ops = []
     started = time.perf_counter()
     for op in ops:
@@ -217,15 +231,16 @@ def _build_op(op, archs, out: Path, inputs, dynamic, progress, missing: Mapping[
     for index, impl in enumerate(op.impls):
         for config in impl.configs:
             label = f"{impl.backend}:{impl.display_name}[{config.label()}]"
-            if impl.backend not in _BACKENDS:
-                why = _NO_AOT.get(impl.backend, "not yet")
-                skipped.append({"candidate": label, "reason": f"backend {impl.backend} has no AOT path: {why}"})
+            why = _no_aot_path(impl.backend)
+            if why:
+                skipped.append({"candidate": label, "reason": f"backend {impl.backend} {why}"})
                 continue
             if impl.backend in missing:
                 skipped.append({"candidate": label, "reason": f"no {impl.backend} toolchain here: {missing[impl.backend]}"})
                 continue
             variants: dict[str, dict] = {}
             reasons: list[str] = []
+            declined: list[str] = []  # the candidate's own supports() reasons, per sample
 
             def drop(number, arch, exc) -> None:
                 reason = f"{type(exc).__name__}: {exc}" if isinstance(exc, BaseException) else str(exc)
@@ -243,6 +258,7 @@ def _build_op(op, archs, out: Path, inputs, dynamic, progress, missing: Mapping[
                 if isinstance(result, str):  # the candidate declines this sample, as eager dispatch would
                     refused.append({"candidate": label, "signature": sig_label, "reason": result})
                     why_not.setdefault(number, []).append(f"{label}: {result}")
+                    declined.append(result)
                     continue
                 call, guards, out_shapes, out_dtypes = result
                 try:
@@ -289,7 +305,8 @@ def _build_op(op, archs, out: Path, inputs, dynamic, progress, missing: Mapping[
                 lost = sum(d["candidate"] == label for d in dropped)
                 progress(f"{op.name} {label}: {len(variants)} kernels" + (f", {lost} dropped" if lost else ""))
             if not variants:
-                why = "; ".join(dict.fromkeys(reasons)) or "no sample is supported"
+                why = "; ".join(dict.fromkeys(reasons)) or (
+                    "no sample is supported: " + "; ".join(dict.fromkeys(declined)) if declined else "no sample is supported")
                 skipped.append({"candidate": label, "reason": why})
                 continue
             ordered = sorted(variants.values(), key=lambda v: (not v["dynamic"], -len(v["guards"])))
@@ -346,7 +363,7 @@ def call_identity(call: dict) -> Any:
 
 def compile_recorded(backend: str, call: dict, arch: str) -> tuple[dict, dict[str, bytes]]:
     """(manifest entry, {kind: image}) of one recorded call compiled for ``arch``."""
-    return _BACKENDS[backend].compile_call(call, arch)
+    return backends.aot_path(backend).compile_call(call, arch)
 
 
 def _compile(backend: str, call: dict, arch: str, out: Path) -> dict:

@@ -8,11 +8,12 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import warnings
+from typing import Any
 
 from ..errors import KernelgraftWarning
 from .base import Backend
 
-__all__ = ["register", "unregister", "get", "names", "load_entry_points", "ENTRY_POINT_GROUP"]
+__all__ = ["register", "unregister", "get", "names", "aot_path", "load_entry_points", "ENTRY_POINT_GROUP"]
 
 log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "kernelgraft.backends"
@@ -45,6 +46,14 @@ def get(name: str) -> Backend:
 
 def names() -> list[str]:
     return sorted(_REGISTRY)
+
+
+def aot_path(name: str) -> Any:
+    """The AOT path (``base.AotPath``) of the backend ``name``: its ``aot()``, imported on first use;
+    None for a backend that has none, or none registered under that name."""
+    backend = _REGISTRY.get(name)
+    get = getattr(backend, "aot", None)
+    return get() if callable(get) else None
 
 
 def load_entry_points() -> list[str]:

@@ -3,10 +3,11 @@ GPU, Triton without a GPU or its interpreter, a kernel for a newer GPU than this
 compiled for a GPU arch, so a source that does not compile fails ``kernelgraft check`` instead of
 passing as "skip".
 
-Triton and CUDA C++ go through the AOT path (``kernelgraft.aot``): the launch function runs on fake
-tensors and the recorded call is compiled for the arch, the very kernel ``kernelgraft aot`` would
-build. cuTile goes through its export (``build_cubin``), CuTe DSL through ``cute.compile``. A limit
-of these paths (say, a launch function making two Triton launches, which AOT refuses) is not the
+Every backend with an AOT path (``kernelgraft.backends.base.AotPath``) is compiled through it: the
+launch function runs on fake tensors and the recorded call is compiled for the arch, the very
+kernel ``kernelgraft aot`` would build; a path with its own ``check_compile`` (cuTile exports the
+sample's own cubin, CuTe DSL runs ``cute.compile`` alone) is given the sample instead. A limit of
+these paths (say, a launch function making two Triton launches, which AOT refuses) is not the
 candidate's fault: it stays a skip that says so. A compiler's error is the candidate's failure.
 """
 
@@ -18,6 +19,7 @@ from typing import Any
 
 import torch
 
+from .. import backends
 from ..op.candidates import Candidate
 
 __all__ = ["COMPILABLE", "NotCompiled", "Compiler", "compiler_message"]
@@ -65,16 +67,14 @@ class Compiler:
         """What was compiled (a note); raises ``NotCompiled`` or the compiler's error."""
         arch = _arch_for(candidate, self.arch)
         backend = candidate.impl.backend
-        from ..aot.build import AOT_BACKENDS
-
-        if backend == "cutile":  # bundles hold cuTile too; check exports the sample's own cubin
-            what = self._cutile(candidate, args, out_specs, arch)
-        elif backend == "cutedsl":  # cute.compile alone: linking the bundle's library adds nothing to check
-            what = self._cutedsl(candidate, args, out_specs, arch)
-        elif backend in AOT_BACKENDS:
-            what = self._aot(candidate, args, arch)
-        else:
+        path = backends.aot_path(backend)
+        if path is None:
             raise NotCompiled(f"backend {backend} has no compile-only path")
+        if callable(getattr(path, "check_compile", None)):
+            self._own(path, candidate, args, out_specs, arch)
+        else:
+            self._aot(candidate, args, arch)
+        what = getattr(path, "COMPILES", f"the {backend} kernel")
         return f"compiled {what} for {arch}, not run: {candidate.reason}"
 
     def _once(self, key: str, build) -> None:
@@ -88,7 +88,7 @@ class Compiler:
         if failure is not None:
             raise failure
 
-    def _aot(self, candidate: Candidate, args: tuple, arch: str) -> str:
+    def _aot(self, candidate: Candidate, args: tuple, arch: str) -> None:
         from ..aot.build import call_identity, compile_recorded, record_call
         from ..errors import UnsupportedError
         from ..symbolic.expr import Unsupported
@@ -110,7 +110,6 @@ class Compiler:
                 raise NotCompiled(f"the AOT path cannot compile this kernel: {exc}") from exc
 
         self._once(key, build)
-        return "the NVRTC kernel" if impl.backend == "cuda" else "the Triton kernel"
 
     def _fresh(self, args: tuple, out_specs) -> list:
         # Compiles read dtypes, shapes, strides and alignment only: CPU tensors stand in for GPU ones.
@@ -119,22 +118,9 @@ class Compiler:
         outs = [torch.empty(tuple(shape), dtype=dtype) for shape, dtype, _ in out_specs]
         return inputs + outs
 
-    def _cutile(self, candidate: Candidate, args: tuple, out_specs, arch: str) -> str:
-        from ..backends.cutile.jit import build_cubin, toolchain_reason
-
-        reason = toolchain_reason()
-        if reason:
-            raise NotCompiled(f"cuTile cannot compile here: {reason}")
-        tensors = self._fresh(args, out_specs)
-        key = json.dumps(["cutile", candidate.label, arch, [
-            [str(t.dtype), list(t.shape), list(t.stride())] if isinstance(t, torch.Tensor) else repr(t)
-            for t in tensors]])
-        self._once(key, lambda: build_cubin(candidate.impl, candidate.config, tensors, arch))
-        return "the cuTile kernel"
-
-    def _cutedsl(self, candidate: Candidate, args: tuple, out_specs, arch: str) -> str:
-        from ..backends.cutedsl.aot import target_arch
-        from ..backends.cutedsl.jit import compile_for
+    def _own(self, path: Any, candidate: Candidate, args: tuple, out_specs, arch: str) -> None:
+        """The path's own ``check_compile`` on the sample (inputs, then fresh outputs)."""
+        from ..symbolic.expr import Unsupported
 
         impl, config = candidate.impl, candidate.config
         if impl.supports is not None:  # as the AOT path does: a refused sample is not compiled
@@ -142,7 +128,14 @@ class Compiler:
             if verdict is not True:
                 raise NotCompiled(f"supports() refused this sample: {verdict or 'supports() returned False'}")
         tensors = self._fresh(args, out_specs)
-        # compile_for keeps its own cache, keyed on everything that changes the code; the target
-        # is the one JIT and bundles compile for (sm_90a for sm_90)
-        compile_for(impl, config, tensors, target_arch(impl, arch))
-        return "the CuTe DSL host function"
+        key = json.dumps([impl.backend, impl.fingerprint, candidate.label, arch, [
+            [str(t.dtype), list(t.shape), list(t.stride())] if isinstance(t, torch.Tensor) else repr(t)
+            for t in tensors]])
+
+        def build() -> None:
+            try:
+                path.check_compile(impl, config, tensors, arch)
+            except Unsupported as exc:
+                raise NotCompiled(str(exc)) from exc
+
+        self._once(key, build)

@@ -97,7 +97,10 @@ def evaluate(
 
 
 def _impl_reason(impl: ImplSpec, device: torch.device, tensors) -> tuple[str | None, str | None]:
-    backend = backends.get(impl.backend)
+    try:
+        backend = backends.get(impl.backend)
+    except KeyError as exc:  # a spec of a backend nothing registered (a plugin not installed here)
+        return str(exc.args[0]), "backend"
     reason = backend.available()
     if reason and impl.fingerprint not in BUNDLED:
         return reason, "backend"

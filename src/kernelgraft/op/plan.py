@@ -142,11 +142,13 @@ def reference_plan(op: Any) -> Plan:
 
 def meta_plan(op: Any) -> Plan:
     """The plan of a call on meta tensors: the meta function's outputs (new, empty, on meta), as
-    ``torch.ops.<ns>.<name>`` gives them; no kernel and no reference runs (there is no data)."""
-    fresh = op._fresh_outputs
+    ``torch.ops.<ns>.<name>`` gives them; no kernel and no reference runs (there is no data).
+    Through ``op.meta``, the one rule of the fake path too: an op that returns None runs no meta
+    function (its reference may index by its data, which meta tensors do not have)."""
+    fresh, meta = op._fresh_outputs, op.meta
 
     def plan(args: tuple) -> Any:
-        return fresh(op._meta_fn(*args), empty=True, args=args)
+        return fresh(meta(*args), empty=True, args=args)
 
     plan.candidate = None  # type: ignore[attr-defined]
     return plan

@@ -3,43 +3,32 @@
 A ``Job`` names an op (the module that defines it, its name and fingerprint), one candidate (impl
 index and config), the arguments its runner is called with (described, not copied: dtype, shape,
 strides and the data pointer's offset from a 16-byte boundary) and the GPU target. ``run_job``
-rebuilds the arguments as meta tensors with exactly those properties, calls the candidate's launch
-function on them, and compiles what it asks for, launching nothing:
+rebuilds the arguments as meta tensors with exactly those properties and asks the candidate's
+backend to compile what its launch would, launching nothing (``compile_ahead``, see
+``kernelgraft.backends.base.CompilesAhead``): Triton into its own disk cache, CUDA C++ into
+kernelgraft's NVRTC cache, cuTile as a cubin handed back to the parent (``adopt``).
 
-- Triton: every ``kernel[grid](...)`` the launch function makes runs Triton's own JIT path with
-  ``warmup=True`` (its binder, specialisation and ``triton.compile``) against a compile-only driver
-  that names the target and no device. The compiled kernel lands in Triton's on-disk cache under
-  the key a launch on a GPU of that target computes, so that launch finds it (a cache hit: no
-  compile). Meta tensors specialise as the real ones do: the same dtype and the same
-  ``data_ptr() % 16`` (their data pointer is their storage offset in bytes).
-- CUDA C++ (``kg.cuda``): the launch function's ``kg.Launch`` gives the template; the variant is
-  compiled for the target's arch through the same ``CudaRunner.compile`` the launch uses, which
-  writes kernelgraft's NVRTC disk cache (a miss there only when caching is off).
-- cuTile: the cubin is exported for kernelgraft's own signature of the call (the one its runner
-  looks up) and handed back to the parent, which adds it: the runner then launches that cubin.
-
-CuTe DSL keeps compiled functions in the process's memory only (``cute.compile`` in another
-process warms nothing here), and PyTorch's candidates compile in the gate: neither is a job.
+A backend without ``compile_ahead`` (CuTe DSL keeps compiled functions in the process's memory
+only, so ``cute.compile`` in another process warms nothing here) compiles in the gate, as do
+PyTorch's candidates: neither is a job.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib
 import importlib.util
 import sys
 import time
-from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["Target", "Source", "Job", "Outcome", "BACKENDS", "describe", "stand_in", "run_job",
-           "compile_only_triton"]
+from .. import backends
+from ..backends.triton.ahead import compile_only_triton  # here too: tools and tests import it from here
 
-# Backends whose compiled code a worker can leave where the launching process finds it.
-BACKENDS = ("triton", "cuda", "cutile")
+__all__ = ["Target", "Source", "Job", "Outcome", "compiles_ahead", "describe", "stand_in", "run_job",
+           "compile_only_triton"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +78,8 @@ class Outcome:
     ok: bool
     seconds: float = 0.0
     detail: str = ""
-    cubins: tuple = ()  # cuTile artifacts for the parent to add
+    artifacts: tuple = ()  # what the parent's backend takes in (``adopt``): cuTile cubins
+    backend: str = ""
 
 
 class NotDescribable(ValueError):
@@ -161,83 +151,13 @@ def _find_op(job: Job) -> Any:
 
 
 # ---------------------------------------------------------------- per backend
-class _CompileOnlyDriver:
-    """What Triton's JIT asks of its driver while compiling without launching. The device it names
-    is no real device's index, so the JIT's per-device caches made here never serve a real launch
-    in the same process."""
-
-    def __init__(self, target: Target) -> None:
-        from triton.backends.compiler import GPUTarget
-
-        self.target = GPUTarget("cuda", target.capability, target.warp_size)
-        self.device = f"kernelgraft-compile-only:{target.arch}"
-
-    def get_current_target(self) -> Any:
-        return self.target
-
-    def get_current_device(self) -> Any:
-        return self.device
-
-    def get_current_stream(self, device: Any = None) -> int:
-        return 0
-
-
-@contextlib.contextmanager
-def compile_only_triton(target: Target) -> Iterator[None]:
-    """Inside: ``kernel[grid](...)`` compiles for ``target`` through Triton's JIT and launches
-    nothing. Process-wide while it lasts (compile workers, tools): not for a serving process."""
-    from triton.runtime.driver import driver
-    from triton.runtime.jit import JITFunction, KernelInterface
-
-    original = KernelInterface.__getitem__
-    only = _CompileOnlyDriver(target)
-    used: list[Any] = []
-
-    def getitem(kernel: Any, grid: Any) -> Any:
-        def warm(*args: Any, **kwargs: Any) -> None:
-            if not isinstance(kernel, JITFunction):  # autotune/heuristics wrappers would time configs
-                raise TypeError(f"{type(kernel).__name__} launches are not compiled ahead")
-            used.append(kernel)
-            kernel.run(*args, grid=grid, warmup=True, **kwargs)
-
-        return warm
-
-    previous = getattr(driver, "_active", None)
-    driver.set_active(only)
-    KernelInterface.__getitem__ = getitem
+def compiles_ahead(backend: str) -> bool:
+    """Whether the backend of that name compiles in a worker (it has ``compile_ahead``)."""
     try:
-        yield
-    finally:
-        KernelInterface.__getitem__ = original
-        for kernel in used:  # the compiled code is on disk: a long-lived worker keeps none of it
-            kernel.device_caches.pop(only.device, None)
-        if previous is not None:
-            driver.set_active(previous)
-        else:
-            driver._active = None  # lazily created again on the next real use
-
-
-def _triton(spec: Any, config: Any, args: Sequence[Any], target: Target) -> tuple:
-    with compile_only_triton(target):
-        spec.launch(*args, **config.as_dict())
-    return ()
-
-
-def _cuda(spec: Any, config: Any, args: Sequence[Any], target: Target) -> tuple:
-    from ..backends.cuda.jit import CudaRunner
-
-    launch = spec.launch(*args, **config.as_dict())
-    CudaRunner(spec, config).compile(target.arch, launch.template)
-    return ()
-
-
-def _cutile(spec: Any, config: Any, args: Sequence[Any], target: Target) -> tuple:
-    from ..backends.cutile.jit import build_cubin
-
-    return (build_cubin(spec, config, args, target.arch),)
-
-
-_COMPILERS = {"triton": _triton, "cuda": _cuda, "cutile": _cutile}
+        found = backends.get(backend)
+    except KeyError:
+        return False
+    return callable(getattr(found, "compile_ahead", None))
 
 
 def run_job(job: Job) -> Outcome:
@@ -249,13 +169,14 @@ def run_job(job: Job) -> Outcome:
     try:
         op = _find_op(job)
         spec = op.impls[job.impl]
-        compile_ = _COMPILERS.get(spec.backend)
+        backend = spec.backend
+        compile_ = getattr(backends.get(backend), "compile_ahead", None)
         if compile_ is None:
-            raise TypeError(f"{spec.backend} candidates are not compiled ahead")
+            raise TypeError(f"{backend} candidates are not compiled ahead")
         config = Config.of(dict(job.config), where=op.name)
-        cubins = compile_(spec, config, [stand_in(d) for d in job.args], job.target)
+        artifacts = tuple(compile_(spec, config, [stand_in(d) for d in job.args], job.target))
     except BaseException as exc:  # a compiler that fails here fails again, reported, in the gate
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
         return Outcome(False, time.perf_counter() - started, f"{type(exc).__name__}: {str(exc)[:500]}")
-    return Outcome(True, time.perf_counter() - started, cubins=cubins)
+    return Outcome(True, time.perf_counter() - started, artifacts=artifacts, backend=backend)

@@ -2,9 +2,10 @@
 
 Compiling is seconds of host work per candidate (a 36-candidate GEMM key spent most of its 27 s
 first call compiling, one candidate after the other, while the GPU idled); timing must stay serial
-per GPU. So before the gate runs, ``compile_ahead`` sends one ``Job`` per Triton, CUDA C++ and
-cuTile candidate to a pool of worker processes, which compile them into the caches the launches
-read (``_compile_jobs`` says how, per backend); the gate then finds every kernel compiled.
+per GPU. So before the gate runs, ``compile_ahead`` sends one ``Job`` per candidate whose backend
+compiles ahead (Triton, CUDA C++, cuTile: a backend's own ``compile_ahead``) to a pool of worker
+processes, which compile them into the caches the launches read (``compile_jobs``); the gate then
+finds every kernel compiled.
 
 The workers are ``python -m kernelgraft.tune.compile_worker`` processes, not ``multiprocessing``
 children: a fresh interpreter re-imports only the op's module (never the user's ``__main__``
@@ -40,7 +41,8 @@ from typing import Any
 
 import torch
 
-from .compile_jobs import BACKENDS, Job, NotDescribable, Outcome, Source, Target, describe
+from .. import backends
+from .compile_jobs import Job, NotDescribable, Outcome, Source, Target, compiles_ahead, describe
 from .compile_worker import HEADER, send
 
 __all__ = ["CompilePool", "Summary", "compile_ahead", "jobs_for", "source_of", "workers", "prestart", "run_jobs",
@@ -115,8 +117,8 @@ def source_of(op: Any) -> Source | str:
 
 def jobs_for(op: Any, candidates: Sequence[Any], args: Sequence[Any], target: Target,
              source: Source) -> list[Job]:
-    """One job per candidate a worker can compile (Triton, CUDA C++, cuTile; not one an AOT bundle
-    serves). ``args``: exactly what the runner is called with, inputs then outputs."""
+    """One job per candidate a worker can compile (its backend has ``compile_ahead``; not one an AOT
+    bundle serves). ``args``: exactly what the runner is called with, inputs then outputs."""
     try:
         described = tuple(describe(a) for a in args)
     except NotDescribable as exc:
@@ -124,7 +126,7 @@ def jobs_for(op: Any, candidates: Sequence[Any], args: Sequence[Any], target: Ta
         return []
     jobs = []
     for cand in candidates:
-        if cand.index < 0 or cand.impl.backend not in BACKENDS:
+        if cand.index < 0 or not compiles_ahead(cand.impl.backend):
             continue
         if op.dispatcher.bundled_runner(cand.index, cand.config) is not None:
             continue
@@ -358,7 +360,8 @@ def compile_ahead(op: Any, candidates: Sequence[Any], args: Sequence[Any], devic
 
 
 def run_jobs(jobs: Sequence[Job], size: int) -> Summary:
-    """Compile ``jobs`` in the shared pool of ``size`` workers (cuTile cubins are added here)."""
+    """Compile ``jobs`` in the shared pool of ``size`` workers (what a worker hands back, such as a
+    cuTile cubin, is adopted by its backend here)."""
     started = time.perf_counter()
     outcomes = POOL.get(size).run(jobs)
     summary = Summary(jobs=len(jobs), seconds=time.perf_counter() - started)
@@ -366,11 +369,8 @@ def run_jobs(jobs: Sequence[Job], size: int) -> Summary:
         summary.worker_seconds += outcome.seconds
         if outcome.ok:
             summary.compiled += 1
-            if outcome.cubins:
-                from ..backends.cutile.jit import add_cubin
-
-                for artifact in outcome.cubins:
-                    add_cubin(artifact)
+            for artifact in outcome.artifacts:
+                backends.get(outcome.backend).adopt(artifact)
         else:
             if outcome.detail.startswith("LookupError"):
                 _unimportable.add(job.fingerprint)

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from .. import backends as backend_registry
 from ..op.buckets import Buckets, bucket, normalize_buckets
 from ..op.identity import callable_identity, dtype_name, tolerances_identity
 from ..version import __version__
@@ -34,16 +35,21 @@ __all__ = ["TuneKey", "build_key", "bucket", "normalize_buckets", "environment",
 # 2: the op's tolerances are part of the key.
 KEY_SCHEMA_VERSION = 2
 
-# backend name -> the distribution whose version changes the code it generates
-_COMPILERS = {
-    "triton": ("triton",),
-    "cuda": ("cuda-core", "cuda-python", "nvidia-cuda-nvrtc-cu12", "nvidia-cuda-nvrtc"),
-    "cutedsl": ("nvidia-cutlass-dsl",),
-    "cutile": ("cuda-tile",),
-    # PyTorch competing (kernelgraft.op.compete): the reference as torch runs it
-    "torch:eager": ("torch",),
-    "torch:compile": ("torch",),
-}
+# PyTorch competing (kernelgraft.op.compete), no backend: the reference as torch runs it
+_TORCH = {"torch:eager": ("torch",), "torch:compile": ("torch",)}
+
+
+def _distributions(backend: str) -> tuple[str, ...]:
+    """The distributions whose versions change the code ``backend`` generates: what it declares
+    (``Backend.distributions``), else its name looked up as one."""
+    if backend in _TORCH:
+        return _TORCH[backend]
+    try:
+        declared = getattr(backend_registry.get(backend), "distributions", ())
+    except KeyError:
+        declared = ()
+    return tuple(declared) or (backend,)
+
 
 def layout_class(t: torch.Tensor) -> str:
     """'c' contiguous, 't' last two dims transposed, 's' other strides; 'a16'/'u' for whether the
@@ -106,7 +112,7 @@ def environment(device: torch.device, backends: Sequence[str] = ()) -> dict[str,
         "kernelgraft": __version__,
     }
     for backend in sorted(set(backends)):
-        env[f"compiler:{backend}"] = _dist_version(_COMPILERS.get(backend, (backend,)))
+        env[f"compiler:{backend}"] = _dist_version(_distributions(backend))
     return env
 
 

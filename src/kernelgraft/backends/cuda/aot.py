@@ -11,7 +11,9 @@ from ...driver.params import Scalar, kind_of
 from ...symbolic.expr import Unsupported
 from ...symbolic.trace import Context
 
-__all__ = ["record", "compile_call", "toolchain_version"]
+__all__ = ["record", "compile_call", "toolchain_version", "COMPILES"]
+
+COMPILES = "the NVRTC kernel"  # what `kernelgraft check` says it compiled
 
 
 def toolchain_version() -> str:

@@ -76,6 +76,7 @@ class CudaRunner:
 class CudaBackend:
     name = "cuda"
     replayable = True  # its launches go through kernelgraft.driver, which notes them
+    distributions = ("cuda-core", "cuda-python", "nvidia-cuda-nvrtc-cu12", "nvidia-cuda-nvrtc")
 
     @functools.cache
     def available(self) -> str | None:
@@ -95,3 +96,10 @@ class CudaBackend:
         # function the tensors' device as the current one (its own torch calls, streams).
         return on_tensor_device(CudaRunner(spec, config))
 
+    def compile_ahead(self, spec: ImplSpec, config: Config, args, target) -> tuple:
+        """The launch function's ``kg.Launch`` gives the template; the variant is compiled for the
+        target's arch by the very ``CudaRunner.compile`` the launch uses, which writes
+        kernelgraft's NVRTC disk cache (the launch misses it only when caching is off)."""
+        launch = spec.launch(*args, **config.as_dict())  # type: ignore[misc]
+        CudaRunner(spec, config).compile(target.arch, launch.template)  # type: ignore[arg-type]
+        return ()

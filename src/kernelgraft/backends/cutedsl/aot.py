@@ -22,7 +22,9 @@ import torch
 from ...symbolic.expr import Unsupported
 from ...symbolic.trace import Context
 
-__all__ = ["record", "compile_call", "toolchain_version", "target_arch"]
+__all__ = ["record", "compile_call", "toolchain_version", "target_arch", "check_compile", "COMPILES"]
+
+COMPILES = "the CuTe DSL host function"  # what `kernelgraft check` says it compiled
 
 # cutlass numeric annotations -> the manifest's scalar kinds
 _KINDS = {"Int8": "i8", "Int16": "i16", "Int32": "i32", "Int64": "i64", "Uint8": "u8", "Uint16": "u16",
@@ -47,6 +49,15 @@ def target_arch(spec, arch: str) -> str:
         return spec.arch
     digits = arch.removeprefix("sm_").rstrip("a")
     return f"sm_{digits}a" if int(digits) >= 90 else f"sm_{digits}"
+
+
+def check_compile(spec, config, tensors, arch: str) -> None:
+    """What ``kernelgraft check`` compiles of a candidate it cannot run: ``cute.compile`` alone
+    (linking the bundle's library adds nothing to check), for the target JIT and bundles compile
+    for (``sm_90a`` for ``sm_90``); ``compile_for`` keeps its own cache."""
+    from .jit import compile_for
+
+    compile_for(spec, config, tensors, target_arch(spec, arch))
 
 
 def _annotations(host_fn) -> list[str]:

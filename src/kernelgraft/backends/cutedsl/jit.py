@@ -72,6 +72,8 @@ def default_arch(capability: tuple[int, int]) -> str:
 class CuteDSLBackend:
     name = "cutedsl"
     replayable = True  # its calls go through _FastCall, which notes them
+    # cute.compile keeps compiled functions in the process's memory only: no compile_ahead
+    distributions = ("nvidia-cutlass-dsl",)
 
     @functools.cache
     def available(self) -> str | None:

@@ -17,7 +17,9 @@ import torch
 from ...symbolic.expr import Unsupported
 from ...symbolic.trace import Context
 
-__all__ = ["record", "compile_call", "toolchain_version"]
+__all__ = ["record", "compile_call", "toolchain_version", "check_compile", "COMPILES"]
+
+COMPILES = "the cuTile kernel"  # what `kernelgraft check` says it compiled
 
 _INT32 = 2**31
 
@@ -31,6 +33,17 @@ def toolchain_version() -> str:
     if reason:
         raise RuntimeError(reason)
     return version("cuda-tile")
+
+
+def check_compile(spec, config, tensors, arch: str) -> None:
+    """What ``kernelgraft check`` compiles of a candidate it cannot run: the cubin of the sample's
+    own signature (bundles hold cuTile too; this is the one the JIT runner would look up)."""
+    from .jit import build_cubin, toolchain_reason
+
+    reason = toolchain_reason()
+    if reason:
+        raise Unsupported(f"cuTile cannot compile here: {reason}")
+    build_cubin(spec, config, tensors, arch)
 
 
 def _grid(ctx: Context, grid) -> list[str]:

@@ -144,6 +144,7 @@ def toolchain_reason() -> str | None:
 class CuTileBackend:
     name = "cutile"
     replayable = True  # AOT cubins launch through kernelgraft.driver (ct.launch is not recorded)
+    distributions = ("cuda-tile",)
 
     @functools.cache
     def available(self) -> str | None:
@@ -162,6 +163,14 @@ class CuTileBackend:
 
     def bind(self, spec: ImplSpec, config: Config) -> Callable[..., Any]:
         return on_tensor_device(_Runner(spec, config))
+
+    def compile_ahead(self, spec: ImplSpec, config: Config, args: Sequence[Any], target: Any) -> tuple:
+        """The cubin exported for kernelgraft's own signature of the call (the one the runner looks
+        up), handed back to the launching process (``adopt``): its runner then launches it."""
+        return (build_cubin(spec, config, args, target.arch),)
+
+    def adopt(self, artifact: "CubinArtifact") -> None:
+        add_cubin(artifact)
 
 
 # ---------------------------------------------------------------- signatures

@@ -13,7 +13,7 @@ __all__ = ["BACKEND", 'TritonImpl', 'triton']
 class _Backend(TritonBackend):
     """The registered backend: its JIT side, and its AOT path (imported when a bundle is built)."""
 
-    aot_optional = False  # its toolchain is an optional extra: without it, bundles skip it
+    aot_optional = False  # a bundle that needs its toolchain and lacks it drops the candidates
 
     def aot(self):
         from . import aot

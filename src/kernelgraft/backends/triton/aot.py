@@ -26,7 +26,9 @@ from ...driver.params import SIZES
 from ...symbolic.expr import Unsupported
 from ...symbolic.trace import Context
 
-__all__ = ["record", "compile_call", "toolchain_version"]
+__all__ = ["record", "compile_call", "toolchain_version", "COMPILES"]
+
+COMPILES = "the Triton kernel"  # what `kernelgraft check` says it compiled
 
 _LOCK = threading.Lock()
 _OPTION_KEYS = {"num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion"}
@@ -77,9 +79,9 @@ def _jit(kernel) -> Any:
     raise Unsupported(f"{type(kernel).__name__} launches (autotune/heuristics wrappers) are not AOT-able")
 
 
-def record(ctx: Context, args: tuple, kwargs: dict, launch) -> dict:
+def record(ctx: Context, args: tuple, kwargs: dict, spec) -> dict:
     with _recording() as calls:
-        launch(*args, **kwargs)
+        spec.launch(*args, **kwargs)
     if len(calls) != 1:
         raise Unsupported(f"the launch function made {len(calls)} kernel launches; AOT needs exactly one")
     kernel, grid, kargs, kkwargs = calls[0]

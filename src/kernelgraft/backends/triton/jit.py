@@ -61,6 +61,7 @@ def ptx_param_sizes(ptx: str, name: str) -> list[int] | None:
 class TritonBackend:
     name = "triton"
     replayable = True  # JIT launches are described to the native replay (kernelgraft/backends/triton/replay.py)
+    distributions = ("triton",)
 
     @functools.cache
     def available(self) -> str | None:
@@ -81,4 +82,9 @@ class TritonBackend:
         assert spec.launch is not None
         return on_tensor_device(functools.partial(spec.launch, **config.as_dict()),
                                 cpu_lock=INTERPRETER_LOCK)
+
+    def compile_ahead(self, spec: ImplSpec, config: Config, args, target) -> tuple:
+        from .ahead import compile_ahead
+
+        return compile_ahead(spec, config, args, target)
 

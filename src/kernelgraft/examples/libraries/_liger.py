@@ -55,6 +55,7 @@ def _interpreted(x, kernel: str) -> str | None:
 
 if LIGER is not None:
     import triton
+    import triton.language as tl
     from liger_kernel.ops.fused_add_rms_norm import _fused_add_rms_norm_forward_kernel
     from liger_kernel.ops.rms_norm import _block_rms_norm_forward_kernel, _rms_norm_forward_kernel
     from liger_kernel.ops.rope import _triton_rope
@@ -127,6 +128,9 @@ if LIGER is not None:
         return _width(_rows(x)[1]) or True
 
     def _multi_fits(x, **config):
+        if not callable(tl.float32):  # Liger writes tl.float32(-inf); Triton 3.9's dtypes are not callable
+            return (f"Liger's softmax_multi kernel calls tl.float32(...) as a constructor, which Triton "
+                    f"{triton.__version__} does not compile (its dtypes are not callable)")
         return _interpreted(x, "softmax_multi") or _row_fits(x)
 
     def _swiglu_fits(gate, up, **config):

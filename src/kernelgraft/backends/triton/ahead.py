@@ -1,0 +1,78 @@
+"""Triton compiled ahead of its first launch (``kernelgraft.tune.compile_pool``'s workers): every
+``kernel[grid](...)`` the launch function makes runs Triton's own JIT path with ``warmup=True`` (its
+binder, specialisation and ``triton.compile``) against a compile-only driver that names the target
+and no device. The compiled kernel lands in Triton's on-disk cache under the key a launch on a GPU
+of that target computes, so that launch finds it (a cache hit: no compile). Meta tensors specialise
+as the real ones do: the same dtype and the same ``data_ptr() % 16`` (their data pointer is their
+storage offset in bytes)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+__all__ = ["compile_only_triton", "compile_ahead"]
+
+
+class _CompileOnlyDriver:
+    """What Triton's JIT asks of its driver while compiling without launching. The device it names
+    is no real device's index, so the JIT's per-device caches made here never serve a real launch
+    in the same process."""
+
+    def __init__(self, target: Any) -> None:
+        from triton.backends.compiler import GPUTarget
+
+        self.target = GPUTarget("cuda", target.capability, target.warp_size)
+        self.device = f"kernelgraft-compile-only:{target.arch}"
+
+    def get_current_target(self) -> Any:
+        return self.target
+
+    def get_current_device(self) -> Any:
+        return self.device
+
+    def get_current_stream(self, device: Any = None) -> int:
+        return 0
+
+
+@contextlib.contextmanager
+def compile_only_triton(target: Any) -> Iterator[None]:
+    """Inside: ``kernel[grid](...)`` compiles for ``target`` (``.capability``, ``.warp_size``,
+    ``.arch``) through Triton's JIT and launches nothing. Process-wide while it lasts (compile
+    workers, tools): not for a serving process."""
+    from triton.runtime.driver import driver
+    from triton.runtime.jit import JITFunction, KernelInterface
+
+    original = KernelInterface.__getitem__
+    only = _CompileOnlyDriver(target)
+    used: list[Any] = []
+
+    def getitem(kernel: Any, grid: Any) -> Any:
+        def warm(*args: Any, **kwargs: Any) -> None:
+            if not isinstance(kernel, JITFunction):  # autotune/heuristics wrappers would time configs
+                raise TypeError(f"{type(kernel).__name__} launches are not compiled ahead")
+            used.append(kernel)
+            kernel.run(*args, grid=grid, warmup=True, **kwargs)
+
+        return warm
+
+    previous = getattr(driver, "_active", None)
+    driver.set_active(only)
+    KernelInterface.__getitem__ = getitem
+    try:
+        yield
+    finally:
+        KernelInterface.__getitem__ = original
+        for kernel in used:  # the compiled code is on disk: a long-lived worker keeps none of it
+            kernel.device_caches.pop(only.device, None)
+        if previous is not None:
+            driver.set_active(previous)
+        else:
+            driver._active = None  # lazily created again on the next real use
+
+
+def compile_ahead(spec: Any, config: Any, args: Sequence[Any], target: Any) -> tuple:
+    with compile_only_triton(target):
+        spec.launch(*args, **config.as_dict())
+    return ()
