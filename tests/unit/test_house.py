@@ -216,3 +216,13 @@ def test_the_product_never_imports_research_or_benchmarks():
                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
             bad += [f"{name}: {m}" for m in mods if m.split(".")[0] in ("research", "benchmarks")]
     assert not bad, "\n".join(bad)
+
+
+def test_every_test_module_is_in_a_suite_folder():
+    """Test modules live in tests/unit (in-process), tests/integration (processes, toolchains,
+    bundles) or tests/gpu (GPU only); tests/ itself holds conftest.py and the shared helpers."""
+    tests = ROOT / "tests"
+    stray = sorted(p.name for p in tests.glob("test_*.py"))
+    assert not stray, f"test modules directly in tests/: {stray}; move each into unit/, integration/ or gpu/"
+    folders = {p.parent.name for p in tests.rglob("test_*.py") if "fixtures" not in p.parts}
+    assert folders <= {"unit", "integration", "gpu"}, folders

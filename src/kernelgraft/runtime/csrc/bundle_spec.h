@@ -3,7 +3,7 @@
 // kernelgraft/aot/bundle_spec.py parses the rows with a regular expression. So a cap changed here
 // changes in both loaders at once, and the rules that use the rows are written out once, in that
 // module's docstring, and checked against one corpus of tampered bundles
-// (tests/test_bundle_verdicts.py).
+// (tests/integration/test_bundle_verdicts.py).
 //
 // The format is part of the contract: one row per line, `KG_ROW(arguments)` and nothing else on
 // the line; numbers in decimal, names in double quotes.
