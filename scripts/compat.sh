@@ -24,4 +24,5 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
     echo "$WANT" > "$STAMP"
 fi
 export TRITON_INTERPRET=1
-exec "$VENV/bin/python" -m pytest -q -m "cutedsl and not gpu and not slow" -p no:cacheprovider "$@"
+exec "$VENV/bin/python" -m pytest -q -m "cutedsl and not gpu and not slow" -p no:cacheprovider \
+    -n "${KERNELGRAFT_TEST_WORKERS:-auto}" --dist loadscope "$@"
