@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One batched run on the GPU machine: installs carried wheels, runs the selected sections with
 # time limits, and packs every result into $OUT/results.tar.gz (plus the log).
-#   bash benchmarks/gpu_session.sh SECTION...     sections: tests core cute hostcost rmsnorm
+#   bash benchmarks/gpu_session.sh SECTION...     sections: tests alltests firstcall pool core cute hostcost rmsnorm
 #                                                 examples libraries libserve tune tunequick ranks graft graftc graftck graftdc graftdk graftprofile graftdecode graftdecodecompile aot explore explore5 explore6 explore7 diagsoftmax native devices verify verify2 firstsec diagsmall diagload diagcopies diagdecode aotipre compete llmquick llm suitetests gputests cpp cppbuild llamaaoti diagsuite test_FILE
 # A "0:tests,aot|1:tune,rmsnorm" argument runs lanes side by side, each on its own GPU
 # (CUDA_VISIBLE_DEVICES) with its own kernelgraft cache; the next argument starts when all end.
@@ -47,6 +47,8 @@ run_section() {
              n=$(basename "$f" .py)
              step "$n" 150 python3 -m pytest -q -p no:cacheprovider -m gpu "$f" -rs --tb=short -o log_cli=true --log-cli-level=WARNING
            done ;;
+    firstcall) step first_call 420 python3 benchmarks/bench_first_call.py --out "$R" ${FIRST_ARGS:-} ;;  # new shapes served while tuning runs off-path
+    pool) step compile_pool 200 python3 benchmarks/bench_compile_pool.py --out "$R" ;;  # the GEMM's compile phase, serial against the pool
     core) step host_overhead 120 python3 benchmarks/bench_host_overhead.py --out "$R" ;;
     rmsnorm) step rmsnorm_backends 150 python3 benchmarks/bench_rmsnorm_backends.py --out "$R" ;;
     cute) step backend_host_cost 150 python3 benchmarks/bench_backend_host_cost.py --out "$R"
