@@ -526,6 +526,7 @@ def test_a_cached_build_loads_without_the_extension_tooling(native, monkeypatch)
 
 def test_busy_while_a_child_builds(fresh, monkeypatch):
     """The build child is polled, never waited on, by ``get``; ``busy`` is true meanwhile."""
+    import os
     import subprocess
     import sys
 
@@ -536,6 +537,7 @@ def test_busy_while_a_child_builds(fresh, monkeypatch):
         proc = subprocess.Popen([sys.executable, "-c",
                                  f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.01)"])
         _native._STATE["child"] = (proc, path)
+        _native._STATE["pid"] = os.getpid()  # as _start_child records: this process started it
 
     monkeypatch.setattr(_native, "_start_child", slow_child)
     assert _native.get() is None and _native.busy()
