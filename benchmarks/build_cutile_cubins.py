@@ -15,7 +15,9 @@ import time
 import torch
 
 from kernelgraft.backends.cutile import jit as _cutile
+from kernelgraft.check import check_inputs
 from kernelgraft.op.candidates import evaluate_one
+from kernelgraft.verify import guard
 
 
 def build_for_op(op: Any, inputs: Any, out_dir: str | os.PathLike | None = None,
@@ -26,8 +28,11 @@ def build_for_op(op: Any, inputs: Any, out_dir: str | os.PathLike | None = None,
     seen: dict[tuple[str, str, str], CubinArtifact] = {}
     for args in inputs:
         args = op.signature.bind(op.name, tuple(args), {})
-        outs = [torch.empty(s, dtype=d) for s, d, _ in op.dispatcher.output_specs(args)]
+        specs = op.dispatcher.output_specs(args)
+        outs = [torch.empty(s, dtype=d) for s, d, _ in specs]
         tensors = list(op.signature.tensors(args))
+        guarded = guard.Call(op, args, [(s, d, "cpu") for s, d, _ in specs])  # as check runs kernels
+        layouts = [(*args, *outs), (*guarded.args, *guarded.outs)]
         for index, spec in enumerate(op.impls):
             if spec.backend != "cutile":
                 continue
@@ -36,12 +41,16 @@ def build_for_op(op: Any, inputs: Any, out_dir: str | os.PathLike | None = None,
                 if cand.reason is not None and cand.category not in ("device", "capability"):
                     continue
                 for target in arch or spec.arch:  # type: ignore[attr-defined]
-                    art = _cutile.build_cubin(spec, config, (*args, *outs), target)
-                    key = (art.kernel_hash, art.symbol, art.arch)
-                    if key not in seen:
-                        seen[key] = art
-                        if out_dir is not None:
-                            art.write(out_dir)
+                    for call in layouts:
+                        try:
+                            art = _cutile.build_cubin(spec, config, call, target)
+                        except Exception:  # noqa: BLE001 - a layout this launch does not take (a strided
+                            continue  # view its supports refuses on a GPU): nothing to build for it
+                        key = (art.kernel_hash, art.symbol, art.arch)
+                        if key not in seen:
+                            seen[key] = art
+                            if out_dir is not None:
+                                art.write(out_dir)
     return list(seen.values())
 
 
@@ -74,7 +83,8 @@ def main() -> int:
     for module, extra in ((add_relu, _add_relu_bench_inputs), (rmsnorm, _rmsnorm_bench_inputs)):
         op = getattr(module, module.__name__.rsplit(".", 1)[-1])
         t0 = time.time()
-        inputs = list(module.sample_inputs("cpu")) + list(extra())
+        # what check runs (samples, strided copies, derived inputs; plain and guarded) and the benchmarks
+        inputs = [a for _, a in check_inputs(op, "cpu")] + list(extra())
         arts = build_for_op(op, inputs, args.out, args.arch)
         total += len(arts)
         print(f"{op.name}: {len(arts)} cubins in {time.time() - t0:.1f} s")

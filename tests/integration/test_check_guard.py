@@ -110,6 +110,25 @@ def test_check_fails_exactly_the_configs_whose_store_has_no_mask_in_process():
     assert _failing(again) == BAD_ROWS
 
 
+def test_a_failure_whose_guards_cannot_be_read_stays_the_candidates_row(monkeypatch):
+    """After a sticky CUDA error (an illegal address) every later GPU call fails, reading the guards
+    too: the candidate still gets its own failure row, and the op's check goes on, rather than the
+    error escaping the step (it ended the whole op's check, its rows 'not run')."""
+    real = _guard.Call
+
+    class Sticky(real):
+        def damage(self):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(_guard, "Call", Sticky)
+    report = check_in_process([ops.row_double], CheckOptions(opcheck=False, noncontiguous=False))
+    kernels = [r for r in report.results if r.candidate.startswith("triton:")]
+    assert kernels and all(r.status == "fail" for r in kernels), kernels
+    assert all("guards could not be read afterwards (RuntimeError: CUDA error" in r.note for r in kernels), kernels
+    assert {r.candidate for r in kernels} == BAD_ROWS | {GOOD_ROW}  # each its own row, every sample run
+    assert not [r for r in report.results if r.candidate == "-" or r.status == "notrun"], report.results
+
+
 def test_check_cli_isolated_fails_exactly_the_configs_whose_store_has_no_mask(tmp_path):
     out = tmp_path / "results.json"
     run = _cli(OPS_FILE, "--op", "kgguard::row_double", "--no-opcheck", "--json", str(out))
@@ -219,7 +238,10 @@ def test_gpu_check_fails_exactly_the_unmasked_configs_and_a_broadcast_read():
 def test_gpu_gate_never_chooses_a_kernel_that_writes_an_input(fresh_tuner):
     k_cache, k, slots = next(ops.append_samples("cuda"))
     before = k.clone()
-    with kg.tune("on", timer=_fastest(ZEROING_APPEND)):
+    # the zeroing kernel fastest, the good one next: on a GPU PyTorch's candidates compete too
+    timer = lambda trial, settings: {str(ZEROING_APPEND): 0.1, str(GOOD_APPEND): 0.2}.get(  # noqa: E731
+        str(trial.candidate.config.as_dict()), 1.0)
+    with kg.tune("on", timer=timer):
         ops.zeroing_second(k_cache, k, slots)
     assert torch.equal(k, before)
     assert kg.tune.decision(ops.zeroing_second, k_cache, k, slots).winner["config"] == GOOD_APPEND

@@ -104,7 +104,12 @@ def _summarize(run: dict) -> tuple[collections.Counter, list[str]]:
     return counts, failures
 
 
-def _check(run: dict, *, pairs: list[tuple[str, str]] | None) -> collections.Counter:
+# Kinds refused on the CPU that CUDA kernels handle as documented instead: a slot past the cache is
+# skipped like padding there (finding it would cost a host sync per call), and judged so.
+_CUDA_SKIPS = ("slot_out_of_range",)
+
+
+def _check(run: dict, *, pairs: list[tuple[str, str]] | None, device: str = "cpu") -> collections.Counter:
     """No failure; with ``pairs``: each of them ran, and every kind gave what it must somewhere."""
     counts, failures = _summarize(run)
     total = len(run["verdicts"])
@@ -122,7 +127,9 @@ def _check(run: dict, *, pairs: list[tuple[str, str]] | None) -> collections.Cou
             if expect in ("match", "either") and kind not in ("wrong_rank", "shape_mismatch", "broadcast",
                                                                "mixed_dtype", "slots_length"):
                 assert counts[f"{kind}:match"] >= 1, f"no {kind!r} case matched"
-            if expect == "refuse":
+            if expect == "refuse" and device == "cuda" and kind in _CUDA_SKIPS:
+                assert counts[f"{kind}:match"] >= 1, f"no {kind!r} case matched the documented skip"
+            elif expect == "refuse":
                 assert counts[f"{kind}:refused"] >= 1, f"no {kind!r} case was refused"
     assert counts["match"] >= total // 4 and counts["refused"] >= total // 5, counts
     return counts
@@ -170,7 +177,7 @@ def test_gpu_fuzz_every_example_op(native):
     cases serve every op's kernels through the native replay), every pair, then random cases."""
     pairs = _pairs("cuda", native)
     _check(_run(seed=DEFAULT_SEED, count=len(pairs) + 50, timeout=560, native_flag=native, device="cuda"),
-           pairs=pairs)
+           pairs=pairs, device="cuda")
 
 
 @pytest.mark.gpu

@@ -8,10 +8,10 @@ True
 """
 
 from .api import check_op
-from .harness import CheckOptions, CheckReport, Result, iter_check
+from .harness import CheckOptions, CheckReport, Result, check_inputs, iter_check
 from .isolate import check_in_process, check_isolated
 from .progress import Events, Printer
 from .report import render
 
-__all__ = ["check_op", "iter_check", "check_isolated", "check_in_process", "CheckOptions", "CheckReport",
+__all__ = ["check_op", "check_inputs", "iter_check", "check_isolated", "check_in_process", "CheckOptions", "CheckReport",
            "Result", "Events", "Printer", "render"]

@@ -116,6 +116,14 @@ def _units(op: Any, samples: list[tuple], options: CheckOptions) -> list[tuple[i
     return units
 
 
+def check_inputs(op: Any, device: str = "cpu", options: CheckOptions | None = None) -> list[tuple[str, tuple]]:
+    """(variant, arguments) for every input ``check`` runs ``op``'s candidates on, in its order:
+    each sample, its strided copy and its derived inputs. Kernels are run on guarded copies of
+    these (``kernelgraft.verify.guard.Call``); a build machine that compiles ahead for check (cuTile
+    cubins for a machine without the compiler) wants both."""
+    return [(variant, args) for _, variant, args in _units(op, _inputs.samples(op, device), options or CheckOptions())]
+
+
 def _steps_of(index: int, variant: str, candidates, options: CheckOptions) -> list[Key]:
     keys = [(index, variant, c.label, RUN) for c in candidates]
     if any(c.supported for c in candidates) or variant == "contiguous":

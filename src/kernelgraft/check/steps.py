@@ -84,6 +84,18 @@ def _compile_only(compiler: Compiler | None, candidate, args, out_specs, base) -
     return Result(**base, status="compiled", note=note)
 
 
+def _damage_after_failure(call) -> str | None:
+    """What a failed run wrote outside its own memory, read from the guards; when reading them
+    fails too (a sticky CUDA error leaves every later call failing), that is said instead, so the
+    failure stays this candidate's row rather than ending the op's check."""
+    if call is None:
+        return None
+    try:
+        return call.damage()
+    except Exception as exc:  # noqa: BLE001 - reported in the row
+        return f"its guards could not be read afterwards ({type(exc).__name__}: {str(exc)[:120]})"
+
+
 def check_candidate(op, candidate, args, out_specs, ref, sample, variant, compiler=None) -> Result:
     """Run ``candidate`` once on guarded copies of ``args`` and poisoned guarded outputs; it
     passes when what it produced matches ``ref`` and it wrote nothing else."""
@@ -96,11 +108,11 @@ def check_candidate(op, candidate, args, out_specs, ref, sample, variant, compil
         op.dispatcher.runner(candidate)(*call.args, *call.outs)
         for device in {t.device for t in call.produced()}:
             _verify.sync(device)
+        damage = call.damage()
     except Exception as exc:
-        damage = call.damage() if call is not None else None
+        damage = _damage_after_failure(call)
         note = exception_note(exc) + (f"; {damage}" if damage else "")
         return Result(**base, status="fail", error=float("inf"), note=note[:600])
-    damage = call.damage()
     verdict = _verify.verify(ref, call.produced(), op.tolerances)
     worst = verdict.worst
     notes = [damage] if damage else []
