@@ -23,6 +23,9 @@ fi
 # it travels as an xz tarball of its unpacked contents (41 MB), which is all a --target install is.
 for t in .carry/cutedsl/*.tar.xz; do [ -f "$t" ] && mkdir -p /tmp/site && tar -xJf "$t" -C /tmp/site; done
 export PYTHONPATH="/tmp/site/nvidia_cutlass_dsl/python_packages:/tmp/site:$ROOT/src:$ROOT/tests"
+if [ -f /tmp/site48/.complete ]; then  # CuTe DSL 4.8.1 and quack, staged by benchmarks/stage_cutedsl48.sh
+    export PYTHONPATH="/tmp/site48/nvidia_cutlass_dsl/dsl_packages:/tmp/site48/nvidia_cutlass_dsl/python_packages:/tmp/site48:$ROOT/src:$ROOT/tests"
+fi
 [ -d .carry/cutile/cubins ] && export KERNELGRAFT_CUTILE_CUBINS="$ROOT/.carry/cutile/cubins"
 export KERNELGRAFT_CACHE_DIR=/tmp/kgcache KERNELGRAFT_TEST_INSTAFAIL=1
 [ -d .carry/bundle ] && export KERNELGRAFT_TEST_BUNDLE="$ROOT/.carry/bundle"
