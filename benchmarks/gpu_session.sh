@@ -123,11 +123,18 @@ run_section() {
     firstsec) step first_seconds 420 python3 benchmarks/bench_first_seconds.py --out "$R" ;;  # 2 GPUs: decisions side by side
     verify2) step test_verify_2gpu 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/unit/test_verify.py -k not_the_current_one -rs --tb=short ;;  # needs 2 GPUs
     devices) step gpu_devices 300 python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/gpu/test_gpu_devices.py -rs --tb=short ;;  # needs 2 GPUs
-    alltests)  # every file with GPU tests, one process per file, PAR files at a time on this GPU
-      files=$(grep -l "mark.gpu" tests/*/test_*.py 2>/dev/null | sort)
+    alltests)  # every file with GPU tests, one process per file, PAR files at a time on this GPU;
+      # FILES="test_a test_b" limits it to those, REPEAT=2 runs each file twice in a row (its own process each)
+      if [ -n "${FILES:-}" ]; then files=$(for n in $FILES; do ls tests/*/"$n".py; done)
+      else files=$(grep -l "mark.gpu" tests/*/test_*.py 2>/dev/null | sort); fi
       left=$(( SESSION_END - $(date +%s) - 25 ))
-      section "alltests ($(echo "$files" | wc -w) files, ${PAR:-4} at a time, ${left}s)"
-      echo "$files" | timeout "$left" xargs -P "${PAR:-4}" -I{} bash -c 'n=$(basename {} .py); timeout '"${FILE_LIMIT:-300}"' python3 -m pytest -q -p no:cacheprovider -m gpu {} -rs --tb=short > "'"$R"'/$n.txt" 2>&1; echo "[$n] exit $? $(tail -1 "'"$R"'/$n.txt")"'
+      section "alltests ($(echo "$files" | wc -w) files, ${PAR:-4} at a time, ${REPEAT:-1} runs each, ${left}s)"
+      export R FILE_LIMIT="${FILE_LIMIT:-300}" REPEAT="${REPEAT:-1}"
+      echo "$files" | timeout "$left" xargs -P "${PAR:-4}" -I{} bash -c 'n=$(basename {} .py)
+        for i in $(seq "$REPEAT"); do
+          timeout "$FILE_LIMIT" python3 -m pytest -q -p no:cacheprovider -m gpu {} -rs --tb=short > "$R/$n.$i.txt" 2>&1
+          code=$?; echo "[$n run $i] exit $code $(tail -1 "$R/$n.$i.txt")"; [ "$code" -eq 0 ] || [ "$code" -eq 5 ] || break
+        done'
       echo "[alltests] exit $?" ;;
     test_*) step "$1" 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/*/"$1".py -rs --tb=short ;;  # one GPU test file (tests/unit, integration or gpu)
     *) echo "unknown section $1" ;;
