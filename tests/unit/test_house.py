@@ -226,3 +226,39 @@ def test_every_test_module_is_in_a_suite_folder():
     assert not stray, f"test modules directly in tests/: {stray}; move each into unit/, integration/ or gpu/"
     folders = {p.parent.name for p in tests.rglob("test_*.py") if "fixtures" not in p.parts}
     assert folders <= {"unit", "integration", "gpu"}, folders
+
+
+def test_the_eager_hot_path_stays_within_six_files():
+    """A warm eager call (a plan already made for its key) runs code of at most 6 kernelgraft
+    modules, the kernel's own module aside: the path a call takes every time stays small enough
+    to read, and new concerns (admission, tuning, checks) stay off it or inside its key."""
+    import os
+    import sys
+
+    import torch
+
+    import kernelgraft as kg
+    from kernelgraft.examples.add_relu import add_relu
+    from kernelgraft.examples.rmsnorm import rmsnorm
+
+    package = os.path.dirname(kg.__file__)
+    cases = [(add_relu, (torch.randn(1000), torch.randn(1000))),
+             (rmsnorm, (torch.randn(8, 64), torch.randn(64), 1e-6))]
+    for op, args in cases:
+        with kg.tune("off"):
+            for _ in range(3):
+                op(*args)
+            seen: set[str] = set()
+
+            def profile(frame, event, arg):
+                path = frame.f_code.co_filename
+                if event == "call" and path.startswith(package + os.sep):
+                    seen.add(os.path.relpath(path, package))
+
+            sys.setprofile(profile)
+            try:
+                op(*args)
+            finally:
+                sys.setprofile(None)
+        modules = sorted(m for m in seen if not m.startswith("examples" + os.sep))
+        assert modules and len(modules) <= 6, f"{op.name}: a warm eager call runs {len(modules)} modules: {modules}"
