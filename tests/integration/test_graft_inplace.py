@@ -13,6 +13,8 @@ import triton.language as tl
 import kernelgraft as kg
 from kernelgraft.examples.add_relu import add_relu
 
+from _hf_models import logits, tiny_mixtral
+
 
 # ---------------------------------------------------------------------------- a top-k router op
 @triton.jit
@@ -221,22 +223,6 @@ def test_a_write_through_a_view_in_an_export_pattern_is_a_spec_error():
 
 
 # ---------------------------------------------------------------------------- Mixtral
-def _tiny_mixtral(device="cpu", dtype=torch.float32, **overrides):
-    from transformers import MixtralConfig, MixtralForCausalLM
-
-    torch.manual_seed(0)
-    config = dict(hidden_size=64, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-                  num_key_value_heads=2, vocab_size=128, max_position_embeddings=64,
-                  num_local_experts=8, num_experts_per_tok=2)
-    config.update(overrides)
-    return MixtralForCausalLM(MixtralConfig(**config)).to(device=device, dtype=dtype).eval()
-
-
-def _logits(model, ids):
-    with torch.no_grad():
-        return model(ids, use_cache=False).logits
-
-
 def test_mixtral_router_written_in_place_grafts_and_compiled_logits_match():
     """transformers' Mixtral router normalises its top-k weights with ``/=``: the pattern, written
     as Mixtral writes it, replaces the router, and Inductor's code runs the op."""
@@ -244,9 +230,9 @@ def test_mixtral_router_written_in_place_grafts_and_compiled_logits_match():
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
 
-    model = _tiny_mixtral()
+    model = tiny_mixtral()
     ids = torch.randint(0, 128, (2, 9))
-    expected = _logits(model, ids)
+    expected = logits(model, ids)
     report = kg.graft(model, pattern=router_pattern, replacement=router, pattern_inputs=_ROUTER_EXAMPLE,
                       example_inputs=((ids,), {"use_cache": False}))
     try:
@@ -254,7 +240,7 @@ def test_mixtral_router_written_in_place_grafts_and_compiled_logits_match():
         torch._dynamo.reset()
         compiled = torch.compile(model)
         with inductor_config.patch(fx_graph_cache=False), functorch_config.patch(enable_autograd_cache=False):
-            got = _logits(compiled, ids)
+            got = logits(compiled, ids)
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
         assert report.compiled == 1
     finally:
@@ -265,16 +251,16 @@ def test_mixtral_router_written_in_place_grafts_and_compiled_logits_match():
 @pytest.mark.gpu
 def test_gpu_mixtral_router_grafts_and_compiles():
     pytest.importorskip("transformers")
-    model = _tiny_mixtral("cuda", num_hidden_layers=2, num_local_experts=16, num_experts_per_tok=4)
+    model = tiny_mixtral("cuda", num_hidden_layers=2, num_local_experts=16, num_experts_per_tok=4)
     ids = torch.randint(0, 128, (4, 33), device="cuda")
-    expected = _logits(model, ids)
+    expected = logits(model, ids)
     report = kg.graft(model, pattern=router_pattern, replacement=router,
                       pattern_inputs=(torch.randn(10, 16, device="cuda"), 4),
                       example_inputs=((ids,), {"use_cache": False}))
     try:
         assert report.count == 2 and report.verified
         torch._dynamo.reset()
-        got = _logits(torch.compile(model), ids)
+        got = logits(torch.compile(model), ids)
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
     finally:
         kg.ungraft(model)

@@ -13,6 +13,8 @@ import triton.language as tl
 import kernelgraft as kg
 from kernelgraft.examples.add_relu import add_relu
 
+from _hf_models import logits, tiny_llama
+
 
 # ---------------------------------------------------------------------------- a RoPE op
 @triton.jit
@@ -75,21 +77,6 @@ def _rope_example(device="cpu", dtype=torch.float32):
             torch.randn(2, 1, 12, 16, device=device, dtype=dtype))
 
 
-def _tiny_llama(device="cpu", dtype=torch.float32, **overrides):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
-                  num_key_value_heads=2, vocab_size=256, max_position_embeddings=128)
-    config.update(overrides)
-    return LlamaForCausalLM(LlamaConfig(**config)).to(device=device, dtype=dtype).eval()
-
-
-def _logits(model, ids):
-    with torch.no_grad():
-        return model(ids, use_cache=False).logits
-
-
 def test_hf_llama_rope_on_a_transposed_q_grafts_verifies_and_compiles():
     """Llama computes RoPE on q = q_proj(x).view(b, s, h, d).transpose(1, 2): the replaced code
     returns q's layout, and the attention's later views are written for it. The graft verifies
@@ -98,9 +85,9 @@ def test_hf_llama_rope_on_a_transposed_q_grafts_verifies_and_compiles():
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
 
-    model = _tiny_llama()
+    model = tiny_llama(num_hidden_layers=1)
     ids = torch.randint(0, 256, (2, 12))
-    expected = _logits(model, ids)
+    expected = logits(model, ids)
     report = kg.graft(model, pattern=rope_pattern, replacement=rope, pattern_inputs=_rope_example(),
                       example_inputs=((ids,), {"use_cache": False}))
     try:
@@ -109,7 +96,7 @@ def test_hf_llama_rope_on_a_transposed_q_grafts_verifies_and_compiles():
         compiled = torch.compile(model, fullgraph=True)
         # A cached graph skips the pattern pass; the count below is the pass's.
         with inductor_config.patch(fx_graph_cache=False), functorch_config.patch(enable_autograd_cache=False):
-            got = _logits(compiled, ids)
+            got = logits(compiled, ids)
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
         assert report.compiled == 2
     finally:
@@ -257,16 +244,16 @@ def test_a_module_graft_whose_model_no_longer_runs_is_undone_with_a_verification
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_gpu_hf_llama_rope_grafts_and_compiles(dtype):
     pytest.importorskip("transformers")
-    model = _tiny_llama("cuda", dtype, num_hidden_layers=2)
+    model = tiny_llama("cuda", dtype)
     ids = torch.randint(0, 256, (2, 32), device="cuda")
-    expected = _logits(model, ids)
+    expected = logits(model, ids)
     report = kg.graft(model, pattern=rope_pattern, replacement=rope,
                       pattern_inputs=_rope_example("cuda", torch.float32),
                       example_inputs=((ids,), {"use_cache": False}))
     try:
         assert report.count == 4 and report.verified
         torch._dynamo.reset()
-        got = _logits(torch.compile(model, fullgraph=True), ids)
+        got = logits(torch.compile(model, fullgraph=True), ids)
         tol = 5e-2 if dtype == torch.bfloat16 else 1e-4
         torch.testing.assert_close(got.float(), expected.float(), atol=tol, rtol=tol)
     finally:

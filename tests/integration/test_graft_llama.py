@@ -10,22 +10,10 @@ import kernelgraft as kg
 from kernelgraft.examples.rmsnorm import rmsnorm
 from kernelgraft.examples.swiglu import swiglu, swiglu_pattern
 
+from _hf_models import logits, tiny_llama
+
 transformers = pytest.importorskip("transformers")
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaRMSNorm  # noqa: E402
-
-
-def tiny_llama(device="cpu", dtype=torch.float32, **overrides):
-    torch.manual_seed(0)
-    config = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, vocab_size=256, max_position_embeddings=128)
-    config.update(overrides)
-    return LlamaForCausalLM(LlamaConfig(**config)).to(device=device, dtype=dtype).eval()
-
-
-def _logits(model, ids):
-    with torch.no_grad():
-        return model(ids, use_cache=False).logits
 
 
 def _no_compile_caches():
@@ -45,7 +33,7 @@ def _kg_ops(graph) -> list[str]:
 def grafted():
     model = tiny_llama()
     ids = torch.randint(0, 256, (2, 12))
-    expected = _logits(model, ids)
+    expected = logits(model, ids)
     inputs = ((ids,), {"use_cache": False})
     by_type = kg.graft(model, {LlamaRMSNorm: rmsnorm}, example_inputs=inputs)
     by_pattern = kg.graft(model, pattern=swiglu_pattern, replacement=swiglu, example_inputs=inputs)
@@ -58,7 +46,7 @@ def test_eager_logits_match_and_counts(grafted):
     model, ids, expected, by_type, by_pattern = grafted
     assert by_type.count == 5 and by_type.verified  # 2 per layer + the final norm
     assert by_pattern.count == 2 and by_pattern.verified  # one SwiGLU per layer
-    torch.testing.assert_close(_logits(model, ids), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits(model, ids), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_compile_fullgraph_has_no_graph_breaks(grafted):
@@ -73,7 +61,7 @@ def test_compile_fullgraph_has_no_graph_breaks(grafted):
 
     torch._dynamo.reset()
     counters.clear()
-    torch.testing.assert_close(_logits(torch.compile(model, backend=backend, fullgraph=True), ids),
+    torch.testing.assert_close(logits(torch.compile(model, backend=backend, fullgraph=True), ids),
                                expected, atol=1e-5, rtol=1e-5)
     assert not counters["graph_break"] and len(graphs) == 1
     assert _kg_ops(graphs[0].graph).count("kgexamples.rmsnorm.default") == 5
@@ -119,13 +107,13 @@ def test_residual_add_and_norm_graft_as_one_op_by_pattern():
 
     model = tiny_llama()
     ids = torch.randint(0, 256, (2, 12))
-    expected = _logits(model, ids)
+    expected = logits(model, ids)
     report = kg.graft(model, pattern=add_rmsnorm_pattern, replacement=rmsnorm_residual,
                       example_inputs=((ids,), {"use_cache": False}))
     try:
         # counted and verified in Inductor's IR, the graph run eagerly after the rewrite
         assert report.count == 4 and report.verified  # 2 layers x 2 adds; the first norm has none
-        torch.testing.assert_close(_logits(model, ids), expected)  # eager: the model as written
+        torch.testing.assert_close(logits(model, ids), expected)  # eager: the model as written
         # torch.export's IR checks each .to() result with an assertion node: the rewrite sets
         # them aside while matching and puts back those whose value is still in the program
         ep = torch.export.export(model, (ids,), {"use_cache": False})
@@ -163,7 +151,7 @@ def test_swiglu_gradcheck_float64():
 def test_gpu_reduce_overhead_logits(dtype):
     model = tiny_llama("cuda", dtype, hidden_size=256, intermediate_size=704, num_hidden_layers=2)
     ids = torch.randint(0, 256, (4, 64), device="cuda")
-    expected = _logits(model, ids)
+    expected = logits(model, ids)
     inputs = ((ids,), {"use_cache": False})
     try:
         kg.graft(model, {LlamaRMSNorm: rmsnorm}, example_inputs=inputs)
@@ -173,12 +161,12 @@ def test_gpu_reduce_overhead_logits(dtype):
         a, b = _no_compile_caches()
         with a, b:
             for _ in range(3):  # warm-up, record, replay
-                out = _logits(compiled, ids)
+                out = logits(compiled, ids)
         tol = 5e-2 if dtype == torch.bfloat16 else 1e-3
         torch.testing.assert_close(out.float(), expected.float(), atol=tol, rtol=tol)
         assert report.compiled >= 2
         ids2 = torch.randint(0, 256, (4, 64), device="cuda")
-        torch.testing.assert_close(_logits(compiled, ids2).float(), _logits(model, ids2).float(),
+        torch.testing.assert_close(logits(compiled, ids2).float(), logits(model, ids2).float(),
                                    atol=tol, rtol=tol)
     finally:
         kg.ungraft(model)

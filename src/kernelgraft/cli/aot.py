@@ -46,7 +46,7 @@ def _run(args) -> int:
     from ..errors import BundleError
     from ..aot import build_bundle
     from ..aot.sign import load_key
-    from .common import load_target, ops_of
+    from .common import selected_ops
 
     if args.sign:
         try:
@@ -55,11 +55,7 @@ def _run(args) -> int:
             print(f"kernelgraft aot: {exc}")
             return 2
 
-    ops = []
-    for target in args.target:
-        for op in ops_of(load_target(target)):
-            if not args.op or any(s in op.name for s in args.op):
-                ops.append(op)
+    ops = selected_ops(args.target, args.op)
     if not ops:
         print("kernelgraft aot: no ops found in", " ".join(args.target))
         return 1

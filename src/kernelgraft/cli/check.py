@@ -30,16 +30,12 @@ def run(args) -> int:
     from rich.markup import escape
 
     from ..check import CheckOptions, Printer, check_in_process, check_isolated, render
-    from .common import load_target, ops_of
+    from .common import selected_ops
 
     printer = Printer()
     printer.say(f"kernelgraft check: importing {escape(' '.join(args.target))}")
 
-    ops = []
-    for target in args.target:
-        for op in ops_of(load_target(target)):
-            if not args.op or any(s in op.name for s in args.op):
-                ops.append(op)
+    ops = selected_ops(args.target, args.op)
     if not ops:
         print("kernelgraft check: no ops found in", " ".join(args.target))
         return 1

@@ -8,7 +8,15 @@ import warnings
 from ..check.report import table_console  # one rule for every command's tables
 from ..op.targets import load_target, ops_of, prepare_environment
 
-__all__ = ["prepare_environment", "quiet_third_party_warnings", "load_target", "ops_of", "table_console"]
+__all__ = ["prepare_environment", "quiet_third_party_warnings", "load_target", "ops_of", "selected_ops",
+           "table_console"]
+
+
+def selected_ops(targets, filters) -> list:
+    """The ops of every TARGET, in order, whose names contain one of ``filters`` (``--op``; every op
+    when there is none)."""
+    return [op for target in targets for op in ops_of(load_target(target))
+            if not filters or any(s in op.name for s in filters)]
 
 
 # Warnings that third-party code raises while a kernelgraft tool drives it, and that say nothing the
