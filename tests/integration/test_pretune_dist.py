@@ -6,15 +6,14 @@ those, and nothing else)."""
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import sys
 import time
 
-import pytest
 import torch
 
 from _paths import TESTS
+from _ranks import run_ranks
 
 HERE = TESTS
 RANGES = {"decode": 8, "prefill": [16, 100, 1000, 3000]}  # 8 keys
@@ -75,17 +74,7 @@ def _rank_main(rank: int, world: int, root: str) -> None:
 
 
 def test_two_ranks_split_merge_and_survive_a_failing_rank(tmp_path, monkeypatch):
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_rank_main, args=(r, 2, str(tmp_path))) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(400)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            pytest.fail("a rank hung")
-        assert p.exitcode == 0
+    run_ranks(_rank_main, lambda r: (r, 2, str(tmp_path)), timeout=400)
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
 
     # 1. each rank measured its share only; both files hold every key, the same decisions

@@ -4,14 +4,13 @@ with a miss, meeting keys in different orders and with rank-dependent (fake) tim
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import time
 import sys
 
-import pytest
 
 from _paths import TESTS
+from _ranks import run_ranks
 
 HERE = TESTS
 
@@ -94,18 +93,8 @@ def _gloo_threads() -> list[str]:
 
 
 def test_two_gloo_ranks_agree(tmp_path):
-    ctx = mp.get_context("spawn")
     # a file store: no race for a free TCP port
-    procs = [ctx.Process(target=_rank_main, args=(r, 2, 0, str(tmp_path), str(tmp_path))) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(300)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            pytest.fail("a rank hung: agreement deadlocked")
-        assert p.exitcode == 0
+    run_ranks(_rank_main, lambda r: (r, 2, 0, str(tmp_path), str(tmp_path)), hung="a rank hung: agreement deadlocked")
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     picks0, picks1 = results[0]["all"]
     assert picks0 == picks1, "ranks chose differently"
