@@ -91,18 +91,26 @@ def test_one_load_reads_each_file_once(signed, tmp_path, opened):
         loaded.detach()
 
 
-def test_a_grid_that_is_negative_for_some_inputs_is_refused_before_the_launch(signed, tmp_path):
+def _with_grid(signed, tmp_path, expr: str):
+    """A copy of the signed bundle whose add_relu Triton kernel for 1-D inputs computes its grid's
+    first dimension as ``expr`` (program and checksum recompiled: a careful edit), loaded unsigned;
+    returns (the bundle, that kernel as the loader holds it)."""
     b = _copy(signed, tmp_path)
     m = _manifest.read(b)
     op = next(e for e in m["ops"] if e["name"] == "kgexamples::add_relu")
     cand = next(c for c in op["candidates"] if c["backend"] == "triton")
     k = next(k for k in cand["kernels"] if k["ranks"] == {"x": 1, "y": 1} and k["dynamic"])
-    set_expr(op, k, "grid", "(x.shape[0] - 100000)", 0)
+    set_expr(op, k, "grid", expr, 0)
     _resum(b, m)
     loaded = kg.load_bundle(b, arch="sm_90")
+    kernel = next(kk for kk in loaded.runner(op["name"], cand["index"], cand["config"]).kernels
+                  if kk.entry["grid"] == k["grid"])
+    return loaded, kernel
+
+
+def test_a_grid_that_is_negative_for_some_inputs_is_refused_before_the_launch(signed, tmp_path):
+    loaded, kernel = _with_grid(signed, tmp_path, "(x.shape[0] - 100000)")
     try:
-        runner = loaded.runner(op["name"], cand["index"], cand["config"])
-        kernel = next(kk for kk in runner.kernels if kk.entry is k or kk.entry["grid"] == k["grid"])
         x = torch.empty(4096)
         assert kernel.fits((x, x, x), 2), "the edited kernel should cover these inputs"
         with pytest.raises(kg.BundleError, match=r"grid \(-95904, 1, 1\) is outside the device limits"):
@@ -112,17 +120,8 @@ def test_a_grid_that_is_negative_for_some_inputs_is_refused_before_the_launch(si
 
 
 def test_a_divisor_that_is_zero_for_some_inputs_is_a_clear_error_at_call(signed, tmp_path):
-    b = _copy(signed, tmp_path)
-    m = _manifest.read(b)
-    op = next(e for e in m["ops"] if e["name"] == "kgexamples::add_relu")
-    cand = next(c for c in op["candidates"] if c["backend"] == "triton")
-    k = next(k for k in cand["kernels"] if k["ranks"] == {"x": 1, "y": 1} and k["dynamic"])
-    set_expr(op, k, "grid", "(1 // (x.shape[0] - 4096))", 0)
-    _resum(b, m)
-    loaded = kg.load_bundle(b, arch="sm_90")
+    loaded, kernel = _with_grid(signed, tmp_path, "(1 // (x.shape[0] - 4096))")
     try:
-        kernel = next(kk for kk in loaded.runner(op["name"], cand["index"], cand["config"]).kernels
-                      if kk.entry["grid"] == k["grid"])
         x = torch.empty(4096)
         with pytest.raises(kg.BundleError, match=r"'1 // \(x.shape\[0\] - 4096\)': it divides by zero"):
             kernel.prepare((x, x, x), 2)
