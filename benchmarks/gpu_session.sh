@@ -126,16 +126,22 @@ run_section() {
     alltests)  # every file with GPU tests, one process per file, PAR files at a time on this GPU;
       # FILES="test_a test_b" limits it to those, REPEAT=2 runs each file twice in a row (its own process each)
       if [ -n "${FILES:-}" ]; then files=$(for n in $FILES; do ls tests/*/"$n".py; done)
-      else files=$(grep -l "mark.gpu" tests/*/test_*.py 2>/dev/null | sort); fi
+      else  # the longest files first (from earlier runs), so that none starts last and runs alone
+        heavy="test_verify test_cute_backends test_example_kernels test_autograd_routes test_cuda test_fuzz test_bench_suite test_gpu_core test_driver test_tune_offpath test_replace test_compete test_bench test_graft_llama test_check_isolation"
+        all=$(grep -l "mark.gpu" tests/*/test_*.py 2>/dev/null | sort)
+        files=$( (for n in $heavy; do echo "$all" | grep "/$n.py$"; done; echo "$all") | awk '!seen[$0]++'); fi
       left=$(( SESSION_END - $(date +%s) - 25 ))
       section "alltests ($(echo "$files" | wc -w) files, ${PAR:-4} at a time, ${REPEAT:-1} runs each, ${left}s)"
       export R FILE_LIMIT="${FILE_LIMIT:-300}" REPEAT="${REPEAT:-1}"
       echo "$files" | timeout "$left" xargs -P "${PAR:-4}" -I{} bash -c 'n=$(basename {} .py)
         for i in $(seq "$REPEAT"); do
-          timeout "$FILE_LIMIT" python3 -m pytest -q -p no:cacheprovider -m gpu {} -rs --tb=short > "$R/$n.$i.txt" 2>&1
+          timeout "$FILE_LIMIT" python3 -m pytest -q -p no:cacheprovider -m gpu {} -rs --tb=short --durations=5 > "$R/$n.$i.txt" 2>&1
           code=$?; echo "[$n run $i] exit $code $(tail -1 "$R/$n.$i.txt")"; [ "$code" -eq 0 ] || [ "$code" -eq 5 ] || break
         done'
-      echo "[alltests] exit $?" ;;
+      echo "[alltests] exit $?"
+      for f in $files; do n=$(basename "$f" .py); for i in $(seq "$REPEAT"); do  # one line per file and run
+        t="$R/$n.$i.txt"; if [ -f "$t" ]; then echo "[summary] $n run $i: $(tail -1 "$t")"; else echo "[summary] $n run $i: not run"; fi
+      done; done ;;
     test_*) step "$1" 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/*/"$1".py -rs --tb=short ;;  # one GPU test file (tests/unit, integration or gpu)
     *) echo "unknown section $1" ;;
   esac

@@ -11,7 +11,12 @@
 # The whole of .carry plus the tree must stay under the device tool's 64 MiB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=.venv/bin/python
+PY="${CARRY_PY:-.venv/bin/python}"
+# The bundles hold CuTe DSL's runtime library beside its kernels: build them with the CuTe DSL the GPU
+# machine gets (4.3.5 here, whose runtime is small; 4.8.1's is 43 MB and does not fit the carry):
+# CARRY_PY=<a venv's python with nvidia-cutlass-dsl==4.3.5, cuda-tile and tileiras>. The tree's src
+# comes first on PYTHONPATH, whatever that venv has installed.
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 OLD="${OLD:-645f638}"
 mkdir -p .carry/cutedsl .carry/cutile/wheels .carry/liger /tmp/kg-carry-dl
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
