@@ -132,14 +132,16 @@ run_section() {
         files=$( (for n in $heavy; do echo "$all" | grep "/$n.py$"; done; echo "$all") | awk '!seen[$0]++'); fi
       left=$(( SESSION_END - $(date +%s) - 25 ))
       section "alltests ($(echo "$files" | wc -w) files, ${PAR:-4} at a time, ${REPEAT:-1} runs each, ${left}s)"
-      export R FILE_LIMIT="${FILE_LIMIT:-300}" REPEAT="${REPEAT:-1}"
-      echo "$files" | timeout "$left" xargs -P "${PAR:-4}" -I{} bash -c 'n=$(basename {} .py)
-        for i in $(seq "$REPEAT"); do
+      export R FILE_LIMIT="${FILE_LIMIT:-300}" REPEAT="${REPEAT:-1}" TWICE="${TWICE:-}"  # TWICE="test_a": these files twice
+      echo "$files" | timeout "$left" xargs -P "${PAR:-4}" -I{} bash -c 'n=$(basename {} .py); reps=$REPEAT
+        case " $TWICE " in *" $n "*) reps=2 ;; esac
+        for i in $(seq "$reps"); do
           timeout "$FILE_LIMIT" python3 -m pytest -q -p no:cacheprovider -m gpu {} -rs --tb=short --durations=5 > "$R/$n.$i.txt" 2>&1
           code=$?; echo "[$n run $i] exit $code $(tail -1 "$R/$n.$i.txt")"; [ "$code" -eq 0 ] || [ "$code" -eq 5 ] || break
         done'
       echo "[alltests] exit $?"
-      for f in $files; do n=$(basename "$f" .py); for i in $(seq "$REPEAT"); do  # one line per file and run
+      for f in $files; do n=$(basename "$f" .py); for i in 1 2; do  # one line per file and run
+        [ "$i" -gt "$REPEAT" ] && [ ! -f "$R/$n.$i.txt" ] && continue
         t="$R/$n.$i.txt"; if [ -f "$t" ]; then echo "[summary] $n run $i: $(tail -1 "$t")"; else echo "[summary] $n run $i: not run"; fi
       done; done ;;
     test_*) step "$1" 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/*/"$1".py -rs --tb=short ;;  # one GPU test file (tests/unit, integration or gpu)
