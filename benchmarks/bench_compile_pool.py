@@ -79,9 +79,23 @@ def main() -> int:
     listening = hasattr(knobs.compilation, "listener")  # else only the cache directory tells
     knobs.compilation.listener = lambda **kw: events.append(bool(kw["cache_hit"]))
 
-    def cache_entries() -> int:
-        """Compiled kernels in Triton's cache directory (a compile adds one; a hit adds none)."""
-        return len(os.listdir(os.environ["TRITON_CACHE_DIR"]))
+    def cache_entries() -> tuple[int, int]:
+        """Entries in Triton's cache directory: (compiled kernels, host modules). A kernel compile
+        adds one holding its binary (a hit adds none); the first launch in a process also builds
+        Triton's host modules there (``cuda_utils`` and the kernel signature's launcher, C compiled
+        by gcc), which the workers never do: they compile, they never launch."""
+        kernels = stubs = 0
+        top = os.environ["TRITON_CACHE_DIR"]
+        for entry in os.listdir(top):
+            try:
+                files = os.listdir(os.path.join(top, entry))
+            except OSError:
+                continue
+            if any(f.endswith((".cubin", ".hsaco", ".ptx")) for f in files):
+                kernels += 1
+            elif any(f.endswith(".so") for f in files):
+                stubs += 1
+        return kernels, stubs
     report: dict = {"env": environment(), "shape": [m, n, k], "gpu": gpu, "workers": size,
                     "cores": os.cpu_count(), "candidates": len(cands), "jobs": len(jobs)}
 
@@ -116,12 +130,14 @@ def main() -> int:
     # 2. the first launches after the pool compile nothing
     forget_compiled()
     events.clear()
-    misses, entries = CACHE.misses, cache_entries()
+    misses, (kernels, stubs) = CACHE.misses, cache_entries()
     t = time.perf_counter()
     first_launches()
     report["first_launches_after_pool_s"] = time.perf_counter() - t
     report["triton_compile_listener"] = listening
-    report["triton_cache_entries_added_after_pool"] = cache_entries() - entries
+    kernels_after, stubs_after = cache_entries()
+    report["triton_cache_entries_added_after_pool"] = kernels_after - kernels
+    report["triton_host_modules_built_after_pool"] = stubs_after - stubs
     report["triton_compiles_after_pool"] = max(events.count(False), report["triton_cache_entries_added_after_pool"])
     report["triton_cache_hits_after_pool"] = events.count(True)
     report["nvrtc_misses_after_pool"] = CACHE.misses - misses
@@ -162,6 +178,7 @@ def main() -> int:
         ("pool, warm: the next key (s)", f"{report['pool_warm_s']:.2f}"),
         ("speedup cold / warm (>= 4x on 16 cores)", f"{report['speedup_cold']:.2f}x / {report['speedup_warm']:.2f}x"),
         ("after the pool: Triton compiles in this process (0)", str(report["triton_compiles_after_pool"])),
+        ("after the pool: Triton host modules built (launcher, utils)", str(report["triton_host_modules_built_after_pool"])),
         ("after the pool: NVRTC cache misses (0)", str(report["nvrtc_misses_after_pool"])),
         ("pool jobs failed (0)", str(len(report["pool_failed"]))),
     ]
