@@ -26,15 +26,18 @@ Prints a short table of ratios last; writes JSON to ``$OUT/bench_first_call.json
 ``--smoke`` runs all of it on the CPU, in this process, with a fake timer and small shapes of
 ``add_relu`` and ``rmsnorm`` (the CPU test does, so the script does not rot).
 
-    python benchmarks/bench_first_call.py [--cases gemm_777,rmsnorm] [--serve-seconds 5] [--cold] [--out DIR]
+    python benchmarks/bench_first_call.py [--cases gemm_777,rmsnorm] [--serve-seconds 5] [--cold] [--profile] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
+import io
 import json
 import os
+import pstats
 import subprocess
 import sys
 import tempfile
@@ -55,6 +58,7 @@ SMOKE_CASES = {"add_relu": ("add_relu", "add_relu", (4096,)), "rmsnorm": ("rmsno
 LAND_TARGET_S = {"gemm_777": 15.0}  # the others: 5 s
 FIRST_TARGET_MS = 50.0
 SERVE_TARGET = 0.90
+PROFILE = [False]  # --profile: each first call under cProfile
 
 
 def _inputs(module: str, shape: tuple, device: str):
@@ -123,10 +127,15 @@ def first_call(case: str, *, device: str, background: bool, cases: dict, tune_op
         options["blocking"] = False  # the CPU smoke run: off the path on every device
     with kg.tune(**options):
         _sync(device)
+        profiler = cProfile.Profile() if PROFILE[0] else None
         t0 = time.perf_counter()
+        if profiler is not None:
+            profiler.enable()
         op(*args)
         _sync(device)
         first_s = time.perf_counter() - t0
+        if profiler is not None:
+            profiler.disable()
         meanwhile = _label(op, args)
         landed = kg.tune.wait(600) if background else True
         land_s = time.perf_counter() - t0
@@ -139,7 +148,14 @@ def first_call(case: str, *, device: str, background: bool, cases: dict, tune_op
             "meanwhile": meanwhile, "landed": landed, "land_s": round(land_s, 3), "served": served,
             "ranking": [(entry_label(e), e.get("ms")) for e in (d.ranking if d else [])],
             "phases": report.keys[0].phases if report.keys else {}, "report": str(report),
-            "torch": torch.__version__}
+            "torch": torch.__version__, **({"first_call_profile": _top(profiler)} if profiler else {})}
+
+
+def _top(profiler: cProfile.Profile, n: int = 40) -> list[str]:
+    """The first call's ``n`` costliest functions by cumulative time (where its milliseconds go)."""
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(n)
+    return [line for line in text.getvalue().splitlines() if line.strip()]
 
 
 def same_choice(background: dict, blocking: dict, margin: float) -> tuple[str, float | None]:
@@ -229,7 +245,7 @@ def _spawn(what: str, mode: str, serve_seconds: float, timeout: float, cold: boo
         env["TRITON_CACHE_DIR"] = os.path.join(cache, "triton")
     env.pop("KERNELGRAFT_TUNE_BLOCKING", None)
     cmd = [sys.executable, os.path.abspath(__file__), "--child", what, "--mode", mode,
-           "--serve-seconds", str(serve_seconds)]
+           "--serve-seconds", str(serve_seconds)] + (["--profile"] if PROFILE[0] else [])
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
@@ -329,9 +345,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--cold", action="store_true",
                         help="Triton's compile cache empty too in each process (default: the machine's)")
     parser.add_argument("--smoke", action="store_true", help="on the CPU, in this process, with a fake timer")
+    parser.add_argument("--profile", action="store_true",
+                        help="cProfile each first call; its top functions go into the JSON (first_call_profile)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="background", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    PROFILE[0] = args.profile
     if args.child:
         _child(args)
         return {}
