@@ -80,6 +80,23 @@ def json_child(tmp_path: Path, text: str, *args, extra_env: dict | None = None, 
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc
 
 
+# The start of a child script that loads a bundle with the Python loader where ``import triton``
+# fails (the ops are rebuilt from the manifest) and no kernel reaches a driver: each launch is
+# recorded in ``calls`` (kernel name, grid, packed values).
+RECORDING_LOADER = r"""
+import json, sys
+sys.modules["triton"] = None  # as if triton were not installed: the ops are rebuilt from the manifest
+import torch
+import kernelgraft as kg
+from kernelgraft.driver import module as _module
+
+calls = []
+def fake(self, device_index, grid, block, values, shared_mem=0, stream=None):
+    calls.append({"kernel": self.function.name, "grid": list(grid), "values": list(values)})
+_module.Launcher.__call__ = fake
+"""
+
+
 # The start of a child script run where ``import kernelgraft`` and ``import triton`` fail: what a
 # process without kernelgraft's Python looks like. A None in sys.modules is how Python marks a
 # module absent: ``import`` raises ModuleNotFoundError and ``importlib.util.find_spec`` answers None

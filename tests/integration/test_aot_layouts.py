@@ -26,7 +26,7 @@ from kernelgraft.aot import manifest as _manifest
 from kernelgraft.symbolic.expr import compile_exprs
 
 from _aot_helpers import env
-from _runtime_helpers import json_child, so, variant  # noqa: F401 (so: a fixture)
+from _runtime_helpers import RECORDING_LOADER, json_child, so, variant  # noqa: F401 (so: a fixture)
 from _paths import TESTS
 
 OPS = TESTS / "_layout_ops.py"
@@ -165,18 +165,7 @@ def test_a_signature_that_cannot_be_bundled_is_dropped_with_why(tmp_path):
 
 # ------------------------------------------------------------------ the Python loader, up to the launch
 
-PY_CHILD = r"""
-import json, sys
-sys.modules["triton"] = None  # as if triton were not installed: the ops are rebuilt from the manifest
-import torch
-import kernelgraft as kg
-from kernelgraft.driver import module as _module
-
-calls = []
-def fake(self, device_index, grid, block, values, shared_mem=0, stream=None):
-    calls.append({"kernel": self.function.name, "grid": list(grid), "values": list(values)})
-_module.Launcher.__call__ = fake
-
+PY_CHILD = RECORDING_LOADER + r"""
 bundle = kg.load_bundle(sys.argv[1], arch="sm_90")
 DENSE, STRIDED, ROPE = sys.argv[2:5]
 manifest = bundle.manifest

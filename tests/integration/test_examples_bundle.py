@@ -18,7 +18,7 @@ import torch
 from kernelgraft.aot import manifest as _manifest
 
 from _aot_helpers import env
-from _runtime_helpers import json_child, so, variant  # noqa: F401 (so: a fixture)
+from _runtime_helpers import RECORDING_LOADER, json_child, so, variant  # noqa: F401 (so: a fixture)
 
 KV, ROUTER = "kgexamples::kv_append", "kgexamples::topk_router"
 BLOCKS, BS, HEADS, HD, TOKENS = 4, 16, 2, 80, 33
@@ -76,18 +76,7 @@ def test_the_cpp_runtime_plans_interleaved_caches_with_their_strides(so, bundle,
     assert "256" in [p for p in router["params"] if p is not None], router  # the logits' row stride
 
 
-PY_CHILD = r"""
-import json, sys
-sys.modules["triton"] = None  # as if triton were not installed: the ops are rebuilt from the manifest
-import torch
-import kernelgraft as kg
-from kernelgraft.driver import module as _module
-
-calls = []
-def fake(self, device_index, grid, block, values, shared_mem=0, stream=None):
-    calls.append({"kernel": self.function.name, "grid": list(grid), "values": list(values)})
-_module.Launcher.__call__ = fake
-
+PY_CHILD = RECORDING_LOADER + r"""
 bundle = kg.load_bundle(sys.argv[1], arch="sm_90")
 manifest = bundle.manifest
 report = {}
