@@ -262,3 +262,23 @@ def test_the_eager_hot_path_stays_within_six_files():
                 sys.setprofile(None)
         modules = sorted(m for m in seen if not m.startswith("examples" + os.sep))
         assert modules and len(modules) <= 6, f"{op.name}: a warm eager call runs {len(modules)} modules: {modules}"
+
+
+def test_importing_kernelgraft_leaves_sympy_and_dynamo_unimported():
+    """``import kernelgraft`` (and an example op's module) in a fresh process imports neither
+    sympy (through ``torch.fx.experimental.symbolic_shapes``) nor ``torch._dynamo``: seconds of
+    import that a process calling ops eagerly never needs. Where a graft, a shape environment or
+    compile needs them, they are imported there."""
+    import subprocess
+    import sys
+
+    code = ("import sys, kernelgraft, kernelgraft.examples.add_relu; "
+            "print(sorted(m for m in ('sympy', 'torch._dynamo', 'torch.fx.experimental.symbolic_shapes') "
+            "if m in sys.modules))")
+    import os
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT / "src")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout

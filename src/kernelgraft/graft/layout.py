@@ -26,7 +26,6 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch._prims_common import compute_elementwise_output_logical_to_physical_perm, is_non_overlapping_and_dense_or_false
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from .meta import fake_value
 
@@ -37,6 +36,10 @@ _aten = torch.ops.aten
 
 def same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Same shape and the same strides in every dim longer than 1 (known statically)."""
+    # imported here: symbolic_shapes imports sympy (0.3-0.8 s), which a graft's trace has already
+    # paid and a process that only calls ops never needs
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
     if a.dim() != b.dim() or not all(statically_known_true(x == y) for x, y in zip(a.shape, b.shape)):
         return False
     if statically_known_true(a.numel() <= 1):

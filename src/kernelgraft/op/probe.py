@@ -22,6 +22,7 @@ meta left behind) into a ``SpecError`` naming ``register_meta``.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,11 +32,6 @@ from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
     FakeTensorMode,
-)
-from torch.fx.experimental.symbolic_shapes import (
-    GuardOnDataDependentSymNode,
-    PendingUnbackedSymbolNotFound,
-    ShapeEnv,
 )
 
 from ..errors import InputError, SpecError, out_of_memory
@@ -48,17 +44,23 @@ __all__ = ["data_dependent", "meta_error", "meta_outputs", "fake_probe", "zeros_
 
 log = logging.getLogger(__name__)
 
-_DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode,
-                   PendingUnbackedSymbolNotFound)
+_DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException)
+# torch.fx.experimental.symbolic_shapes imports sympy (0.3-0.8 s): it is imported where a shape
+# environment is made (fake_probe), not with kernelgraft; its errors can only come from it once it is.
+_SYMBOLIC = "torch.fx.experimental.symbolic_shapes"
 _SHAPE_PHRASES = ("broadcast", "must match the size", "shapes cannot be multiplied", "size mismatch",
                   "shape mismatch", "does not match the shape", "Expected size", "invalid for input of size")
 
 
 def data_dependent(exc: BaseException) -> bool:
     """Whether ``exc`` (or what it wraps) is torch saying a shape or value depends on data."""
+    kinds = _DATA_DEPENDENT
+    symbolic = sys.modules.get(_SYMBOLIC)
+    if symbolic is not None:
+        kinds += (symbolic.GuardOnDataDependentSymNode, symbolic.PendingUnbackedSymbolNotFound)
     seen = 0
     while exc is not None and seen < 8:
-        if isinstance(exc, _DATA_DEPENDENT):
+        if isinstance(exc, kinds):
             return True
         exc = exc.__cause__ or exc.__context__
         seen += 1
@@ -110,6 +112,8 @@ def _fake_args(mode: FakeTensorMode, args: Sequence[Any]) -> tuple:
 def fake_probe(op: Any, args: Sequence[Any]) -> None:
     """Run the reference on fake tensors like ``args``; raise the call's ``InputError`` if it
     refuses their shapes (see the module docstring). Writes nothing, reads no data."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv  # sympy: see _SYMBOLIC
+
     try:
         with quiet_fake_tensor_errors(), FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=False) as mode:
             with torch.no_grad():
