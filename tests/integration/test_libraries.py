@@ -69,10 +69,11 @@ def ops():
             "swiglu": swiglu.swiglu, "rope": rope.rope_, "cross_entropy": cross_entropy.cross_entropy}
 
 
-@pytest.mark.parametrize("name", ["softmax", "rmsnorm", "cross_entropy", "rope"])
+@pytest.mark.parametrize("name", ["softmax", "rmsnorm", "add_rmsnorm", "cross_entropy", "rope"])
 def test_library_ops_pass_check(ops, name):
     _need("quack-kernels") if name != "rope" else _need("liger-kernel")
-    report = check_op(ops[name], device="cpu", noncontiguous=False, opcheck=False)
+    # every input variant check makes (odd sizes, broadcasts, offsets, strides), as on a GPU
+    report = check_op(ops[name], device="cpu", opcheck=False)
     assert report.ok, [(r.candidate, r.sample, r.note) for r in report.failures]
     by = {}
     for r in report.results:
@@ -124,3 +125,29 @@ def test_library_kernels_are_bundled(tmp_path):
     if not _MULTI_COMPILES:  # left out with the reason, not a compile error
         why = ops["kglib::softmax"]["why"]["triton:liger_softmax_multi[-]"]
         assert "does not compile (its dtypes are not callable)" in why, why
+
+
+def test_add_rmsnorm_rstd_is_judged_within_the_rounding_of_its_sum(ops):
+    """rstd may come from the sum rounded to x's dtype (Liger) or from the float32 sum (quack): both
+    pass the op's rule, on inputs where the float64 reference tells them apart; an rstd off by more
+    than that rounding can move it fails, and so does one off by 1e-3 for float32 inputs."""
+    from kernelgraft.verify import oracle
+
+    op = ops["add_rmsnorm"]
+    for seed in range(20):
+        g = torch.Generator().manual_seed(seed)
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            x, r = (torch.randn(9, 768, generator=g).to(dtype) for _ in range(2))
+            w = torch.randn(768, generator=g).to(dtype)
+            ref = oracle.reference(op, (x, r, w, 1e-6))
+            out, summed, _ = op.run(x, r, w, 1e-6, impl="reference")
+            rounded = summed.float()
+            unrounded = x.float() + r.float()
+            for s in (rounded, unrounded):
+                rstd = torch.rsqrt(s.pow(2).mean(-1) + 1e-6)
+                verdict = oracle.verify(ref, [out, summed, rstd])
+                assert verdict.ok, (seed, dtype, str(verdict))
+            off = 2.0**-6 if dtype != torch.float32 else 1e-3
+            bad = torch.rsqrt(rounded.pow(2).mean(-1) + 1e-6)
+            bad[3] *= 1 + off
+            assert not oracle.verify(ref, [out, summed, bad]).ok, (seed, dtype)

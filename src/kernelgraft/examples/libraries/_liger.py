@@ -144,6 +144,8 @@ if LIGER is not None:
         want = (q.shape[1], q.shape[3])
         if cos.dim() != 3 or cos.shape != sin.shape or tuple(cos.shape[1:]) != want or cos.shape[0] not in (1, q.shape[0]):
             return f"cos and sin must be (1 or batch, seq, head_dim) = (.., {want[0]}, {want[1]})"
+        if q.shape[3] % 2:  # Liger rotates the halves [0, d/2) and [d/2, 2*(d/2)): an odd last element is left out
+            return f"Liger's rope kernel rotates two halves of head_dim; head_dim {q.shape[3]} is odd"
         if q.dtype == torch.bfloat16:
             return _interpreted(q, "rope") or True
         return True
