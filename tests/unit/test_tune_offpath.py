@@ -475,14 +475,20 @@ def _label(op, args):
 
 
 @pytest.mark.gpu
-def test_gpu_first_call_served_at_once_and_decision_matches_blocking(default_blocking):
+def test_gpu_first_call_served_at_once_and_decision_matches_blocking(default_blocking, monkeypatch):
     from kernelgraft.examples.softmax import softmax
+    from kernelgraft.op import outputs
     from kernelgraft.tune.tuner import TIE_MARGIN, entry_label
 
+    threads = []
+    specs = outputs.output_specs
+    monkeypatch.setattr(outputs, "output_specs", lambda op, args: threads.append(threading.get_ident()) or specs(op, args))
     x = torch.randn(48, 6000, device="cuda", dtype=torch.bfloat16)
     want = torch.softmax(x.float(), -1).to(x.dtype)
     torch.testing.assert_close(softmax(x), want)
     assert _label(softmax, (x,)) in ("reference", "torch:eager")  # never an unverified kernel
+    if _label(softmax, (x,)) == "reference":  # served meanwhile: no output shapes on the caller's thread
+        assert threading.get_ident() not in threads
     assert kg.tune.wait(600)
     torch.testing.assert_close(softmax(x), want)
     background = kg.tune.decision(softmax, x)
@@ -563,3 +569,44 @@ def test_a_device_whose_worker_cannot_start_tunes_inside_the_call(monkeypatch):
         assert background.wait(HOLD_S) and not background.usable(torch.device("cpu"))
         assert served(op, torch.randn(1000)) == 256  # tuned inside the call now
     assert background.stats["skipped"] == 1
+
+
+# ---------------------------------------------------------------- the first call's output shapes
+def test_output_shapes_wait_only_for_a_key_tuned_off_the_path():
+    """The first call of a key tuned off the path (CUDA tensors, tuning on, not blocking) is
+    spared the output shapes (a process's first fake tensors cost a second or two); every other
+    call, and every call on CPU tensors, is refused on them first."""
+    from types import SimpleNamespace
+
+    from kernelgraft.op import outputs
+    from kernelgraft.op.modes import Settings
+
+    def on(device):
+        return [("x", SimpleNamespace(device=torch.device(device)))]
+
+    assert outputs.may_defer(Settings(mode="on"), on("cuda"))
+    assert outputs.may_defer(Settings(mode="on", blocking=False), on("cuda"))
+    assert not outputs.may_defer(Settings(mode="on", blocking=True), on("cuda"))
+    assert not outputs.may_defer(Settings(mode="off"), on("cuda"))
+    assert not outputs.may_defer(Settings(mode="on", blocking=False), on("cpu"))
+    assert not outputs.may_defer(Settings(mode="on"), [])
+
+
+def test_a_deferred_reference_failure_is_worded_by_the_output_shapes():
+    from kernelgraft.op import outputs
+
+    asked = []
+
+    def specs(args):
+        asked.append(args)
+        raise kg.InputError("toff::x: argument 'w' expected shape (4,), got (5,)")
+
+    def failing(args):
+        raise RuntimeError("The size of tensor a (4) must match the size of tensor b (5)")
+
+    plan = outputs.deferred(lambda args: args[0] * 2, specs)
+    assert plan((3,)) == 6 and not asked and plan.candidate is None  # served: no shapes asked
+    with pytest.raises(kg.InputError, match="expected shape"):
+        outputs.deferred(failing, specs)((1,))
+    with pytest.raises(RuntimeError, match="must match"):  # shapes that fit: the failure itself
+        outputs.deferred(failing, lambda args: None)((1,))

@@ -22,24 +22,22 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from .. import admit as _admit, backends
-from ..errors import FallbackWarning, InputError, LaunchError, SpecError, UnsupportedError, describe
+from ..errors import FallbackWarning, InputError, LaunchError, UnsupportedError, describe
 from ..native.attach import attach
 from ..backends.triton.jit import interpreting
 from .modes import scope as current_scope
 from .modes import settings as current_settings
-from . import compete as _compete, overlap as _overlap, probe as _probe, select as _select
+from . import compete as _compete, outputs as _outputs, overlap as _overlap, probe as _probe, select as _select
 from .candidates import LAYOUT, Candidate, evaluate, evaluate_one
-from .limits import check_allocatable, quiet_fake_tensor_errors
 from .plan import Plan, guarded, kernel_plan, meta_plan, reference_plan, torch_plan
 from .warn import caller_stacklevel
 from .provisional import expiring, pending
-from .shape_error import named, shape_error
 
 
 __all__ = ["Dispatcher", "PLAIN", "ANY_TENSOR"]
+
 
 log = logging.getLogger(__name__)
 
@@ -278,8 +276,16 @@ class Dispatcher:
         if any(_admit.deferred(t) for _, t in tensors):
             return self._resolving_plan(), None
         candidates = evaluate(op.impls, tensors, args)
-        supported = _compete.offered(op, candidates, tensors, current_settings())
-        out_specs = self.output_specs(args)
+        settings = current_settings()
+        supported = _compete.offered(op, candidates, tensors, settings)
+        # Output shapes (``output_specs``) refuse inputs that do not fit, or whose outputs no
+        # memory could hold, before anything runs or is tuned. One call is spared them: the first
+        # of a key tuned off the caller's path, served by the reference meanwhile (a process's
+        # first fake tensors import torch._dynamo: one to two seconds on that call). Its
+        # reference allocates its own outputs (CUDA's allocator refuses what does not fit) and a
+        # failure is worded by the output shapes then (``outputs.deferred``).
+        deferred = bool(supported) and _outputs.may_defer(settings, tensors)
+        out_specs = None if deferred else self.output_specs(args)
         if supported:
             self._accept_dtypes(args, tensors)
             chosen = _select.choose(op, supported, args)
@@ -287,10 +293,21 @@ class Dispatcher:
             if chosen is None:  # no candidate computes the right result, or none is verified yet
                 # guarded as a kernel plan would be: a call refused once the decision lands is
                 # refused while it is made, too
-                return guarded(reference_plan(op), self.overlap_guard(args)), until
+                plan = reference_plan(op)
+                if out_specs is not None:
+                    pass
+                elif until is not None:  # served meanwhile: its failure worded by the output shapes
+                    plan = _outputs.deferred(plan, self.output_specs)
+                else:  # decided for good: refused first, as every other plan
+                    self.output_specs(args)
+                return guarded(plan, self.overlap_guard(args)), until
             log.debug("%s: chose %s%s", op.name, chosen.label, "" if until is None else " (provisional)")
             if _compete.is_torch(chosen):  # PyTorch won this shape: the Python path, no replay
+                if out_specs is None:
+                    self.output_specs(args)
                 return guarded(torch_plan(op, chosen, _compete.bind(op, chosen)), self.overlap_guard(args)), until
+            if out_specs is None:
+                out_specs = self.output_specs(args)
             runner = self.runner(chosen)
             plan = kernel_plan(op, chosen, runner, out_specs, args)
             guard = self.overlap_guard(args)
@@ -418,43 +435,8 @@ class Dispatcher:
         self.runners.pop((index, config), None)
 
     def output_specs(self, args: tuple) -> list[tuple[tuple[int, ...], torch.dtype, torch.device]]:
-        """(shape, dtype, device) of each output, from the meta function (fake tensors)."""
-        op = self.op
-        if op.signature.returns == "none":
-            return []
-        try:
-            if op._meta_shape_only:
-                outs = op._meta_fn(*args)
-            else:
-                with quiet_fake_tensor_errors(), FakeTensorMode(allow_non_fake_inputs=False) as mode:
-                    fake_args = tuple(
-                        mode.from_tensor(a) if isinstance(a, torch.Tensor)
-                        else [mode.from_tensor(t) for t in a] if isinstance(a, (list, tuple))
-                        and a and isinstance(a[0], torch.Tensor) else a
-                        for a in args
-                    )
-                    outs = op._fake(*fake_args)
-        except (InputError, SpecError):
-            raise
-        except Exception as exc:
-            if _probe.data_dependent(exc):
-                raise _probe.meta_error(op, exc, "has data-dependent shapes") from exc
-            shapes = named(op, args)
-            error = shape_error(op, args, exc)
-            if error is not None:
-                raise error from exc
-            raise InputError(
-                f"{op.name}: the {'meta function' if op._meta_fn is not op.reference else 'reference'} "
-                f"cannot compute output shapes for these inputs ({shapes}): {type(exc).__name__}: "
-                f"{str(exc).splitlines()[0] if str(exc) else ''}. If the inputs are right, the reference "
-                "may not run on fake tensors (data-dependent shapes, .item(), numpy): give the op a meta "
-                "function with op.register_meta(fn)"
-            ) from exc
-        outs = (outs,) if isinstance(outs, torch.Tensor) else outs
-        specs = [(tuple(int(s) for s in o.shape), o.dtype, o.device) for o in outs]
-        for i, (shape, dtype, device) in enumerate(specs):
-            check_allocatable(op.name, f"output {i}", shape, dtype, device, args)
-        return specs
+        """(shape, dtype, device) of each output (``outputs.output_specs``)."""
+        return _outputs.output_specs(self.op, args)
 
     # ------------------------------------------------------------------ op.run
     def run_forced(self, args: tuple, index: int, frozen: Any) -> Any:
