@@ -13,7 +13,6 @@ import torch
 
 from . import probe as _probe
 from .candidates import Candidate
-from .shape_error import shape_error
 from ..errors import KernelgraftError, LaunchError, LaunchOutOfMemoryError, out_of_memory
 
 
@@ -134,7 +133,7 @@ def reference_plan(op: Any) -> Plan:
             # together, which the call should say in kernelgraft's words (the cause is chained)
             if out_of_memory(exc) or not _probe.shape_error(exc):
                 raise
-            raise (shape_error(op, args, exc) or _probe.refusal(op, args, _probe.reason(exc))) from exc
+            raise _probe.refusal(op, args, _probe.reason(exc)) from exc
         return fresh(out, empty=False, args=args)
 
     plan.candidate = None  # type: ignore[attr-defined]
