@@ -610,3 +610,56 @@ def test_a_deferred_reference_failure_is_worded_by_the_output_shapes():
         outputs.deferred(failing, specs)((1,))
     with pytest.raises(RuntimeError, match="must match"):  # shapes that fit: the failure itself
         outputs.deferred(failing, lambda args: None)((1,))
+
+
+def test_a_job_whose_inputs_are_refused_ends_quietly_and_its_key_queues_no_more(caplog):
+    """The call served meanwhile was spared its output shapes; its job works them out first, and
+    inputs that do not fit end the job with an INFO line (not a traceback) and keep its key from
+    queuing a job per call (each would copy the inputs and fail again)."""
+    from kernelgraft.tune.background import Background
+
+    bg = Background()
+    ran = []
+
+    def refuse(job):
+        ran.append(job.digest)
+        raise kg.InputError("toff::x: argument 'w' expected shape (4,), got (5,)")
+
+    try:
+        with caplog.at_level("INFO", logger="kernelgraft.tune.background"):
+            pending = bg.submit("d1", "f", torch.device("cpu"), (torch.randn(3),), refuse, "toff::x (3)")
+            assert pending is not None and bg.wait(HOLD_S) and pending.landed and ran == ["d1"]
+            assert bg.submit("d1", "f", torch.device("cpu"), (torch.randn(3),), refuse, "toff::x (3)") is None
+            assert bg.stats["refused_inputs"] == 1 and bg.stats["refused"] == 1
+            other = bg.submit("d2", "f", torch.device("cpu"), (torch.randn(3),), lambda job: ran.append(job.digest), "ok")
+            assert other is not None and bg.wait(HOLD_S) and ran == ["d1", "d2"]  # other keys are queued
+        assert not [r for r in caplog.records if r.levelname == "ERROR"]
+        assert any("not tuning toff::x (3)" in r.getMessage() for r in caplog.records)
+        bg.clear()  # clearing the decisions forgets the refusals too
+        assert bg.submit("d1", "f", torch.device("cpu"), (torch.randn(3),), refuse, "toff::x (3)") is not None
+        assert bg.wait(HOLD_S)
+    finally:
+        bg.stop()
+
+
+def test_the_job_works_out_output_shapes_before_it_tunes():
+    """A job's first step is the check planning spared the call served meanwhile: inputs whose
+    output shapes do not fit raise the op's InputError before any candidate is compiled or timed."""
+    from kernelgraft.examples.rmsnorm import rmsnorm
+    from kernelgraft.op.modes import Settings
+    from kernelgraft.tune import offpath
+    from kernelgraft.tune.background import Job
+
+    class Tuner:
+        background = kg.tune.TUNER.background
+        stats = {"background_tuned": 0}
+
+        def _resolve(self, *a):
+            raise AssertionError("tuned inputs that do not fit")
+
+    bad = (torch.randn(4, 64), torch.randn(32), 1e-6)
+    run = offpath._job(Tuner(), rmsnorm, rmsnorm.candidates(torch.randn(4, 64), torch.randn(64), 1e-6), None,
+                       Settings(mode="on"))
+    job = Job("d", "f", "cpu", run, "rmsnorm", 0, args=bad)
+    with pytest.raises(kg.InputError, match="kgexamples::rmsnorm"):
+        run(job)

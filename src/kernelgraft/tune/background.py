@@ -29,7 +29,10 @@ any other unit.
 MiB of copied inputs in all (2048). A key over either is not queued (``submit`` returns None): the
 tuner serves its provisional choice for a while and asks again. A job whose op was replaced or
 unregistered (``forget``) or whose decisions were cleared (``clear``) is dropped; a running one
-stops at its next unit (``_pace.Cancelled``). ``wait()`` waits for every job to finish.
+stops at its next unit (``_pace.Cancelled``). ``wait()`` waits for every job to finish. A job
+whose inputs the op refuses (their output shapes, which the call served meanwhile was spared, do
+not fit: ``kernelgraft.op.outputs``) ends quietly, and its key queues no job for ``REFUSED_S``
+(60 s): its calls keep the provisional reference, which refuses them in the op's words.
 
 **Captures.** A call made while a CUDA graph is captured or ``torch.compile`` traces never queues a
 job (the tuner checks ``no_tune_reason`` on the caller's thread first). The worker's own captures
@@ -54,13 +57,17 @@ from typing import Any
 
 import torch
 
+from ..errors import InputError
 from ..op.select import Pending
 from ..timing.capture import RELAXED, exchange_capture_mode
 from ..timing.streams import private_stream
 from . import pace as _pace
 from .inputs import clone_args, nbytes
 
-__all__ = ["Job", "Background", "BACKGROUND", "queue_limits"]
+__all__ = ["Job", "Background", "BACKGROUND", "queue_limits", "REFUSED_S"]
+
+REFUSED_S = 60.0  # a key whose job found its inputs refused queues no job for this long
+_MAX_REFUSED = 1024
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +120,7 @@ class Background:
         self._bytes = 0
         self._stopping = False
         self._broken: dict[str, str] = {}  # device -> why its worker could not start
+        self._refused: dict[str, float] = {}  # digest -> until when its inputs are refused
         self.stats: collections.Counter = collections.Counter()
 
     # ------------------------------------------------------------------ the caller's side
@@ -129,6 +137,9 @@ class Background:
             if job is not None:
                 return job.pending
             if self._stopping:
+                return None
+            if self._refused.get(digest, 0.0) > time.monotonic():  # its inputs do not fit the op
+                self.stats["refused"] += 1
                 return None
             queue = self._queues.setdefault(where, collections.deque())
             if len(queue) >= jobs_cap or self._bytes + size > bytes_cap:
@@ -163,7 +174,9 @@ class Background:
         self._cancel(lambda job: job.fingerprint == fingerprint)
 
     def clear(self) -> None:
-        """Drop every job (decisions were cleared)."""
+        """Drop every job (decisions were cleared), and forget which keys' inputs were refused."""
+        with self._lock:
+            self._refused.clear()
         self._cancel(lambda job: True)
 
     def _cancel(self, which: Callable[[Job], bool]) -> None:
@@ -174,6 +187,16 @@ class Background:
                     self._queues[job.device].remove(job)
                     self._drop(job, "dropped")
             self._cond.notify_all()
+
+    def _refuse(self, digest: str) -> None:
+        """Queue no job for ``digest`` for ``REFUSED_S``: its inputs do not fit the op (a job
+        per call would copy them and fail again). Its calls keep the provisional reference, which
+        refuses them in the op's words."""
+        with self._lock:
+            if len(self._refused) >= _MAX_REFUSED:
+                self._refused.pop(next(iter(self._refused)))
+            self._refused[digest] = time.monotonic() + REFUSED_S
+            self.stats["refused_inputs"] += 1
 
     def _drop(self, job: Job, stat: str) -> None:
         """Forget ``job`` and let its waiting plans go (the lock held)."""
@@ -248,6 +271,9 @@ class Background:
                     self._run(job, stream)
                 except _pace.Cancelled:
                     log.debug("tuning of %s dropped", job.label)
+                except InputError as exc:  # the caller's call was refused the same way
+                    log.info("not tuning %s: %s", job.label, exc)
+                    self._refuse(job.digest)
                 except BaseException:  # never lose the worker: the op keeps its provisional choice
                     log.exception("background tuning of %s failed", job.label)
                 finally:
