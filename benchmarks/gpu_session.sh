@@ -93,7 +93,7 @@ run_section() {
          if [ "$limit" -lt 30 ]; then echo "[llm_suite] skipped: the session's budget is spent"
          else step llm_suite 560 python3 benchmarks/bench_llm_suite.py --out "$R" --time-limit "$limit" ${LLM_ARGS:-}; fi ;;
     libraries) step bench_libraries 500 python3 benchmarks/bench_libraries.py --out "$R" --time-limit 460 ${LIB_ARGS:-} ;;  # the library-backed ops vs quack, Liger, torch (LIB_ARGS="--ops rmsnorm,softmax" splits it)
-    libserve) step lib_serve_check 560 python3 benchmarks/bench_libraries.py --serve-check --out "$R" --time-limit 540 ${LIB_BUNDLE:+--bundle "$LIB_BUNDLE"} ;;  # the C++ runtime serves them where neither library imports
+    libserve) step lib_serve_check 560 python3 benchmarks/bench_libraries.py --serve-check --out "$R" --time-limit 540 ${LIB_BUNDLE:+--bundle "$LIB_BUNDLE"} ${SERVE_ARGS:-} ;;  # the C++ runtime serves them where neither library imports (SERVE_ARGS="--ops rmsnorm,softmax" narrows it)
     suitetests) step test_bench_suite 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/unit/test_bench_suite.py tests/unit/test_example_kernels.py -rs --tb=short ;;
     hostcost_ab1)  # one alternation of hostcost_ab: old tree, then this one
             step native_build 150 python3 -c "import kernelgraft as kg; print(kg.native.build())"
