@@ -663,3 +663,42 @@ def test_the_job_works_out_output_shapes_before_it_tunes():
     job = Job("d", "f", "cpu", run, "rmsnorm", 0, args=bad)
     with pytest.raises(kg.InputError, match="kgexamples::rmsnorm"):
         run(job)
+
+
+def test_a_job_starts_the_compile_workers_while_it_prepares(monkeypatch):
+    """A key tuned off the path whose compiles would go to the worker pool starts the pool when
+    its job starts (the workers import torch and Triton while the job prepares), not when its
+    compile phase begins; a key whose compiles would not (CPU tensors, fewer than two workers or
+    two candidates that compile ahead) starts nothing."""
+    from kernelgraft.examples.rmsnorm import rmsnorm
+    from kernelgraft.op.modes import Settings
+    from kernelgraft.tune import compile_pool, offpath
+    from kernelgraft.tune.background import Job
+
+    x, w = torch.randn(4, 64), torch.randn(64)
+    cands = rmsnorm.candidates(x, w, 1e-6)
+    ahead = [c for c in cands if compile_pool.compiles_ahead(c.impl.backend)]
+    assert len(ahead) >= 2
+    monkeypatch.setenv("KERNELGRAFT_COMPILE_WORKERS", "4")
+    assert compile_pool.would_use(rmsnorm, cands, torch.device("cuda", 0))
+    assert not compile_pool.would_use(rmsnorm, cands, torch.device("cpu"))
+    assert not compile_pool.would_use(rmsnorm, ahead[:1], torch.device("cuda", 0))
+    monkeypatch.setenv("KERNELGRAFT_COMPILE_WORKERS", "0")
+    assert not compile_pool.would_use(rmsnorm, cands, torch.device("cuda", 0))
+
+    started, resolved = [], []
+    monkeypatch.setattr(compile_pool, "prestart", lambda: started.append(True))
+
+    class Tuner:
+        background = kg.tune.TUNER.background
+        stats = {"background_tuned": 0}
+
+        def _resolve(self, *a):
+            resolved.append(bool(started))
+
+    for use in (True, False):
+        started.clear()
+        monkeypatch.setattr(compile_pool, "would_use", lambda op, c, d, use=use: use)
+        run = offpath._job(Tuner(), rmsnorm, cands, None, Settings(mode="on"))
+        run(Job("d", "f", "cpu", run, "rmsnorm", 0, args=(x, w, 1e-6)))
+        assert started == ([True] if use else []) and resolved[-1] == use  # started before the tuning ran

@@ -11,8 +11,9 @@ The workers are ``python -m kernelgraft.tune.compile_worker`` processes, not ``m
 children: a fresh interpreter re-imports only the op's module (never the user's ``__main__``
 script), gets an explicit environment (Triton's interpreter off: workers compile, they never run a
 kernel), creates no CUDA context (it compiles for a named target) and, when a compiler crashes it,
-loses only its own job. Started once, at the first key that needs them, they stay for
-``IDLE_S`` seconds after their last job.
+loses only its own job. Started once, at the first key that needs them (a key tuned off the
+caller's path starts them when its job starts, so they import while the job prepares), they stay
+for ``IDLE_S`` seconds after their last job.
 
 The pool is used when the op's tensors are on a GPU, at least two jobs are to be compiled, the
 op is importable by a worker (an op defined at module level; one defined inside a function, or in
@@ -45,7 +46,7 @@ from .. import backends
 from .compile_jobs import Job, NotDescribable, Outcome, Source, Target, compiles_ahead, describe
 from .compile_worker import HEADER, send
 
-__all__ = ["CompilePool", "Summary", "compile_ahead", "jobs_for", "source_of", "workers", "prestart", "run_jobs",
+__all__ = ["CompilePool", "Summary", "compile_ahead", "jobs_for", "source_of", "workers", "prestart", "would_use", "run_jobs",
            "POOL", "MAX_WORKERS", "TOTALS"]
 
 log = logging.getLogger(__name__)
@@ -330,6 +331,17 @@ def _say_once(tag: str, message: str, *args: Any) -> None:
     if tag not in _said:
         _said.add(tag)
         log.info(message, *args)
+
+
+def would_use(op: Any, candidates: Sequence[Any], device: torch.device) -> bool:
+    """Whether compiling a key of ``op`` on ``device`` would go to the pool: a GPU, two workers or
+    more, an op a worker can import and two candidates or more of backends that compile ahead (the
+    jobs themselves, made from the inputs, may still be fewer)."""
+    if device.type != "cuda" or workers() < 2 or op.fingerprint in _unimportable:
+        return False
+    if isinstance(source_of(op), str):
+        return False
+    return sum(1 for c in candidates if compiles_ahead(c.impl.backend)) >= 2
 
 
 def prestart() -> None:

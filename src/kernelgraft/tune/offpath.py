@@ -27,7 +27,7 @@ import torch
 
 from ..op import select as _select
 from ..op.compete import servable
-from . import dist as _dist, phases as _phases
+from . import compile_pool as _compile_pool, dist as _dist, phases as _phases
 from .background import Job
 from .inputs import tensors_of
 from .key import TuneKey
@@ -74,6 +74,8 @@ def _job(tuner: Any, op: Any, candidates: Sequence[Any], key: TuneKey, s: Settin
     settings = dataclasses.replace(s, progress=False, blocking=True)
 
     def run(job: Job) -> None:
+        if _compile_pool.would_use(op, candidates, torch.device(job.device)):
+            _compile_pool.prestart()  # the workers import torch and Triton while the job prepares
         pacer = tuner.background.pacer(job)
         phases = _phases.Phases(pacer)
         phases.add("queued", (job.started or job.enqueued) - job.enqueued)
