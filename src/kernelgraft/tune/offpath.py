@@ -74,13 +74,13 @@ def _job(tuner: Any, op: Any, candidates: Sequence[Any], key: TuneKey, s: Settin
     settings = dataclasses.replace(s, progress=False, blocking=True)
 
     def run(job: Job) -> None:
-        if _compile_pool.would_use(op, candidates, torch.device(job.device)):
-            _compile_pool.prestart()  # the workers import torch and Triton while the job prepares
         pacer = tuner.background.pacer(job)
         phases = _phases.Phases(pacer)
         phases.add("queued", (job.started or job.enqueued) - job.enqueued)
         waited = time.perf_counter()
         pacer.before()  # the job's start (the device lock, the disk cache) in a quiet window too
+        if _compile_pool.would_use(op, candidates, torch.device(job.device)):
+            _compile_pool.prestart()  # the workers import torch and Triton while the job prepares
         pacer.after()
         phases.paused_s += time.perf_counter() - waited
         with phases.recording(), torch.no_grad():
