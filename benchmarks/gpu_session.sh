@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One batched run on the GPU machine: installs carried wheels, runs the selected sections with
 # time limits, and packs every result into $OUT/results.tar.gz (plus the log).
-#   bash benchmarks/gpu_session.sh SECTION...     sections: tests alltests firstcall pool core cute hostcost rmsnorm
+#   bash benchmarks/gpu_session.sh SECTION...     sections: tests alltests firstcall pool pretune1 pretune2 pretunecmp core cute hostcost rmsnorm
 #                                                 examples libraries libserve tune tunequick ranks graft graftc graftck graftdc graftdk graftprofile graftdecode graftdecodecompile aot explore explore5 explore6 explore7 diagsoftmax native devices verify verify2 firstsec diagsmall diagload diagcopies diagdecode aotipre compete llmquick llm suitetests gputests cpp cppbuild llamaaoti diagsuite test_FILE
 # A "0:tests,aot|1:tune,rmsnorm" argument runs lanes side by side, each on its own GPU
 # (CUDA_VISIBLE_DEVICES) with its own kernelgraft cache; the next argument starts when all end.
@@ -51,7 +51,10 @@ run_section() {
              step "$n" 150 python3 -m pytest -q -p no:cacheprovider -m gpu "$f" -rs --tb=short -o log_cli=true --log-cli-level=WARNING
            done ;;
     firstcall) step first_call 420 python3 benchmarks/bench_first_call.py --out "$R" ${FIRST_ARGS:-} ;;  # new shapes served while tuning runs off-path
-    pool) step compile_pool 200 python3 benchmarks/bench_compile_pool.py --out "$R" ;;  # the GEMM's compile phase, serial against the pool
+    pool) step compile_pool 200 python3 benchmarks/bench_compile_pool.py --out "$R" ;;
+    pretune1) step pretune_one 560 python3 benchmarks/bench_pretune_suite.py --phase one --out "$R" ${PRETUNE_ARGS:-} ;;  # the 74-shape LLM suite tuned ahead on one GPU (PRETUNE_ARGS="--max-keys N" for a part)
+    pretune2) step pretune_two 560 python3 benchmarks/bench_pretune_suite.py --phase two --out "$R" ${PRETUNE_ARGS:-} ;;  # the same on two torchrun ranks (one GPU each where two are lent, else both on GPU 0)
+    pretunecmp) step pretune_compare 60 python3 benchmarks/bench_pretune_suite.py --phase compare --out "$R" ${PRETUNE_ARGS:-} ;;  # wall times, the ratio, decisions alike (after pretune1 and pretune2 on one warm machine)  # the GEMM's compile phase, serial against the pool
     core) step host_overhead 120 python3 benchmarks/bench_host_overhead.py --out "$R" ;;
     rmsnorm) step rmsnorm_backends 150 python3 benchmarks/bench_rmsnorm_backends.py --out "$R" ;;
     cute) step backend_host_cost 150 python3 benchmarks/bench_backend_host_cost.py --out "$R"
