@@ -702,3 +702,54 @@ def test_a_job_starts_the_compile_workers_while_it_prepares(monkeypatch):
         run = offpath._job(Tuner(), rmsnorm, cands, None, Settings(mode="on"))
         run(Job("d", "f", "cpu", run, "rmsnorm", 0, args=(x, w, 1e-6)))
         assert started == ([True] if use else []) and resolved[-1] == use  # started before the tuning ran
+
+
+def test_inductor_compiles_the_reference_while_the_workers_compile_the_kernels(monkeypatch):
+    """When the kernels compile in the worker pool and ``torch:compile`` competes, its gate (Inductor
+    compiling the reference: seconds a shape) runs on the tuning's thread while the pool's compile
+    waits on a thread of its own; every candidate still gets exactly one result, in order."""
+    import threading as _threading
+
+    from kernelgraft.examples.add_relu import add_relu
+    from kernelgraft.op import compete
+    from kernelgraft.op.modes import Settings
+    from kernelgraft.tune import compile_pool, trials
+
+    x, y = torch.randn(1000), torch.randn(1000)
+    settings = Settings(mode="on", compete=True, timer=lambda trial, s: (trial.run(0), 1.0)[1])
+    cands = compete.offered(add_relu, add_relu.candidates(x, y), [("x", x), ("y", y)], settings)
+    labels = [c.label for c in cands]
+    assert "torch:compile" in labels and labels.index("torch:compile") > 0
+    gate, order, seen = trials._gate, [], {}
+    inductor_gating = _threading.Event()
+
+    def gated(op, cand, *rest):
+        order.append(cand.label)
+        if cand.label == "torch:compile":
+            seen["gate"] = _threading.get_ident()
+            inductor_gating.set()
+            return trials.Result(cand, kind="compile", reason="stood in for Inductor")
+        return gate(op, cand, *rest)
+
+    def compiling(op, candidates, args, device):
+        seen["pool"] = _threading.get_ident()
+        seen["overlapped"] = inductor_gating.wait(HOLD_S)  # the gate ran meanwhile
+        return None
+
+    monkeypatch.setattr(trials, "_gate", gated)
+    monkeypatch.setattr(compile_pool, "compile_ahead", compiling)
+    monkeypatch.setattr(trials, "would_use", lambda op, c, d: True)
+    results = trials.run_trials(add_relu, cands, (x, y), settings)
+    assert [r.candidate.label for r in results] == labels
+    assert order[0] == "torch:compile" and sorted(order) == sorted(labels)  # gated once each
+    assert seen["overlapped"] and seen["pool"] != seen["gate"] == _threading.get_ident()
+    assert next(r for r in results if r.candidate.label == "torch:compile").reason == "stood in for Inductor"
+    assert all(r.ms is not None for r in results if r.candidate.label != "torch:compile")
+
+    # without the pool, as before: compiles inline, then every gate in the candidates' order
+    order.clear()
+    inline = []
+    monkeypatch.setattr(trials, "compile_ahead", lambda *a: inline.append(_threading.get_ident()))
+    monkeypatch.setattr(trials, "would_use", lambda op, c, d: False)
+    trials.run_trials(add_relu, cands, (x, y), settings)
+    assert order == labels and inline == [_threading.get_ident()]

@@ -43,10 +43,11 @@ from typing import Any
 import torch
 
 from .. import backends
+from . import pace as _pace
 from .compile_jobs import Job, NotDescribable, Outcome, Source, Target, compiles_ahead, describe
 from .compile_worker import HEADER, send
 
-__all__ = ["CompilePool", "Summary", "compile_ahead", "jobs_for", "source_of", "workers", "prestart", "would_use", "run_jobs",
+__all__ = ["Ahead", "CompilePool", "Summary", "compile_ahead", "jobs_for", "source_of", "workers", "prestart", "would_use", "run_jobs",
            "POOL", "MAX_WORKERS", "TOTALS"]
 
 log = logging.getLogger(__name__)
@@ -369,6 +370,35 @@ def compile_ahead(op: Any, candidates: Sequence[Any], args: Sequence[Any], devic
     if len(jobs) < 2:
         return None
     return run_jobs(jobs, size)
+
+
+class Ahead:
+    """``compile_ahead`` running on a thread of its own (it mostly waits for the workers), so the
+    tuning thread can do other work meanwhile; ``result()`` waits for it and returns its summary,
+    or raises what it raised. The thread counts as the tuning's own for the pacer."""
+
+    def __init__(self, op: Any, candidates: Sequence[Any], args: Sequence[Any], device: torch.device) -> None:
+        self._summary: Summary | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(op, candidates, args, device),
+                                        name="kernelgraft-compile-ahead", daemon=True)
+        self._thread.start()
+
+    def _run(self, op: Any, candidates: Sequence[Any], args: Sequence[Any], device: torch.device) -> None:
+        tid = threading.get_native_id()
+        _pace.register_worker(tid)
+        try:
+            self._summary = compile_ahead(op, candidates, args, device)
+        except BaseException as exc:  # handed to result(), on the tuning's thread
+            self._error = exc
+        finally:
+            _pace.unregister_worker(tid)
+
+    def result(self) -> Summary | None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._summary
 
 
 def run_jobs(jobs: Sequence[Job], size: int) -> Summary:

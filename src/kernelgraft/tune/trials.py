@@ -1,7 +1,8 @@
 """Trials: run every candidate once through the correctness gate, then time the ones that pass.
 
-Phases: (0) compile the candidates in parallel, in worker processes (``_compile_pool``; where it
-cannot, they compile one by one in phase 1); (1) gate every candidate (the first launch: a compile
+Phases: (0) compile the candidates in parallel, in worker processes (``compile_pool``; where it
+cannot, they compile one by one in phase 1), while this thread gates ``torch:compile`` (Inductor
+compiling the reference for the shape takes seconds, which then overlap the workers'); (1) gate every candidate (the first launch: a compile
 where phase 0 did not do it); (2) keep the GPU busy for ``WARM_MS``, then time every candidate back
 to back; (3) re-time the finalists: those scored by GPU time within ``TOGETHER_MARGIN`` of the
 fastest (at most ``MAX_TOGETHER``) together, their CUDA graphs replayed in turn, every one at the
@@ -39,7 +40,7 @@ from ..verify import oracle as _verify
 from ..errors import out_of_memory
 from ..op import compete as _compete
 from ..timing import on_device
-from .compile_pool import compile_ahead
+from .compile_pool import Ahead, compile_ahead, would_use
 from .gate import classify_error, expected, guarded, judge
 from .phases import clock, phase
 from .timing import CaptureRefused, Trial, cuda_timer
@@ -112,16 +113,29 @@ def run_trials(
 
     results: list[Result | Trial] = []
     started = clock()  # stands still while a tuning off the caller's path is paused
+    early: dict[int, Result | Trial] = {}
+    inductor = _inductor(op, candidates, device)
     with phase("compile"):  # the candidates' compiles, in worker processes, before any is gated
-        compile_ahead(op, candidates, (*own, *outs), device)  # the runners' exact arguments: see _gate
+        if inductor is None:
+            compile_ahead(op, candidates, (*own, *outs), device)  # the runners' exact arguments: see _gate
+        else:  # while the workers compile, Inductor compiles the reference here (seconds, once a shape)
+            ahead = Ahead(op, candidates, (*own, *outs), device)
+    if inductor is not None:
+        with phase("gate", inductor):
+            early[id(inductor)] = _gate(op, inductor, own, outs, restore if mutated else None, reference, device)
+        with phase("compile"):
+            ahead.result()
     for n, cand in enumerate(candidates):
         if on_progress is not None:
             on_progress(n, cand)
-        if n > 0 and clock() - started > settings.budget_s:
+        if id(cand) in early:
+            result = early[id(cand)]
+        elif n > 0 and clock() - started > settings.budget_s:
             results.append(_over_budget(cand, settings))
             continue
-        with phase("gate", cand):  # compiles here, for backends that compile on first launch
-            result = _gate(op, cand, own, outs, restore if mutated else None, reference, device)
+        else:
+            with phase("gate", cand):  # compiles here, for backends that compile on first launch
+                result = _gate(op, cand, own, outs, restore if mutated else None, reference, device)
         if isinstance(result, Trial):
             result.cold = bool(settings.cold_l2)
         results.append(result)
@@ -239,6 +253,15 @@ def _refine(trials: list[Trial], times: dict[int, tuple], timer: Any, settings: 
             outcome = _time(t, timer, settings)
             if not isinstance(outcome, Result):
                 times[id(t)] = min(times[id(t)], outcome, key=lambda o: o[0])
+
+
+def _inductor(op: Any, candidates: Sequence[Any], device: torch.device) -> Any:
+    """The ``torch:compile`` candidate when its gate (Inductor compiling the reference for this
+    shape: seconds) can run while the kernels compile in the worker pool; else None."""
+    found = next((c for c in candidates if _compete.is_torch(c) and c.impl.name == "compile"), None)
+    if found is None or op.dispatcher.compile_state.error is not None:
+        return None
+    return found if would_use(op, candidates, device) else None
 
 
 def _gate(op, cand, own, outs, restore, reference, device) -> Result | Trial:
