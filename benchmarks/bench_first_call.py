@@ -258,12 +258,15 @@ def _spawn(what: str, mode: str, serve_seconds: float, timeout: float, cold: boo
 
 @contextlib.contextmanager
 def _fresh_state():
-    """The smoke run's stand-in for a fresh process: an empty cache directory, no decisions."""
+    """The smoke run's stand-in for a fresh process: an empty cache directory, no decisions. The
+    native replay is not built there (``KERNELGRAFT_NATIVE=0`` meanwhile): its build, a child
+    process, would outlive the directory, and a failed build stays failed for the process."""
     import kernelgraft as kg
 
-    old = os.environ.get("KERNELGRAFT_CACHE_DIR")
+    saved = {name: os.environ.get(name) for name in ("KERNELGRAFT_CACHE_DIR", "KERNELGRAFT_NATIVE")}
     with tempfile.TemporaryDirectory(prefix="kg-first-call-") as cache:
         os.environ["KERNELGRAFT_CACHE_DIR"] = cache
+        os.environ["KERNELGRAFT_NATIVE"] = "0"
         kg.tune.wait(60)
         kg.tune.clear()
         try:
@@ -271,10 +274,11 @@ def _fresh_state():
         finally:
             kg.tune.wait(60)
             kg.tune.clear()
-            if old is None:
-                os.environ.pop("KERNELGRAFT_CACHE_DIR", None)
-            else:
-                os.environ["KERNELGRAFT_CACHE_DIR"] = old
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
 
 def smoke_timer(trial, settings) -> float:

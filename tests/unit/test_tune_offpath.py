@@ -633,6 +633,16 @@ def test_a_job_whose_inputs_are_refused_ends_quietly_and_its_key_queues_no_more(
             assert bg.stats["refused_inputs"] == 1 and bg.stats["refused"] == 1
             other = bg.submit("d2", "f", torch.device("cpu"), (torch.randn(3),), lambda job: ran.append(job.digest), "ok")
             assert other is not None and bg.wait(HOLD_S) and ran == ["d1", "d2"]  # other keys are queued
+            # the same bucket with inputs of other shapes is tuned: the refusal is the shapes'
+            fits = bg.submit("d1", "f", torch.device("cpu"), (torch.randn(4),), lambda job: ran.append("d1 (4)"), "ok")
+            assert fits is not None and bg.wait(HOLD_S) and ran[-1] == "d1 (4)"
+            # the op itself cannot plan them (a SpecError: data-dependent shapes): refused alike, quietly
+
+            def spec(job):
+                raise kg.SpecError("toff::y: the meta function has data-dependent shapes")
+
+            assert bg.submit("d3", "f", torch.device("cpu"), (torch.randn(3),), spec, "toff::y (3)") is not None
+            assert bg.wait(HOLD_S) and bg.submit("d3", "f", torch.device("cpu"), (torch.randn(3),), spec, "y") is None
         assert not [r for r in caplog.records if r.levelname == "ERROR"]
         assert any("not tuning toff::x (3)" in r.getMessage() for r in caplog.records)
         bg.clear()  # clearing the decisions forgets the refusals too
@@ -753,3 +763,66 @@ def test_inductor_compiles_the_reference_while_the_workers_compile_the_kernels(m
     monkeypatch.setattr(trials, "would_use", lambda op, c, d: False)
     trials.run_trials(add_relu, cands, (x, y), settings)
     assert order == labels and inline == [_threading.get_ident()]
+
+
+# ---------------------------------------------------------------- planning with the shapes deferred
+@pytest.fixture
+def deferring(monkeypatch):
+    """Planning as on CUDA with the default settings: a new key's first call served by the
+    reference while a job tunes it skips the output shapes (``op.outputs.may_defer``)."""
+    from kernelgraft.op import outputs
+
+    monkeypatch.setattr(outputs, "may_defer", lambda s, t: s.mode == "on" and s.blocking is not True and bool(t))
+
+
+def _add_op(name):
+    from _tune_ops import CONFIGS
+
+    def add2(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return (x + y) * 2
+
+    def launch(x, y, out, *, BLOCK):
+        launch_scale(x + y, out, BLOCK=BLOCK)
+
+    return kg.op(add2, name=name, impls=[kg.triton(launch, configs=CONFIGS)])  # no dtypes=: judged by the reference
+
+
+def test_a_deferred_first_call_that_does_not_fit_leaves_the_op_serving_the_next(deferring):
+    """The first call of an op without ``dtypes=`` has shapes that do not fit: it is refused in the
+    shapes' words, and the dtypes are not judged by it, so a later call that fits is served and
+    tuned as ever (the zero-filled dtype probe's refusal is kept only where the shapes fit)."""
+    op = _add_op("toff::add2")
+    timer = HeldTimer()
+    with kg.tune("on", timer=timer, blocking=False):
+        try:
+            with pytest.raises(kg.InputError, match="toff::add2"):
+                op(torch.randn(1000), torch.randn(900))
+            x, y = torch.randn(1000), torch.randn(1000)
+            torch.testing.assert_close(op(x, y), (x + y) * 2)  # served (the reference, meanwhile)
+        finally:
+            timer.release.set()
+        assert kg.tune.wait(HOLD_S)
+        x, y = torch.randn(1000), torch.randn(1000)
+        torch.testing.assert_close(op(x, y), (x + y) * 2)
+        assert op.dispatcher.plan_for((x, y)).candidate is not None  # the tuned kernel serves
+
+
+def test_a_deferred_reference_with_data_dependent_shapes_is_told_on_the_next_call(deferring):
+    """A reference whose output shapes depend on the data (no ``register_meta``) serves its first
+    call meanwhile (its values are right); the job cannot plan it and ends quietly; the next call,
+    with no job for those shapes, works the output shapes out first and raises the op's error."""
+
+    def launch(x, out, *, BLOCK):
+        launch_scale(x, out, BLOCK=BLOCK)
+
+    def positive(x: torch.Tensor) -> torch.Tensor:
+        return x[x > 0] * 2
+
+    op = kg.op(positive, name="toff::positive", impls=[kg.triton(launch, configs=[{"BLOCK": 64}, {"BLOCK": 128}])])
+    x = torch.randn(1000)
+    with kg.tune("on", timer=HeldTimer(), blocking=False) as s:
+        s.timer.release.set()
+        torch.testing.assert_close(op(x), x[x > 0] * 2)
+        assert kg.tune.wait(HOLD_S)
+        with pytest.raises(kg.KernelgraftError, match="data"):
+            op(x)

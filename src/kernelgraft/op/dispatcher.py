@@ -296,9 +296,9 @@ class Dispatcher:
                 plan = reference_plan(op)
                 if out_specs is not None:
                     pass
-                elif until is not None:  # served meanwhile: its failure worded by the output shapes
-                    plan = _outputs.deferred(plan, self.output_specs)
-                else:  # decided for good: refused first, as every other plan
+                elif isinstance(until, _select.Pending):  # served while a job tunes the key: a
+                    plan = _outputs.deferred(plan, self.output_specs)  # failure worded by the shapes
+                else:  # decided, or no job (the queue refused it): refused first, as every plan
                     self.output_specs(args)
                 return guarded(plan, self.overlap_guard(args)), until
             log.debug("%s: chose %s%s", op.name, chosen.label, "" if until is None else " (provisional)")
@@ -374,6 +374,8 @@ class Dispatcher:
             judged, why = _probe.zeros_probe(op, args)
             if not judged:
                 return
+            if why is not None:  # shapes that do not fit are this call's refusal, not the dtypes'
+                self.output_specs(args)
             self.accepted[combo] = why  # values play no part: the verdict holds for these dtypes
         why = self.accepted[combo]
         if why is not None:

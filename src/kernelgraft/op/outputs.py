@@ -4,7 +4,8 @@ signature works them out first, so inputs that do not fit, or whose outputs no m
 are refused before anything runs or is tuned.
 
 One call is spared them: the first of a key tuned off the caller's path while the reference
-serves it (``may_defer``). A process's first ``FakeTensorMode`` imports ``torch._dynamo``, one to
+serves it and a job tunes the key (``may_defer`` before choosing, a ``Pending`` after; the job
+works them out first, and a call that finds no job for its shapes works them out itself). A process's first ``FakeTensorMode`` imports ``torch._dynamo``, one to
 two seconds that would land on that call. The reference allocates its own outputs there, CUDA's
 allocator refuses what does not fit, and a failure is worded by the output shapes then
 (``deferred``); the kernel plan made once the decision lands works them out as every plan does.

@@ -31,8 +31,9 @@ tuner serves its provisional choice for a while and asks again. A job whose op w
 unregistered (``forget``) or whose decisions were cleared (``clear``) is dropped; a running one
 stops at its next unit (``_pace.Cancelled``). ``wait()`` waits for every job to finish. A job
 whose inputs the op refuses (their output shapes, which the call served meanwhile was spared, do
-not fit: ``kernelgraft.op.outputs``) ends quietly, and its key queues no job for ``REFUSED_S``
-(60 s): its calls keep the provisional reference, which refuses them in the op's words.
+not fit: ``kernelgraft.op.outputs``) ends quietly, and its key queues no job for inputs of those
+exact shapes for ``REFUSED_S`` (60 s): their calls plan without a job, which works out the output
+shapes first and refuses them in the op's words.
 
 **Captures.** A call made while a CUDA graph is captured or ``torch.compile`` traces never queues a
 job (the tuner checks ``no_tune_reason`` on the caller's thread first). The worker's own captures
@@ -57,7 +58,7 @@ from typing import Any
 
 import torch
 
-from ..errors import InputError
+from ..errors import KernelgraftError
 from ..op.select import Pending
 from ..timing.capture import RELAXED, exchange_capture_mode
 from ..timing.streams import private_stream
@@ -103,6 +104,7 @@ class Job:
     enqueued: float = dataclasses.field(default_factory=time.perf_counter)
     started: float | None = None
     cancelled: bool = False
+    shapes: tuple = ()  # the inputs' exact shapes (the digest is the bucket's)
 
 
 class Background:
@@ -120,7 +122,7 @@ class Background:
         self._bytes = 0
         self._stopping = False
         self._broken: dict[str, str] = {}  # device -> why its worker could not start
-        self._refused: dict[str, float] = {}  # digest -> until when its inputs are refused
+        self._refused: dict[tuple, float] = {}  # (digest, exact shapes) -> until when they are refused
         self.stats: collections.Counter = collections.Counter()
 
     # ------------------------------------------------------------------ the caller's side
@@ -138,7 +140,7 @@ class Background:
                 return job.pending
             if self._stopping:
                 return None
-            if self._refused.get(digest, 0.0) > time.monotonic():  # its inputs do not fit the op
+            if self._refused.get((digest, _shapes(args)), 0.0) > time.monotonic():  # they do not fit the op
                 self.stats["refused"] += 1
                 return None
             queue = self._queues.setdefault(where, collections.deque())
@@ -147,7 +149,7 @@ class Background:
                 log.info("not queuing a tuning of %s: %d jobs and %d MiB of inputs queued (limits %d, %d MiB)",
                          label, len(queue), self._bytes >> 20, jobs_cap, bytes_cap >> 20)
                 return None
-            job = Job(digest, fingerprint, where, run, label, size)
+            job = Job(digest, fingerprint, where, run, label, size, shapes=_shapes(args))
             self._jobs[digest] = job  # reserved: other callers of this key share its pending
             self._bytes += size
         try:
@@ -188,14 +190,15 @@ class Background:
                     self._drop(job, "dropped")
             self._cond.notify_all()
 
-    def _refuse(self, digest: str) -> None:
-        """Queue no job for ``digest`` for ``REFUSED_S``: its inputs do not fit the op (a job
-        per call would copy them and fail again). Its calls keep the provisional reference, which
-        refuses them in the op's words."""
+    def _refuse(self, digest: str, shapes: tuple) -> None:
+        """Queue no job for ``digest`` with inputs of these exact ``shapes`` for ``REFUSED_S``:
+        they do not fit the op (a job per call would copy them and fail again). Other shapes of
+        the same bucket are still tuned. The calls with these plan again without a job, which
+        works out their output shapes and refuses them in the op's words."""
         with self._lock:
             if len(self._refused) >= _MAX_REFUSED:
                 self._refused.pop(next(iter(self._refused)))
-            self._refused[digest] = time.monotonic() + REFUSED_S
+            self._refused[(digest, shapes)] = time.monotonic() + REFUSED_S
             self.stats["refused_inputs"] += 1
 
     def _drop(self, job: Job, stat: str) -> None:
@@ -271,9 +274,9 @@ class Background:
                     self._run(job, stream)
                 except _pace.Cancelled:
                     log.debug("tuning of %s dropped", job.label)
-                except InputError as exc:  # the caller's call was refused the same way
-                    log.info("not tuning %s: %s", job.label, exc)
-                    self._refuse(job.digest)
+                except KernelgraftError as exc:  # the inputs do not fit, or the op cannot plan them:
+                    log.info("not tuning %s: %s", job.label, exc)  # its calls are told so (the op)
+                    self._refuse(job.digest, job.shapes)
                 except BaseException:  # never lose the worker: the op keeps its provisional choice
                     log.exception("background tuning of %s failed", job.label)
                 finally:
@@ -322,6 +325,13 @@ class Background:
         for job in list(self._jobs.values()):
             job.pending.land()
         self._reset()
+
+
+def _shapes(args: tuple) -> tuple:
+    """The exact shapes of the tensor arguments (and of each list of tensors), in order."""
+    return tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else
+                 tuple(tuple(t.shape) for t in a if isinstance(t, torch.Tensor)) if isinstance(a, (list, tuple))
+                 else None for a in args)
 
 
 def _device_key(device: torch.device) -> str:

@@ -240,6 +240,7 @@ class CompilePool:
 
     def start(self) -> None:
         """Start the workers that are missing (they import in parallel, in the background)."""
+        self.last_used = time.monotonic()  # started for use: not the idle reaper's
         with self._lock:
             self._all = [w for w in self._all if w.alive]
             live = set(map(id, self._all))

@@ -18,6 +18,7 @@ refuses first.
 from __future__ import annotations
 
 import contextvars
+import logging
 import dataclasses
 import time
 from collections.abc import Sequence
@@ -36,6 +37,7 @@ from ..op.modes import Settings
 
 __all__ = ["off_path", "serve", "SKIP_RETRY_S"]
 
+log = logging.getLogger(__name__)
 SKIP_RETRY_S = 1.0  # a key the queue refused asks again after this long
 
 
@@ -79,8 +81,11 @@ def _job(tuner: Any, op: Any, candidates: Sequence[Any], key: TuneKey, s: Settin
         phases.add("queued", (job.started or job.enqueued) - job.enqueued)
         waited = time.perf_counter()
         pacer.before()  # the job's start (the device lock, the disk cache) in a quiet window too
-        if _compile_pool.would_use(op, candidates, torch.device(job.device)):
-            _compile_pool.prestart()  # the workers import torch and Triton while the job prepares
+        try:
+            if _compile_pool.would_use(op, candidates, torch.device(job.device)):
+                _compile_pool.prestart()  # the workers import torch and Triton while the job prepares
+        except Exception:  # the pool starts again when the compile phase asks; the job goes on
+            log.debug("starting the compile workers ahead failed", exc_info=True)
         pacer.after()
         phases.paused_s += time.perf_counter() - waited
         with phases.recording(), torch.no_grad():

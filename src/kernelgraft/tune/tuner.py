@@ -24,7 +24,7 @@ import torch
 from .. import native as _native
 from ..op import select as _select
 from ..op.compete import TORCH, TORCH_INDEX, find, is_torch, key_backends, servable
-from ..errors import FallbackWarning, TuneWarning, out_of_memory
+from ..errors import FallbackWarning, InputError, SpecError, TuneWarning, out_of_memory
 from ..spec import Config
 from . import dist as _dist, phases as _phases
 from .background import BACKGROUND, Background
@@ -218,6 +218,9 @@ class Tuner:
             self.stats["memory_miss"] += 1
             if off_path(self, op, args, s) and self._may_measure(op, args, s):
                 return serve(self, op, candidates, args, key, s)  # a provisional choice, at once
+            # Inside the call: inputs that do not fit are refused before anything is tuned (the
+            # op's planning may have left the output shapes to a job it expected; kernelgraft.op.outputs)
+            op.dispatcher.output_specs(args)
             decision = self._resolve(op, candidates, args, key, s)
         else:
             self.stats["memory_hit"] += 1
@@ -364,6 +367,8 @@ class Tuner:
                     results = run_isolated(op, chosen, args, s, progress)
                 else:
                     results = run_trials(op, chosen, args, s, progress)
+        except (InputError, SpecError):
+            raise  # the inputs or the op, not the tuning: the caller's error, nothing remembered
         except Exception as exc:
             failed = Decision(key.as_json(), [], [], source="default")
             # Kept in memory (not on disk): the threads that waited for this key, and later
