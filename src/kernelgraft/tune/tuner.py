@@ -22,13 +22,14 @@ from typing import Any
 import torch
 
 from .. import native as _native
-from ..op import select as _select
+from ..op import outputs as _outputs, select as _select
 from ..op.compete import TORCH, TORCH_INDEX, find, is_torch, key_backends, servable
 from ..errors import FallbackWarning, InputError, SpecError, TuneWarning, out_of_memory
 from ..spec import Config
 from . import dist as _dist, phases as _phases
 from .background import BACKGROUND, Background
 from .cache import DiskCache
+from .inputs import tensors_of
 from .key import TuneKey, build_key
 from ..op.modes import Settings, no_tune_reason, settings, warn_no_tune
 from .offpath import off_path, serve
@@ -218,9 +219,12 @@ class Tuner:
             self.stats["memory_miss"] += 1
             if off_path(self, op, args, s) and self._may_measure(op, args, s):
                 return serve(self, op, candidates, args, key, s)  # a provisional choice, at once
-            # Inside the call: inputs that do not fit are refused before anything is tuned (the
-            # op's planning may have left the output shapes to a job it expected; kernelgraft.op.outputs)
-            op.dispatcher.output_specs(args)
+            # Inside the call: inputs that do not fit are refused before anything is tuned. The
+            # op's planning worked the output shapes out already unless it expected a job to
+            # (kernelgraft.op.outputs.may_defer), which tuning inside the call replaces here.
+            first = next(tensors_of(args), None)
+            if first is not None and _outputs.may_defer(s, [("", first)]):
+                op.dispatcher.output_specs(args)
             decision = self._resolve(op, candidates, args, key, s)
         else:
             self.stats["memory_hit"] += 1
