@@ -290,24 +290,18 @@ class Dispatcher:
             self._accept_dtypes(args, tensors)
             chosen = _select.choose(op, supported, args)
             until = _select.take_provisional()
+            if out_specs is None and not (chosen is None and isinstance(until, _select.Pending)):
+                out_specs = self.output_specs(args)  # decided, or no job (the queue refused it)
             if chosen is None:  # no candidate computes the right result, or none is verified yet
                 # guarded as a kernel plan would be: a call refused once the decision lands is
                 # refused while it is made, too
                 plan = reference_plan(op)
-                if out_specs is not None:
-                    pass
-                elif isinstance(until, _select.Pending):  # served while a job tunes the key: a
-                    plan = _outputs.deferred(plan, self.output_specs)  # failure worded by the shapes
-                else:  # decided, or no job (the queue refused it): refused first, as every plan
-                    self.output_specs(args)
+                if out_specs is None:  # served while a job tunes the key: a failure worded by the shapes
+                    plan = _outputs.deferred(plan, self.output_specs)
                 return guarded(plan, self.overlap_guard(args)), until
             log.debug("%s: chose %s%s", op.name, chosen.label, "" if until is None else " (provisional)")
             if _compete.is_torch(chosen):  # PyTorch won this shape: the Python path, no replay
-                if out_specs is None:
-                    self.output_specs(args)
                 return guarded(torch_plan(op, chosen, _compete.bind(op, chosen)), self.overlap_guard(args)), until
-            if out_specs is None:
-                out_specs = self.output_specs(args)
             runner = self.runner(chosen)
             plan = kernel_plan(op, chosen, runner, out_specs, args)
             guard = self.overlap_guard(args)

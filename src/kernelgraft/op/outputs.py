@@ -5,8 +5,9 @@ are refused before anything runs or is tuned.
 
 One call is spared them: the first of a key tuned off the caller's path while the reference
 serves it and a job tunes the key (``may_defer`` before choosing, a ``Pending`` after; the job
-works them out first, and a call that finds no job for its shapes works them out itself). A process's first ``FakeTensorMode`` imports ``torch._dynamo``, one to
-two seconds that would land on that call. The reference allocates its own outputs there, CUDA's
+works them out first, and a call that finds no job for its shapes works them out itself). A
+process's first ``FakeTensorMode`` imports ``torch._dynamo``, one to two seconds that would land
+on that call. The reference allocates its own outputs there, CUDA's
 allocator refuses what does not fit, and a failure is worded by the output shapes then
 (``deferred``); the kernel plan made once the decision lands works them out as every plan does.
 """
@@ -38,13 +39,7 @@ def output_specs(op: Any, args: tuple) -> list[Spec]:
             outs = op._meta_fn(*args)
         else:
             with quiet_fake_tensor_errors(), FakeTensorMode(allow_non_fake_inputs=False) as mode:
-                fake_args = tuple(
-                    mode.from_tensor(a) if isinstance(a, torch.Tensor)
-                    else [mode.from_tensor(t) for t in a] if isinstance(a, (list, tuple))
-                    and a and isinstance(a[0], torch.Tensor) else a
-                    for a in args
-                )
-                outs = op._fake(*fake_args)
+                outs = op._fake(*_probe._fake_args(mode, args))
     except (InputError, SpecError):
         raise
     except Exception as exc:

@@ -47,8 +47,8 @@ from . import pace as _pace
 from .compile_jobs import Job, NotDescribable, Outcome, Source, Target, compiles_ahead, describe
 from .compile_worker import HEADER, send
 
-__all__ = ["Ahead", "CompilePool", "Summary", "compile_ahead", "jobs_for", "source_of", "workers", "prestart", "would_use", "run_jobs",
-           "POOL", "MAX_WORKERS", "TOTALS"]
+__all__ = ["Ahead", "CompilePool", "Summary", "compile_ahead", "jobs_for", "source_of", "workers", "prestart",
+           "would_use", "run_jobs", "POOL", "MAX_WORKERS", "TOTALS"]
 
 log = logging.getLogger(__name__)
 MAX_WORKERS = 16
@@ -335,15 +335,22 @@ def _say_once(tag: str, message: str, *args: Any) -> None:
         log.info(message, *args)
 
 
+def _pool_source(op: Any, device: torch.device) -> Source | str | None:
+    """Where the pool's workers import ``op`` from; None where no pool compiles for ``device`` (the
+    CPU runs Triton's interpreter, or fewer than two workers); a str where they cannot import it."""
+    if device.type != "cuda" or workers() < 2:
+        return None
+    if op.fingerprint in _unimportable:
+        return "importing its module does not define it (not a module-level op)"
+    return source_of(op)
+
+
 def would_use(op: Any, candidates: Sequence[Any], device: torch.device) -> bool:
     """Whether compiling a key of ``op`` on ``device`` would go to the pool: a GPU, two workers or
     more, an op a worker can import and two candidates or more of backends that compile ahead (the
     jobs themselves, made from the inputs, may still be fewer)."""
-    if device.type != "cuda" or workers() < 2 or op.fingerprint in _unimportable:
-        return False
-    if isinstance(source_of(op), str):
-        return False
-    return sum(1 for c in candidates if compiles_ahead(c.impl.backend)) >= 2
+    return (isinstance(_pool_source(op, device), Source)
+            and sum(1 for c in candidates if compiles_ahead(c.impl.backend)) >= 2)
 
 
 def prestart() -> None:
@@ -357,20 +364,16 @@ def prestart() -> None:
 def compile_ahead(op: Any, candidates: Sequence[Any], args: Sequence[Any], device: torch.device) -> Summary | None:
     """Compile ``candidates`` in the pool for a call of their runners with ``args`` (inputs, then
     outputs) on ``device``; None where the pool is not used (see the module docstring)."""
-    if device.type != "cuda":
-        return None  # the CPU runs Triton's interpreter: nothing compiles
-    size = workers()
-    if size < 2:
+    source = _pool_source(op, device)
+    if source is None:
         return None
-    source = source_of(op) if op.fingerprint not in _unimportable else (
-        "importing its module does not define it (not a module-level op)")
     if isinstance(source, str):
         _say_once(op.name, "%s: candidates compile one after the other: %s", op.name, source)
         return None
     jobs = jobs_for(op, candidates, args, Target.of_device(device), source)
     if len(jobs) < 2:
         return None
-    return run_jobs(jobs, size)
+    return run_jobs(jobs, workers())
 
 
 class Ahead:

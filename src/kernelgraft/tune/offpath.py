@@ -18,8 +18,8 @@ refuses first.
 from __future__ import annotations
 
 import contextvars
-import logging
 import dataclasses
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any

@@ -2,8 +2,8 @@
 
 Phases: (0) compile the candidates in parallel, in worker processes (``compile_pool``; where it
 cannot, they compile one by one in phase 1), while this thread gates ``torch:compile`` (Inductor
-compiling the reference for the shape takes seconds, which then overlap the workers'); (1) gate every candidate (the first launch: a compile
-where phase 0 did not do it); (2) keep the GPU busy for ``WARM_MS``, then time every candidate back
+compiling the reference for the shape takes seconds, which then overlap the workers'); (1) gate
+every candidate (the first launch: a compile where phase 0 did not do it); (2) keep the GPU busy for ``WARM_MS``, then time every candidate back
 to back; (3) re-time the finalists: those scored by GPU time within ``TOGETHER_MARGIN`` of the
 fastest (at most ``MAX_TOGETHER``) together, their CUDA graphs replayed in turn, every one at the
 same clock; that timing orders them (on the first pass's scale). Where the timer cannot (no
