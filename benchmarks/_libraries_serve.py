@@ -124,12 +124,12 @@ def _judge(op, refs: list, outputs: dict, ns: str, short: str) -> dict:
         if isinstance(got, str) or got is None:
             refused += 1
             if got is not None and "no bundled kernel serves" not in got:
-                failed.append(f"input {i}: {got[:200]}")
+                failed.append(f"input {i}: {got[:1500]}")
             continue
         served += 1
         verdict = oracle.verify(ref, got, op.tolerances)
         if not verdict.ok:
-            failed.append(f"input {i}: {verdict}"[:300])
+            failed.append(f"input {i}: {verdict}"[:1500])
     return {"served": served, "refused": refused, "failed": failed}
 
 

@@ -8,7 +8,7 @@ bundle's signature was verified with a key. What is opened are the verified byte
 library is copied into an anonymous in-memory file (``memfd_create``) and ``dlopen``-ed from there,
 so a file swapped in ``bin/`` after the check is never what runs. The runtime library is opened
 first; the candidate's ``DT_NEEDED`` names it by soname, which the dynamic loader matches to the
-copy already open, and through it ``libcuda.so.1`` comes in from the system. (A process that
+copy already open, and names ``libcuda.so.1``, which comes in from the system. (A process that
 already loaded the wheel's own ``libcuda_dialect_runtime.so``, by running CuTe DSL JIT kernels,
 has its library matched instead: the same soname, code the process loaded itself.)
 """
