@@ -85,7 +85,7 @@ def _tool(name: str) -> str:
     return path
 
 
-def test_libraries_export_only_the_shim_and_need_the_dialect_runtime(bundle):
+def test_libraries_export_only_the_shim_and_need_the_dialect_runtime_and_the_driver(bundle):
     manifest = _manifest.read(bundle)
     files = {k["images"]["so"]["file"]: k for _, _, k in _native(manifest)}
     runtimes = {k["images"]["runtime"]["sha256"] for _, _, k in _native(manifest)}
@@ -99,7 +99,9 @@ def test_libraries_export_only_the_shim_and_need_the_dialect_runtime(bundle):
         dynamic = subprocess.run([_tool("readelf"), "-d", str(bundle / name)], capture_output=True, text=True,
                                  check=True).stdout
         assert f"Shared library: [{RUNTIME}]" in dynamic
-        assert "libcuda.so" not in dynamic  # the driver comes through the runtime, not linked here
+        # the library names the driver itself: 4.8's runtime library does not, and a library opened
+        # RTLD_LOCAL resolves only through what it and its dependencies name
+        assert "Shared library: [libcuda.so.1]" in dynamic
     runtime = next(iter(_native(manifest)))[2]["images"]["runtime"]
     dynamic = subprocess.run([_tool("readelf"), "-d", str(bundle / runtime["file"])], capture_output=True,
                              text=True, check=True).stdout
@@ -107,7 +109,8 @@ def test_libraries_export_only_the_shim_and_need_the_dialect_runtime(bundle):
 
 
 # A child (the stub driver must not leak into this process): a libcuda.so.1 whose every entry point
-# returns CUDA_ERROR_NO_DEVICE (100), then each library opened as the loaders open it. Mode
+# returns CUDA_ERROR_NO_DEVICE (100), opened RTLD_LOCAL as torch and the C++ runtime open the driver
+# (its symbols reach only libraries that name it), then each library opened as the loaders open it. Mode
 # "context": cuInit succeeds and a context of device 0 is current, so the launch gets as far as the
 # library's own cuda_init (whose static CUDA runtime then finds no usable driver).
 CHILD = r"""
@@ -130,7 +133,7 @@ try:
     report["without_runtime"] = "loaded"
 except OSError as exc:
     report["without_runtime"] = str(exc)
-ctypes.CDLL(stub_dir + "/libcuda.so.1", mode=ctypes.RTLD_GLOBAL)
+ctypes.CDLL(stub_dir + "/libcuda.so.1", mode=2 | ctypes.RTLD_LOCAL)
 ctypes.CDLL(bundle + "/" + kernels[0]["runtime"], mode=2 | ctypes.RTLD_LOCAL)
 report["kernels"] = []
 for k in kernels:
@@ -327,7 +330,7 @@ names |= {"cuInit", "cuCtxGetCurrent", "cuCtxSetCurrent", "cuCtxGetDevice", "cuD
 open(stub_dir + "/stub.c", "w").write("\n".join("int %s(void) { return 100; }" % n for n in sorted(names)))
 subprocess.run(["gcc", "-shared", "-fPIC", "-o", stub_dir + "/libcuda.so.1", stub_dir + "/stub.c",
                 "-Wl,-soname,libcuda.so.1"], check=True)
-ctypes.CDLL(stub_dir + "/libcuda.so.1", mode=ctypes.RTLD_GLOBAL)
+ctypes.CDLL(stub_dir + "/libcuda.so.1", mode=2 | ctypes.RTLD_LOCAL)
 import torch
 torch.ops.load_library(so)
 torch.ops.kernelgraft.load_bundle(bundle, None, "sm_90", True)
@@ -357,7 +360,7 @@ names |= {l.split()[-1].split("@")[0] for l in out.splitlines() if l.split() and
 open(stub_dir + "/stub.c", "w").write("\n".join("int %s(void) { return 100; }" % n for n in sorted(names)))
 subprocess.run(["gcc", "-shared", "-fPIC", "-o", stub_dir + "/libcuda.so.1", stub_dir + "/stub.c",
                 "-Wl,-soname,libcuda.so.1"], check=True)
-ctypes.CDLL(stub_dir + "/libcuda.so.1", mode=ctypes.RTLD_GLOBAL)
+ctypes.CDLL(stub_dir + "/libcuda.so.1", mode=2 | ctypes.RTLD_LOCAL)
 import kernelgraft as kg
 import kernelgraft.driver
 
