@@ -8,6 +8,9 @@ directory (decisions, compiled modules, the native replay's build); Triton's own
 the machine's unless ``--cold``.
 
 - ``first_ms``: wall time of the first call (synchronised); target <= 50 ms;
+- ``reference_first_ms`` (the table's floor): the first call of the op's plain PyTorch reference
+  in another fresh process warmed the same way, no kernelgraft call made: the first use of each
+  torch kernel loads its module, which a first call served by the reference pays too;
 - ``land_s``: from the first call until its decision lands (``kg.tune.wait``); targets <= 5 s for
   the norm, softmax and elementwise shapes, <= 15 s for the 36-candidate GEMM;
 - ``served``: what the next call runs, against what a blocking-mode process (another fresh process,
@@ -151,6 +154,26 @@ def first_call(case: str, *, device: str, background: bool, cases: dict, tune_op
             "torch": torch.__version__, **({"first_call_profile": _top(profiler)} if profiler else {})}
 
 
+def reference_first(case: str, *, device: str, cases: dict) -> dict:
+    """The floor: the first call of the op's plain PyTorch reference in a process warmed as the
+    cases are, no kernelgraft call made (the first use of each torch kernel it runs loads that
+    kernel's module, which any first call serving the reference pays too)."""
+    module, name, shape = cases[case]
+    op = _op(module, name)
+    _warm_torch(device)
+    args = _inputs(module, shape, device)
+    _sync(device)
+    t0 = time.perf_counter()
+    op.reference(*args)
+    _sync(device)
+    first_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    op.reference(*args)
+    _sync(device)
+    return {"case": case, "reference_first_ms": round(first_s * 1e3, 2),
+            "reference_second_ms": round((time.perf_counter() - t0) * 1e3, 3)}
+
+
 def _top(profiler: cProfile.Profile, n: int = 40) -> list[str]:
     """The first call's ``n`` costliest functions by cumulative time (where its milliseconds go)."""
     text = io.StringIO()
@@ -229,7 +252,9 @@ def _child(args) -> None:
         os.environ["KERNELGRAFT_TUNE_BLOCKING"] = "1"
     else:
         os.environ.pop("KERNELGRAFT_TUNE_BLOCKING", None)
-    if args.child == "serve":
+    if args.mode == "reference":
+        out = reference_first(args.child, device="cuda", cases=CASES)
+    elif args.child == "serve":
         out = serving(device="cuda", seconds=args.serve_seconds, cases=CASES, serve_case="rmsnorm",
                       tune_case="gemm_777", tune_options={})
     else:
@@ -288,13 +313,15 @@ def smoke_timer(trial, settings) -> float:
 
 
 def table(rows: list[dict], serve: dict | None) -> str:
-    lines = [f"{'case':10} {'first ms':>9} {'land s':>8} {'target':>7} {'choice':>8} {'slower':>7}"]
+    lines = [f"{'case':10} {'first ms':>9} {'floor ms':>9} {'land s':>8} {'target':>7} {'choice':>8} {'slower':>7}"]
     for r in rows:
         if "error" in r:
             lines.append(f"{r['case']:10} error: {str(r['error']).splitlines()[-1][:80] if r['error'] else ''}")
             continue
         target = LAND_TARGET_S.get(r["case"], 5.0)
-        lines.append(f"{r['case']:10} {r['first_ms']:9.1f} {r['land_s']:8.2f} {target:7.0f} "
+        floor = r.get("reference_first_ms")
+        lines.append(f"{r['case']:10} {r['first_ms']:9.1f} {'-' if floor is None else f'{floor:.1f}':>9} "
+                     f"{r['land_s']:8.2f} {target:7.0f} "
                      f"{r.get('choice', '-'):>8} {r.get('slower') or '-':>7}")
     if serve is not None:
         if "error" in serve:
@@ -318,10 +345,15 @@ def run(args) -> dict:
             with _fresh_state():
                 bl = first_call(case, device="cpu", background=False, cases=SMOKE_CASES,
                                 tune_options={"timer": smoke_timer, "blocking": True})
+            floor = reference_first(case, device="cpu", cases=SMOKE_CASES)
         else:
             bg = _spawn(case, "background", args.serve_seconds, args.timeout, args.cold)
             bl = _spawn(case, "blocking", args.serve_seconds, args.timeout, args.cold)
+            floor = _spawn(case, "reference", args.serve_seconds, args.timeout, args.cold)
         row = dict(bg)
+        if "error" not in floor:
+            row["reference_first_ms"], row["reference_second_ms"] = (floor["reference_first_ms"],
+                                                                     floor["reference_second_ms"])
         if "error" not in bg and "error" not in bl:
             row["choice"], row["slower"] = same_choice(bg, bl, TIE_MARGIN)
             row["blocking_first_ms"], row["blocking_served"] = bl["first_ms"], bl["served"]
