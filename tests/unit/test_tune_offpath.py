@@ -826,3 +826,29 @@ def test_a_deferred_reference_with_data_dependent_shapes_is_told_on_the_next_cal
         assert kg.tune.wait(HOLD_S)
         with pytest.raises(kg.KernelgraftError, match="data"):
             op(x)
+
+
+def test_a_jobs_output_shapes_run_in_a_paced_unit(monkeypatch):
+    """The job's first work, the output shapes the served call skipped (a process's first fake
+    tensors import much of torch: seconds of Python holding the GIL), is a unit its pacer lets
+    start, not work done beside the call that queued it."""
+    from kernelgraft.op import outputs
+    from kernelgraft.tune import phases as _phases
+
+    seen = []
+    specs = outputs.output_specs
+
+    def watched(op, args):
+        if threading.current_thread().name.startswith("kernelgraft-tune-"):  # the job's, not the call's
+            rec = _phases.current()
+            seen.append(rec is not None and rec._depth == 1 and rec.pace is not None)
+        return specs(op, args)
+
+    monkeypatch.setattr(outputs, "output_specs", watched)
+    op = make_scale("toff::paced_specs")
+    timer = HeldTimer()
+    timer.release.set()
+    with kg.tune("on", timer=timer, blocking=False):
+        assert served(op, torch.randn(300)) == "reference"
+        assert kg.tune.wait(HOLD_S)
+    assert seen and all(seen), seen  # the job's calls, each inside a paced unit

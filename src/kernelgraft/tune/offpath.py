@@ -90,8 +90,11 @@ def _job(tuner: Any, op: Any, candidates: Sequence[Any], key: TuneKey, s: Settin
         phases.paused_s += time.perf_counter() - waited
         with phases.recording(), torch.no_grad():
             # the checks planning skipped for the call served meanwhile (``op.outputs``): inputs
-            # that do not fit raise the caller's InputError here, before anything is tuned
-            context.run(op.dispatcher.output_specs, job.args)
+            # that do not fit raise the caller's InputError here, before anything is tuned. A paced
+            # unit: a process's first fake tensors import much of torch (seconds of Python on the
+            # GIL), which must not run beside the call that queued the job
+            with _phases.phase("prepare"):
+                context.run(op.dispatcher.output_specs, job.args)
             context.run(tuner._resolve, op, candidates, job.args, key, settings)
         tuner.stats["background_tuned"] += 1
 
