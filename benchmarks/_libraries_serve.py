@@ -52,7 +52,9 @@ def build(names, dest: Path, timeout: float) -> dict:
            *(f"kernelgraft.examples.libraries.{n}" for n in names), "--arch", f"sm_{major}{minor}",
            "--allow-partial", "-o", str(dest)]
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=max(timeout, 30))
+    # at least 2 minutes: a cold machine's first build (Triton and the CuTe DSL compiling for the
+    # first time) took longer than a short --time-limit left it
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=max(timeout, 120))
     return {"command": " ".join(cmd[1:]), "returncode": proc.returncode, "seconds": round(time.monotonic() - t0, 1),
             "tail": (proc.stdout + proc.stderr)[-3000:]}
 
