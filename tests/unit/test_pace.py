@@ -64,6 +64,10 @@ def test_a_heavy_unit_starts_after_the_bound_and_is_counted():
         assert second - (started + 1.0) >= (1.0 - _pace.BURST_S / 2) / 0.1 - 1e-6
     totals = rec.totals()
     assert pace.heavy_under_load == 2 and totals["heavy_under_load"] == 2.0 and totals["units_under_load"] == 2.0
+    from kernelgraft.tune.report import KeyReport
+
+    said = str(KeyReport("x: (4,)", "d", "tuned", None, 14.0, totals))
+    assert "2 units timed under load" in said and "2 compiles under load" in said
 
 
 def test_cancellation_is_honoured_while_a_heavy_unit_waits():

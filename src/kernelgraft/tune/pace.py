@@ -11,7 +11,7 @@ token bucket fills at ``duty`` seconds per second (at most ``BURST_S``), a unit 
 holds ``BURST_S / 2``, and every unit started while busy drains it by the unit's length. So under
 serving that never pauses the tuning takes at most ``duty`` of the wall time (and of the GIL and
 the GPU) plus the one unit in flight, and it still lands; when serving pauses it runs at full
-speed. ``KERNELGRAFT_TUNE_DUTY`` sets the share (default 0.05; 1 never waits).
+speed. ``KERNELGRAFT_TUNE_DUTY`` sets the share (default 0.05; 1: light units never wait).
 
 The unit in flight is not interrupted, and a duty cycle cannot bound what one unit does while it
 runs. Torch releases the GIL inside its ops, but a unit that compiles in this process (a first
