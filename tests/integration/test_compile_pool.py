@@ -117,6 +117,28 @@ def test_ops_a_worker_cannot_import_compile_serially():
                          torch.device("cpu")) is None
 
 
+@pytest.mark.skipif(not hasattr(os, "getpriority"), reason="no process priorities here")
+def test_a_worker_yields_the_cpu_to_serving():
+    """A compile worker lowers its CPU priority before its imports (so a pool importing torch and
+    compiling takes the cores serving leaves); the process that started it keeps its own."""
+    from kernelgraft.tune.compile_worker import WORKER_NICE, receive
+
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    proc = subprocess.Popen([sys.executable, "-m", "kernelgraft.tune.compile_worker"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    try:
+        assert receive(proc.stdout) == "ready"
+        got = os.getpriority(os.PRIO_PROCESS, proc.pid)
+        assert got == min(19, mine + WORKER_NICE) and (got > mine or mine == 19)
+    finally:
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0
+        proc.stdout.close()
+    assert os.getpriority(os.PRIO_PROCESS, 0) == mine
+
+
 def test_worker_count(monkeypatch):
     monkeypatch.setenv("KERNELGRAFT_COMPILE_WORKERS", "0")
     assert workers() == 0

@@ -370,7 +370,7 @@ def test_phases_record_units_and_a_paused_clock():
         def __init__(self):
             self.events = []
 
-        def before(self):
+        def before(self, heavy=False):
             self.events.append("before")
 
         def after(self):

@@ -22,8 +22,11 @@ device's default stream), so candidates are timed on an idle GPU, as inside a ca
 calls do not wait behind a tuning for the GIL or the GPU. While serving stays busy the units start
 at a duty cycle (5% of wall time, ``KERNELGRAFT_TUNE_DUTY``): a tuning still lands under constant
 load, at a bounded cost; the report counts the units timed under load. The heavy Python part of a
-tuning is compiling: that belongs in the compile phase's process pool, which the trials enter like
-any other unit.
+tuning is compiling: that belongs in the compile phase's process pool, whose workers run at a
+lower CPU priority. A unit that compiles in this process all the same (``torch:compile``'s gate,
+a kernel's first launch the pool did not compile) holds the GIL for seconds, which no duty cycle
+can split: it starts only in a pause of serving, or once serving stayed busy for
+``KERNELGRAFT_TUNE_HEAVY_WAIT`` seconds (10), and the report counts those too.
 
 **Bounds.** At most ``KERNELGRAFT_TUNE_QUEUE`` jobs per device (64) and ``KERNELGRAFT_TUNE_QUEUE_MB``
 MiB of copied inputs in all (2048). A key over either is not queued (``submit`` returns None): the

@@ -21,7 +21,9 @@ a script run as ``__main__``, compiles serially, said once in the log) and
 ``KERNELGRAFT_COMPILE_WORKERS`` is not 0 (default: one worker per CPU core but one, at most 16,
 the cores shared among the ranks of a host; fewer than two workers compile serially). A job that
 fails compiles again in its gate run, as it would have without the pool: the pool can only save
-time, never change a decision.
+time, never change a decision. The workers run at a lower CPU priority
+(``compile_worker.WORKER_NICE``, where the system has ``os.nice``): on a machine whose cores are
+busy serving they take what serving leaves, on an idle one they compile at full speed.
 """
 
 from __future__ import annotations
@@ -146,6 +148,12 @@ class Summary:
     seconds: float = 0.0  # wall time of the parallel phase
     worker_seconds: float = 0.0  # compile time summed over the jobs
     failures: list[str] = dataclasses.field(default_factory=list)
+    built: set[tuple[int, tuple]] = dataclasses.field(default_factory=set)  # (impl, config) of each job done
+
+    def built_for(self, candidate: Any) -> bool:
+        """Whether a worker compiled ``candidate`` for this key (its launch here finds it in the
+        cache; a failed job compiles again in the gate)."""
+        return (candidate.index, tuple(candidate.config)) in self.built
 
 
 class _Worker:
@@ -415,6 +423,7 @@ def run_jobs(jobs: Sequence[Job], size: int) -> Summary:
         summary.worker_seconds += outcome.seconds
         if outcome.ok:
             summary.compiled += 1
+            summary.built.add((job.impl, job.config))
             for artifact in outcome.artifacts:
                 backends.get(outcome.backend).adopt(artifact)
         else:

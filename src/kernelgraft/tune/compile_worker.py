@@ -4,6 +4,11 @@ Reads length-prefixed pickled ``Job`` objects on stdin and answers each with a p
 on stdout, until stdin closes. The first message out is ``"ready"``, sent once the heavy imports
 are done, so a pool knows its workers started. Anything the imported user code prints goes to
 stderr: the real stdout is kept for answers only.
+
+A worker lowers its own CPU priority first (``WORKER_NICE``; its compilers' subprocesses inherit
+it), before the imports: a pool of one worker per core but one, importing torch and then
+compiling, must not take cores from the threads serving in the process that started it. Only the
+scheduling changes: what a worker compiles is the same.
 """
 
 from __future__ import annotations
@@ -15,6 +20,19 @@ import sys
 from typing import Any, BinaryIO
 
 HEADER = struct.Struct("<Q")  # the length of each pickled message that follows
+WORKER_NICE = 10  # added to the worker's niceness: serving's threads come first on a busy host
+
+
+def lower_priority() -> None:
+    """Make this process yield the CPU to normal-priority work (nothing where there is no
+    ``os.nice``, or it is refused: the worker then compiles at the parent's priority)."""
+    nice = getattr(os, "nice", None)
+    if nice is None:
+        return
+    try:
+        nice(WORKER_NICE)
+    except OSError:
+        pass
 
 
 def send(stream: BinaryIO, value: Any) -> None:
@@ -39,6 +57,7 @@ def receive(stream: BinaryIO) -> Any:
 
 
 def main() -> int:
+    lower_priority()
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # prints from imported modules must not corrupt the answers
     sys.stdout = sys.stderr

@@ -11,13 +11,24 @@ token bucket fills at ``duty`` seconds per second (at most ``BURST_S``), a unit 
 holds ``BURST_S / 2``, and every unit started while busy drains it by the unit's length. So under
 serving that never pauses the tuning takes at most ``duty`` of the wall time (and of the GIL and
 the GPU) plus the one unit in flight, and it still lands; when serving pauses it runs at full
-speed. ``KERNELGRAFT_TUNE_DUTY`` sets the share (default 0.05; 1 never waits). The unit in flight
-is not interrupted: one that compiles in this process (a first launch's JIT compile in the gate,
-``torch:compile``'s Inductor compile of the reference) can hold the GIL for seconds if serving
-starts meanwhile; compiles run ahead in a process pool do not.
+speed. ``KERNELGRAFT_TUNE_DUTY`` sets the share (default 0.05; 1: light units never wait).
+
+The unit in flight is not interrupted, and a duty cycle cannot bound what one unit does while it
+runs. Torch releases the GIL inside its ops, but a unit that compiles in this process (a first
+launch's JIT compile in the gate, ``torch:compile``'s Inductor compile of the reference) runs
+Python for seconds: the serving threads then get the GIL back only every
+``sys.getswitchinterval()`` and nearly stop. Such a unit is *heavy* (``before(heavy=True)``):
+while serving is busy it does not start on the duty cycle but waits for a quiet window, for at
+most ``heavy_wait()`` seconds (``KERNELGRAFT_TUNE_HEAVY_WAIT``, default ``HEAVY_WAIT_S`` = 10;
+0 paces heavy units as light ones), and only then starts on the duty cycle anyway, so a tuning
+still lands on a machine that never goes quiet; those are counted (``heavy_under_load``). What
+serving can expect, then: light units take at most ``duty`` of its time plus one unit in flight;
+heavy units start only in a pause of serving (and slow it only if it resumes while they run) or
+after it stayed busy for ``heavy_wait()`` seconds. Compiles run ahead in the worker pool (at a
+lower CPU priority) hold none of this process's GIL and are not heavy.
 
 >>> p = Pacer(lambda: False)
->>> p.before(); p.after(); p.busy_units
+>>> p.before(); p.after(); p.before(heavy=True); p.after(); p.busy_units
 0
 """
 
@@ -29,7 +40,7 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["Pacer", "Watch", "Cancelled", "duty", "PROBE_S", "BUSY_CPU"]
+__all__ = ["Pacer", "Watch", "Cancelled", "duty", "heavy_wait", "PROBE_S", "BUSY_CPU", "HEAVY_WAIT_S"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +49,8 @@ BUSY_CPU = 0.25  # other threads using more of a core than this: busy
 BURST_S = 0.05  # the most work a busy stretch may bank
 MAX_SLEEP_S = 0.25  # a waiting worker looks again (and at cancellation) at least this often
 MIN_SLEEP_S = 0.001  # and at most this often (a refill that rounds just short must still wait)
+HEAVY_WAIT_S = 10.0  # how long a heavy unit waits for a quiet window while serving stays busy
+HEAVY_POLL_S = 0.05  # how often a waiting heavy unit looks for one (each look is a short probe)
 
 # The tuning workers' threads (kernel thread ids): their CPU time is the tuning's, not serving's.
 _workers: set[int] = set()
@@ -57,6 +70,16 @@ def duty() -> float:
     except ValueError:
         return 0.05
     return value if 0.0 < value <= 1.0 else 0.05
+
+
+def heavy_wait() -> float:
+    """``KERNELGRAFT_TUNE_HEAVY_WAIT`` in seconds (>= 0; 0: heavy units are paced as light ones),
+    else the default ``HEAVY_WAIT_S``."""
+    try:
+        value = float(os.environ.get("KERNELGRAFT_TUNE_HEAVY_WAIT", "") or HEAVY_WAIT_S)
+    except ValueError:
+        return HEAVY_WAIT_S
+    return value if 0.0 <= value < float("inf") else HEAVY_WAIT_S
 
 
 def register_worker(tid: int) -> None:
@@ -128,25 +151,31 @@ class Watch:
 
 class Pacer:
     """Paces one tuning's units (``_phases.Pace``): ``busy()`` says whether serving is active
-    (it may take a moment: the probe), ``cancelled()`` whether to stop (raises ``Cancelled``)."""
+    (it may take a moment: the probe), ``cancelled()`` whether to stop (raises ``Cancelled``).
+    ``heavy_s``: how long a heavy unit waits for a quiet window (default ``heavy_wait()``)."""
 
-    def __init__(self, busy: Callable[[], bool], *, share: float | None = None,
+    def __init__(self, busy: Callable[[], bool], *, share: float | None = None, heavy_s: float | None = None,
                  cancelled: Callable[[], bool] = lambda: False,
                  sleep: Callable[[float], None] = time.sleep, now: Callable[[], float] = time.monotonic) -> None:
         self.busy, self.cancelled = busy, cancelled
         self.share = duty() if share is None else share
+        self.heavy_s = heavy_wait() if heavy_s is None else heavy_s
         self._sleep, self._now = sleep, now
         self.tokens = 0.0
         self._updated = now()
         self._unit: float | None = None  # when the unit under way started, if it started busy
         self.busy_units = 0  # units started while serving was busy (timed under load)
+        self.heavy_under_load = 0  # of those, heavy units that waited out ``heavy_s`` first
 
     def _refill(self) -> None:
         now = self._now()
         self.tokens = min(BURST_S, self.tokens + (now - self._updated) * self.share)
         self._updated = now
 
-    def before(self) -> None:
+    def before(self, heavy: bool = False) -> None:
+        """Wait until the next unit may start (``heavy``: it compiles in this process, see the
+        module docstring); raises ``Cancelled`` when the tuning was dropped meanwhile."""
+        waiting_since: float | None = None  # a heavy unit's first look at a busy process
         while True:
             if self.cancelled():
                 raise Cancelled()
@@ -155,8 +184,18 @@ class Pacer:
             if not busy:
                 self._unit = None
                 return
+            if heavy and self.heavy_s > 0:
+                now = self._now()
+                if waiting_since is None:
+                    waiting_since = now
+                left = self.heavy_s - (now - waiting_since)
+                if left > 0:  # a quiet window may yet come: look again soon
+                    self._sleep(max(MIN_SLEEP_S, min(HEAVY_POLL_S, left)))
+                    continue
             if self.share >= 1.0 or self.tokens >= BURST_S / 2:
                 self.busy_units += 1
+                if heavy:
+                    self.heavy_under_load += 1
                 self._unit = self._now()
                 return
             self._sleep(min(MAX_SLEEP_S, max(MIN_SLEEP_S, (BURST_S / 2 - self.tokens) / self.share)))

@@ -5,7 +5,8 @@ phase, where one runs), gating a candidate (its compile happens there for backen
 first launch), timing a candidate, re-timing the finalists, measuring host costs. The trials enter
 each unit through ``phase(name, candidate)``. That records the seconds per phase and per candidate
 (``kg.tune.report``) and, for a tuning made off the caller's path, first asks the job's pacer
-whether the unit may start now (``kernelgraft.tune.pace``). A pause is recorded apart
+whether the unit may start now (``kernelgraft.tune.pace``); a unit that compiles in this process
+says so (``heavy=True``) and waits for a pause in serving. A pause is recorded apart
 (``paused``) and is not spent from the tuning budget: the trials read their elapsed time from
 ``clock()``, which stands still while paused. Outside a recording every function here is a no-op
 (``clock`` is ``time.perf_counter``), so a tuning on the caller's thread behaves as before.
@@ -34,7 +35,7 @@ _local = threading.local()
 class Pace(Protocol):
     """What a recording asks before and after each unit (``_pace.Pacer``)."""
 
-    def before(self) -> None: ...  # may wait, or raise to stop the tuning
+    def before(self, heavy: bool = False) -> None: ...  # may wait, or raise to stop the tuning
 
     def after(self) -> None: ...
 
@@ -66,13 +67,17 @@ class Phases:
 
     def totals(self) -> dict[str, float]:
         """Seconds by phase, with ``paused`` when units waited (and ``units_under_load``, a count,
-        when some started while serving was busy), rounded for storage."""
+        when some started while serving was busy; ``heavy_under_load`` of those compiled in this
+        process after waiting out the pacer's bound), rounded for storage."""
         out = {name: round(s, 6) for name, s in self.seconds.items()}
         if self.paused_s:
             out["paused"] = round(self.paused_s, 6)
         under_load = getattr(self.pace, "busy_units", 0)
         if under_load:  # units a duty cycle let start while serving was busy: timed under load
             out["units_under_load"] = float(under_load)
+        heavy = getattr(self.pace, "heavy_under_load", 0)
+        if heavy:  # compiles in this process that serving never paused for
+            out["heavy_under_load"] = float(heavy)
         return out
 
     def add(self, name: str, seconds: float, candidate: Any = None) -> None:
@@ -88,9 +93,11 @@ def current() -> Phases | None:
 
 
 @contextlib.contextmanager
-def phase(name: str, candidate: Any = None) -> Iterator[None]:
-    """One unit of work of phase ``name`` (on ``candidate``, if it is one candidate's). Only the
-    outermost unit is paced and counted: a unit inside another belongs to it."""
+def phase(name: str, candidate: Any = None, heavy: bool = False) -> Iterator[None]:
+    """One unit of work of phase ``name`` (on ``candidate``, if it is one candidate's). ``heavy``:
+    it may compile in this process (seconds of Python that hold the GIL), so a pacer starts it
+    only in a pause of serving, or after a bound (``_pace``). Only the outermost unit is paced
+    and counted: a unit inside another belongs to it."""
     rec = getattr(_local, "current", None)
     if rec is None or rec._depth:
         yield
@@ -98,7 +105,7 @@ def phase(name: str, candidate: Any = None) -> Iterator[None]:
     if rec.pace is not None:
         waited = time.perf_counter()
         try:
-            rec.pace.before()
+            rec.pace.before(heavy=heavy)
         finally:
             rec.paused_s += time.perf_counter() - waited
     rec._depth = 1

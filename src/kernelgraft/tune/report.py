@@ -62,6 +62,8 @@ class KeyReport:
             parts = [f"{_NAMES.get(n, n)} {self.phases[n]:.2f} s" for n in _ORDER if self.phases.get(n)]
             if self.phases.get("units_under_load"):
                 parts.append(f"{int(self.phases['units_under_load'])} units timed under load")
+            if self.phases.get("heavy_under_load"):  # compiles here that serving never paused for
+                parts.append(f"{int(self.phases['heavy_under_load'])} compiles under load")
             head += f" ({self.tune_s:.2f} s: " + ", ".join(parts) + ")"
         lines = [head]
         width = max((len(t.label) for t in self.tried), default=0)

@@ -3,10 +3,12 @@
 Phases: (0) compile the candidates in parallel, in worker processes (``compile_pool``; where it
 cannot, they compile one by one in phase 1), while this thread gates ``torch:compile`` (Inductor
 compiling the reference for the shape takes seconds, which then overlap the workers'); (1) gate
-every candidate (the first launch: a compile where phase 0 did not do it); (2) keep the GPU busy for ``WARM_MS``, then time every candidate back
-to back; (3) re-time the finalists: those scored by GPU time within ``TOGETHER_MARGIN`` of the
-fastest (at most ``MAX_TOGETHER``) together, their CUDA graphs replayed in turn, every one at the
-same clock; that timing orders them (on the first pass's scale). Where the timer cannot (no
+every candidate (the first launch: a compile where phase 0 did not do it; such a gate, and
+``torch:compile``'s, is a heavy unit, which a tuning off the caller's path starts only in a pause
+of serving or after a bound: ``_pace``); (2) keep the GPU busy for ``WARM_MS``, then time every
+candidate back to back; (3) re-time the finalists: those scored by GPU time within
+``TOGETHER_MARGIN`` of the fastest (at most ``MAX_TOGETHER``) together, their CUDA graphs replayed
+in turn, every one at the same clock; that timing orders them (on the first pass's scale). Where the timer cannot (no
 ``timer.together``, inputs restored per launch, cold L2, a failed capture), the finalists within
 ``FINAL_MARGIN`` (at most ``MAX_FINALISTS``, torch:compile's host-scored time included) are timed
 ``FINAL_ROUNDS`` more times one after the other, each keeping its fastest median.
@@ -40,7 +42,7 @@ from ..verify import oracle as _verify
 from ..errors import out_of_memory
 from ..op import compete as _compete
 from ..timing import on_device
-from .compile_pool import Ahead, compile_ahead, would_use
+from .compile_pool import Ahead, Summary, compile_ahead, would_use
 from .gate import classify_error, expected, guarded, judge
 from .phases import clock, phase
 from .timing import CaptureRefused, Trial, cuda_timer
@@ -115,16 +117,17 @@ def run_trials(
     started = clock()  # stands still while a tuning off the caller's path is paused
     early: dict[int, Result | Trial] = {}
     inductor = _inductor(op, candidates, device)
+    built: Summary | None = None  # what the worker pool compiled for this key
     with phase("compile"):  # the candidates' compiles, in worker processes, before any is gated
         if inductor is None:
-            compile_ahead(op, candidates, (*own, *outs), device)  # the runners' exact arguments: see _gate
+            built = compile_ahead(op, candidates, (*own, *outs), device)  # the runners' exact arguments: see _gate
         else:  # while the workers compile, Inductor compiles the reference here (seconds, once a shape)
             ahead = Ahead(op, candidates, (*own, *outs), device)
     if inductor is not None:
-        with phase("gate", inductor):
+        with phase("gate", inductor, heavy=_compiles_here(op, inductor, None)):
             early[id(inductor)] = _gate(op, inductor, own, outs, restore if mutated else None, reference, device)
         with phase("compile"):
-            ahead.result()
+            built = ahead.result()
     for n, cand in enumerate(candidates):
         if on_progress is not None:
             on_progress(n, cand)
@@ -134,7 +137,8 @@ def run_trials(
             results.append(_over_budget(cand, settings))
             continue
         else:
-            with phase("gate", cand):  # compiles here, for backends that compile on first launch
+            # compiles here where the pool did not (heavy: it waits for a pause in serving)
+            with phase("gate", cand, heavy=_compiles_here(op, cand, built)):
                 result = _gate(op, cand, own, outs, restore if mutated else None, reference, device)
         if isinstance(result, Trial):
             result.cold = bool(settings.cold_l2)
@@ -262,6 +266,22 @@ def _inductor(op: Any, candidates: Sequence[Any], device: torch.device) -> Any:
     if found is None or op.dispatcher.compile_state.error is not None:
         return None
     return found if would_use(op, candidates, device) else None
+
+
+def _compiles_here(op: Any, cand: Any, built: Summary | None) -> bool:
+    """Whether gating ``cand`` may compile in this process: a heavy unit (``_pace``), which a
+    tuning off the caller's path starts only in a pause of serving (or after a bound). The gate of
+    ``torch:compile`` is Inductor compiling the reference for this shape (unless Dynamo refused the
+    reference before: then it only says so); ``torch:eager`` compiles nothing. A kernel compiles on
+    its first launch here unless the worker pool compiled it for this key (``built``: a job that
+    failed compiles again in the gate) or an AOT bundle serves it. A kernel whose compile is cached
+    anyway (Triton's disk cache, a specialisation launched before) counts as heavy too: nothing
+    cheap tells before its launch, and the mark costs the tuning a wait, never serving."""
+    if _compete.is_torch(cand):
+        return cand.impl.name == "compile" and op.dispatcher.compile_state.error is None
+    if built is not None and built.built_for(cand):
+        return False
+    return op.dispatcher.bundled_runner(cand.index, cand.config) is None
 
 
 def _gate(op, cand, own, outs, restore, reference, device) -> Result | Trial:
