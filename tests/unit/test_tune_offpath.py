@@ -852,3 +852,29 @@ def test_a_jobs_output_shapes_run_in_a_paced_unit(monkeypatch):
         assert served(op, torch.randn(300)) == "reference"
         assert kg.tune.wait(HOLD_S)
     assert seen and all(seen), seen  # the job's calls, each inside a paced unit
+
+
+def test_a_jobs_first_fake_tensors_are_a_heavy_unit(monkeypatch):
+    """Until torch's fake tensors were imported (``torch._dynamo``), working the output shapes
+    out runs seconds of Python: a heavy unit, which waits for a pause in serving; later, a light
+    one."""
+    from kernelgraft.tune import offpath, phases as _phases
+
+    units = []
+    phase = _phases.phase
+
+    def spy(name, candidate=None, heavy=False):
+        units.append((name, heavy))
+        return phase(name, candidate, heavy=heavy)
+
+    monkeypatch.setattr(_phases, "phase", spy)  # offpath's units (the trials hold their own name)
+    timer = HeldTimer()
+    timer.release.set()
+    for first, n in ((True, 300), (False, 400)):
+        monkeypatch.setattr(offpath, "_first_fake_tensors", lambda first=first: first)
+        units.clear()
+        with kg.tune("on", timer=timer, blocking=False):
+            assert served(make_scale(f"toff::heavy_specs_{n}"), torch.randn(n)) == "reference"
+            assert kg.tune.wait(HOLD_S)
+        assert units == [("prepare", first)], units
+    assert not offpath._first_fake_tensors()  # this process made fake tensors long ago

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import logging
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -69,6 +70,12 @@ def serve(tuner: Any, op: Any, candidates: Sequence[Any], args: tuple, key: Tune
     return meanwhile(op, usable, args, key.as_json(), list(tuner.memory.values()))
 
 
+def _first_fake_tensors() -> bool:
+    """Whether this process has yet to make fake tensors: their first use imports
+    ``torch._dynamo`` and much of torch with it."""
+    return "torch._dynamo" not in sys.modules
+
+
 def _job(tuner: Any, op: Any, candidates: Sequence[Any], key: TuneKey, s: Settings) -> Any:
     """What the worker runs for the key: the tuning a call would make, on the copied inputs, in
     the caller's context (its ``kg.tune`` settings), paced, without a progress bar."""
@@ -92,8 +99,8 @@ def _job(tuner: Any, op: Any, candidates: Sequence[Any], key: TuneKey, s: Settin
             # the checks planning skipped for the call served meanwhile (``op.outputs``): inputs
             # that do not fit raise the caller's InputError here, before anything is tuned. A paced
             # unit: a process's first fake tensors import much of torch (seconds of Python on the
-            # GIL), which must not run beside the call that queued the job
-            with _phases.phase("prepare"):
+            # GIL), which must not run beside the call that queued the job: heavy until they have
+            with _phases.phase("prepare", heavy=_first_fake_tensors()):
                 context.run(op.dispatcher.output_specs, job.args)
             context.run(tuner._resolve, op, candidates, job.args, key, settings)
         tuner.stats["background_tuned"] += 1
