@@ -3,6 +3,12 @@ the naive CuTe DSL call (three ``from_dlpack`` tensors per call). GPU only.
 
     KERNELGRAFT_CUTILE_CUBINS=.carry/cutile_cubins python benchmarks/bench_backend_host_cost.py
 
+Two controls run no kernelgraft code per call: the bare ``cuLaunchKernel`` of the CUDA C++ kernel
+and the CuTe DSL program's packed C entry point called with its values packed once (what the
+native replay calls for a CuTe DSL plan), both through ctypes. The script also runs against a tree
+from before the package restructure (PYTHONPATH to its src; the imports fall back to the older
+module names), so an A/B of two trees can time both with this one script.
+
 Prints a table of microseconds per call and ratios to torch.add; JSON goes to $OUT (or --out).
 """
 
@@ -18,6 +24,10 @@ import traceback
 # The native replay's host cost is what this measures: PyTorch competing in tuning could
 # make the reference serve a tiny op, which runs on the Python path. KERNELGRAFT_COMPETE=1 overrides.
 os.environ.setdefault("KERNELGRAFT_COMPETE", "0")
+# The plans are made again (and tuned) in the first timed round; a compile pool would start one
+# worker process per core there, each importing torch, Triton and CuTe DSL while the rounds run.
+# Trees without a pool ignore the variable. KERNELGRAFT_COMPILE_WORKERS=N overrides.
+os.environ.setdefault("KERNELGRAFT_COMPILE_WORKERS", "0")
 
 import torch  # noqa: E402
 
@@ -66,6 +76,41 @@ def naive_cutedsl(x, y, out):
     torch.cuda.synchronize()
     ref = torch.relu(x + y)
     assert torch.allclose(out, ref), "naive CuTe DSL result differs from torch"
+    return call
+
+
+def cutedsl_packed_call(spec, config, x, y, out):
+    """The compiled CuTe DSL host function's packed C entry point with its argument slots filled
+    once (the library's executor, as kernelgraft's CuTe DSL runner reaches it): the per-call work
+    of a CuTe DSL launch below kernelgraft, through ctypes."""
+    import ctypes
+
+    try:
+        from kernelgraft.backends.cutedsl import jit as cutedsl
+    except ImportError:  # a tree before the restructure
+        from kernelgraft.backends import _cutedsl as cutedsl  # type: ignore[no-redef]
+
+    dev = x.device.index or 0
+    arch = cutedsl.default_arch(torch.cuda.get_device_capability(dev))
+    compiled, _, _ = cutedsl.compile_for(spec, config, (x, y, out), arch)
+    kinds = [t for _, t in cutedsl.slot_kinds(compiled)]
+    executor = compiled.to(dev)
+    result = executor.cuda_result
+    ctx = executor.exec_context
+    tail = ([ctypes.addressof(result)] if result is not None else []) + (
+        list(ctx.kernel_functions_ptrs) if ctx is not None else [])
+    values = [x.data_ptr(), y.data_ptr(), out.data_ptr(), x.numel(), torch.cuda.current_stream(dev).cuda_stream]
+    if len(kinds) != len(values):
+        raise RuntimeError(f"the host function takes {len(kinds)} runtime arguments, expected {len(values)}")
+    slots = [k(v) for k, v in zip(kinds, values)]
+    addrs = [ctypes.addressof(s) for s in slots] + tail
+    packed = (ctypes.c_void_p * len(addrs))(*addrs)
+    capi = executor.jit_module.capi_func
+
+    def call():
+        capi(packed)
+
+    call.keep = (executor, slots, packed)  # type: ignore[attr-defined]
     return call
 
 
@@ -119,7 +164,12 @@ def main() -> int:
 
     record("torch.add", lambda: torch.add(x, y))
     record("torch relu(x+y)", lambda: torch.relu(x + y))
-    from kernelgraft import native as _native
+    try:
+        from kernelgraft import native as _native
+
+        _native.load  # noqa: B018 - a tree before the restructure has kernelgraft._native instead
+    except (ImportError, AttributeError):
+        from kernelgraft import _native  # type: ignore[no-redef]
 
     native = _native.load()  # the native replay, built (or loaded from the cache) before timing
     print(f"native replay: {'ready' if native is not None else _native.reason()}")
@@ -154,9 +204,14 @@ def main() -> int:
     # Where a CUDA C++ launch's host time goes: the driver launcher with its values packed
     # already, the bare ctypes cuLaunchKernel, and the stream lookup alone.
     try:
-        from kernelgraft.driver import cu as _cu
-        from kernelgraft.driver.module import current_stream
-        from kernelgraft.driver.params import value_of
+        try:
+            from kernelgraft.driver import cu as _cu
+            from kernelgraft.driver.module import current_stream
+            from kernelgraft.driver.params import value_of
+        except ImportError:  # a tree before the restructure
+            from kernelgraft.driver import _cu  # type: ignore[no-redef]
+            from kernelgraft.driver._module import current_stream  # type: ignore[no-redef]
+            from kernelgraft.driver._params import value_of  # type: ignore[no-redef]
 
         spec = next(s for s in ex.IMPLS if s.backend == "cuda")
         op = kg.op("kgbench_host::add_relu_cuda_parts", impls=[spec], fallback="error")(ex.add_relu.reference)
@@ -182,6 +237,16 @@ def main() -> int:
     except Exception as exc:
         traceback.print_exc()
         rows["cuda launcher, values packed"] = {"error": f"{type(exc).__name__}: {exc}"}
+    try:
+        spec = next(s for s in ex.IMPLS if s.backend == "cutedsl")
+        op = kg.op("kgbench_host::add_relu_cutedsl_parts", impls=[spec], fallback="error")(ex.add_relu.reference)
+        cand = next(c for c in op.candidates(x, y) if c.supported)
+        out = torch.empty_like(x)
+        call = cutedsl_packed_call(spec, cand.config, x, y, out)
+        record("cutedsl packed call alone", call, check=lambda: (call(), out)[1])
+    except Exception as exc:
+        traceback.print_exc()
+        rows["cutedsl packed call alone"] = {"error": f"{type(exc).__name__}: {exc}"}
     try:
         out = torch.empty_like(x)
         call = naive_cutedsl(x, y, out)

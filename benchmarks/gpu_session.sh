@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One batched run on the GPU machine: installs carried wheels, runs the selected sections with
 # time limits, and packs every result into $OUT/results.tar.gz (plus the log).
-#   bash benchmarks/gpu_session.sh SECTION...     sections: tests alltests firstcall pool pretune1 pretune2 pretunecmp core cute hostcost rmsnorm
+#   bash benchmarks/gpu_session.sh SECTION...     sections: tests alltests firstcall pool pretune1 pretune2 pretunecmp core cute hostcost hostcost_ab hostcost_same rmsnorm
 #                                                 examples libraries libserve tune tunequick ranks graft graftc graftck graftdc graftdk graftprofile graftdecode graftdecodecompile aot explore explore5 explore6 explore7 diagsoftmax native devices verify verify2 firstsec diagsmall diagload diagcopies diagdecode aotipre compete llmquick llm suitetests gputests cpp cppbuild llamaaoti diagsuite test_FILE
 # A "0:tests,aot|1:tune,rmsnorm" argument runs lanes side by side, each on its own GPU
 # (CUDA_VISIBLE_DEVICES) with its own kernelgraft cache; the next argument starts when all end.
@@ -74,6 +74,13 @@ run_section() {
             for i in 1 2; do
               mkdir -p "$R/old$i" "$R/new$i"
               step host_cost_old_$i 120 env PYTHONPATH="${PYTHONPATH/$ROOT\/src/$ROOT/.carry/old/src}" python3 .carry/old/benchmarks/bench_backend_host_cost.py --out "$R/old$i"
+              step host_cost_new_$i 120 python3 benchmarks/bench_backend_host_cost.py --out "$R/new$i"
+            done ;;
+    hostcost_same)  # hostcost_ab with this tree's bench script for both trees (no compile pool in either)
+            step native_build 150 python3 -c "import kernelgraft as kg; print(kg.native.build())"
+            for i in 1 2; do
+              mkdir -p "$R/old$i" "$R/new$i"
+              step host_cost_old_$i 120 env PYTHONPATH="${PYTHONPATH/$ROOT\/src/$ROOT/.carry/old/src}" python3 benchmarks/bench_backend_host_cost.py --out "$R/old$i"
               step host_cost_new_$i 120 python3 benchmarks/bench_backend_host_cost.py --out "$R/new$i"
             done ;;
     hostcost) step backend_host_cost 110 python3 benchmarks/bench_backend_host_cost.py --out "$R" ;;
