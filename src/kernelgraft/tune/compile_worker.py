@@ -3,7 +3,8 @@
 Reads length-prefixed pickled ``Job`` objects on stdin and answers each with a pickled ``Outcome``
 on stdout, until stdin closes. The first message out is ``"ready"``, sent once the heavy imports
 are done, so a pool knows its workers started. Anything the imported user code prints goes to
-stderr: the real stdout is kept for answers only.
+stderr: the real stdout is kept for answers only. A worker forked from a zygote (``compile_zygote``)
+has those imports already and runs ``serve`` on pipes of its own.
 """
 
 from __future__ import annotations
@@ -38,19 +39,22 @@ def receive(stream: BinaryIO) -> Any:
     return pickle.loads(blob)
 
 
-def main() -> int:
-    answers = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # prints from imported modules must not corrupt the answers
-    sys.stdout = sys.stderr
-    requests = sys.stdin.buffer
-    import torch  # noqa: F401  the heavy imports, before "ready"
+def imports() -> None:
+    """The heavy imports a worker does before it says "ready" (a zygote does them once for all)."""
+    import torch  # noqa: F401
 
-    from . import compile_jobs as _compile_jobs
+    from . import compile_jobs  # noqa: F401
 
     try:
         import triton  # noqa: F401
     except ImportError:
         pass
+
+
+def serve(requests: BinaryIO, answers: BinaryIO) -> int:
+    """Say "ready", then answer each job until ``requests`` closes (a forked worker runs this too)."""
+    from . import compile_jobs as _compile_jobs
+
     send(answers, "ready")
     while True:
         try:
@@ -59,6 +63,14 @@ def main() -> int:
             return 0
         send(answers, _compile_jobs.run_job(job))
 
+
+def main() -> int:
+    answers = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # prints from imported modules must not corrupt the answers
+    sys.stdout = sys.stderr
+    requests = sys.stdin.buffer
+    imports()
+    return serve(requests, answers)
 
 if __name__ == "__main__":
     sys.exit(main())
