@@ -7,9 +7,11 @@ compiles ahead (Triton, CUDA C++, cuTile: a backend's own ``compile_ahead``) to 
 processes, which compile them into the caches the launches read (``compile_jobs``); the gate then
 finds every kernel compiled.
 
-The workers are ``python -m kernelgraft.tune.compile_worker`` processes, not ``multiprocessing``
-children: a fresh interpreter re-imports only the op's module (never the user's ``__main__``
-script), gets an explicit environment (Triton's interpreter off: workers compile, they never run a
+The workers are forks of the pool's zygote (``compile_zygote``: one ``python -m`` process that
+imported torch and Triton once, so a cold pool pays one import, not one per worker) or, where there
+is none, ``python -m kernelgraft.tune.compile_worker`` processes; never ``multiprocessing``
+children of this process: a fresh interpreter re-imports only the op's module (never the user's
+``__main__`` script), gets an explicit environment (Triton's interpreter off: workers compile, they never run a
 kernel), creates no CUDA context (it compiles for a named target) and, when a compiler crashes it,
 loses only its own job. Started once, at the first key that needs them (a key tuned off the
 caller's path starts them when its job starts, so they import while the job prepares), they stay

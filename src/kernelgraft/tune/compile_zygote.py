@@ -4,7 +4,8 @@ Started workers each import torch and Triton (seconds of CPU each, and a pool of
 once shares the cores: most of a cold pool's wall time). The zygote is
 ``python -m kernelgraft.tune.compile_zygote``, started like a worker (same environment, plus
 ``OMP_NUM_THREADS=1``: torch's import would otherwise start its OpenMP pool, a thread, and workers
-only compile); it imports what a worker imports (``compile_worker.imports``), never touches CUDA,
+only compile); it imports what a worker imports (``compile_worker.imports``), computes what each worker's first
+Triton compile would (``warm_process``), never touches CUDA,
 and refuses to serve (the pool then starts workers of their own) when the import left a second
 thread: a fork copies only the forking thread, and whatever lock another thread held stays held
 in the child for ever.
@@ -23,6 +24,7 @@ request pipe, whose write end only the pool holds: no process outlives the pool'
 from __future__ import annotations
 
 import errno
+import gc
 import logging
 import os
 import select
@@ -275,6 +277,12 @@ def _refusal() -> str | None:
     except OSError as exc:  # a kernel older than 5.3
         return f"pidfd_open: {exc}"
     compile_worker.imports()
+    try:  # a cache every worker would otherwise compute at its first job
+        from ..backends.triton.ahead import warm_process
+
+        warm_process()
+    except Exception as exc:  # Triton missing or other: its workers compute it themselves
+        log.debug("Triton not warmed: %s", exc)
     import torch
 
     if torch.cuda.is_initialized():
@@ -357,6 +365,7 @@ def main() -> int:
         sock.sendall(MSG.pack(b"E", len(text)) + text)
         return 1
     signal.signal(signal.SIGCHLD, _reap)
+    gc.freeze()  # the imported objects stay out of the children's collections: their pages stay shared
     sock.sendall(MSG.pack(b"R", 0))
     while True:
         try:
