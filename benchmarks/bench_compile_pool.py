@@ -5,8 +5,9 @@
 On a GPU (the H200 host: 16 cores) it times, from empty caches (Triton's and kernelgraft's, in
 temporary directories):
   1. the pool: every Triton and CUDA C++ candidate compiled by ``--workers`` worker processes,
-     cold (workers started by the call), and warm: the next key (M rounded to a multiple of 16,
-     another specialisation of the same kernels) on the same, already started workers;
+     cold (the zygote and its forked workers started by the call), and warm: the next key (M
+     rounded to a multiple of 16, another specialisation of the same kernels) on the same, already
+     started workers;
   2. the first launch of each candidate in this process after the pool: it must compile nothing
      (Triton compile-listener events that are not cache hits, and NVRTC cache misses, counted);
   3. serially, as the gate did before the pool: each candidate's first launch, compile included,
@@ -125,6 +126,12 @@ def main() -> int:
     t = time.perf_counter()
     outcomes = pool.run(jobs)
     report["pool_cold_s"] = time.perf_counter() - t
+
+    def parent(pid: int) -> int:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    # the workers forked from one zygote that imported once, or started on their own (the log says why)
+    report["workers_forked"] = pool.zygote_pid is not None and all(parent(p) == pool.zygote_pid for p in pool.pids)
     report["pool_failed"] = [f"{j.label}: {o.detail}" for j, o in zip(jobs, outcomes) if not o.ok]
     report["pool_compile_sum_s"] = sum(o.seconds for o in outcomes)
     # 2. the first launches after the pool compile nothing
@@ -173,6 +180,7 @@ def main() -> int:
     rows = [
         ("kernel candidates (jobs)", f"{len(cands)} ({len(jobs)})"),
         ("workers / cores", f"{size} / {os.cpu_count()}"),
+        ("workers forked from a zygote (yes)", "yes" if report["workers_forked"] else "no"),
         ("serial compile phase (s)", f"{report['serial_s']:.2f}"),
         ("pool, cold: workers started (s)", f"{report['pool_cold_s']:.2f}"),
         ("pool, warm: the next key (s)", f"{report['pool_warm_s']:.2f}"),

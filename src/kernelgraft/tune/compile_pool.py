@@ -7,9 +7,11 @@ compiles ahead (Triton, CUDA C++, cuTile: a backend's own ``compile_ahead``) to 
 processes, which compile them into the caches the launches read (``compile_jobs``); the gate then
 finds every kernel compiled.
 
-The workers are ``python -m kernelgraft.tune.compile_worker`` processes, not ``multiprocessing``
-children: a fresh interpreter re-imports only the op's module (never the user's ``__main__``
-script), gets an explicit environment (Triton's interpreter off: workers compile, they never run a
+The workers are forks of the pool's zygote (``compile_zygote``: one ``python -m`` process that
+imported torch and Triton once, so a cold pool pays one import, not one per worker) or, where there
+is none, ``python -m kernelgraft.tune.compile_worker`` processes; never ``multiprocessing``
+children of this process: a fresh interpreter re-imports only the op's module (never the user's
+``__main__`` script), gets an explicit environment (Triton's interpreter off: workers compile, they never run a
 kernel), creates no CUDA context (it compiles for a named target) and, when a compiler crashes it,
 loses only its own job. Started once, at the first key that needs them (a key tuned off the
 caller's path starts them when its job starts, so they import while the job prepares), they stay
@@ -31,10 +33,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import pickle
 import queue
-import select
-import subprocess
 import sys
 import threading
 import time
@@ -47,7 +46,8 @@ import torch
 from .. import backends
 from . import pace as _pace
 from .compile_jobs import Job, NotDescribable, Outcome, Source, Target, compiles_ahead, describe
-from .compile_worker import HEADER, send
+from .compile_process import STARTUP_S, Worker
+from .compile_zygote import Zygote, available as _zygote_available
 
 __all__ = ["Ahead", "CompilePool", "Summary", "compile_ahead", "jobs_for", "source_of", "workers", "prestart",
            "would_use", "run_jobs", "POOL", "MAX_WORKERS", "TOTALS"]
@@ -55,8 +55,6 @@ __all__ = ["Ahead", "CompilePool", "Summary", "compile_ahead", "jobs_for", "sour
 log = logging.getLogger(__name__)
 MAX_WORKERS = 16
 IDLE_S = 120.0
-_STARTUP_S = 120.0  # a worker that has not imported torch and triton by then is not coming
-JOB_TIMEOUT_S = 600.0  # one compile; a worker silent for longer is killed (the gate compiles it)
 _ENV = "KERNELGRAFT_COMPILE_WORKERS"
 _IN_WORKER = "KERNELGRAFT_COMPILE_WORKER"
 _said: set[str] = set()
@@ -156,80 +154,15 @@ class Summary:
         return (candidate.index, tuple(candidate.config)) in self.built
 
 
-class _Worker:
-    def __init__(self, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kernelgraft.tune.compile_worker"], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, bufsize=0)
-        self.ready = False
-
-    def _receive(self, timeout_s: float) -> Any:
-        """The next answer, read unbuffered within ``timeout_s`` (a silent worker is killed)."""
-        fd = self.proc.stdout.fileno()
-        deadline = time.monotonic() + timeout_s
-
-        def exactly(n: int) -> bytes:
-            out = b""
-            while len(out) < n:
-                left = deadline - time.monotonic()
-                if left <= 0 or not select.select([fd], [], [], left)[0]:
-                    self.proc.kill()
-                    raise TimeoutError(f"no answer in {timeout_s:.0f} s")
-                chunk = os.read(fd, n - len(out))
-                if not chunk:
-                    raise EOFError
-                out += chunk
-            return out
-
-        (size,) = HEADER.unpack(exactly(HEADER.size))
-        return pickle.loads(exactly(size))
-
-    def call(self, job: Job) -> Outcome:
-        try:
-            if not self.ready:
-                if self._receive(_STARTUP_S) != "ready":
-                    raise EOFError
-                self.ready = True
-            send(self.proc.stdin, job)
-            return self._receive(JOB_TIMEOUT_S)
-        except TimeoutError as exc:
-            return Outcome(False, 0.0, f"the compile worker was stopped: {exc}")
-        except (EOFError, OSError, ValueError, pickle.UnpicklingError) as exc:
-            try:
-                code: Any = self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                code = f"{type(exc).__name__}: {exc}"
-            return Outcome(False, 0.0, f"the compile worker exited ({code})")
-
-    @property
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def close(self) -> None:
-        try:
-            self.proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        for stream in (self.proc.stdout,):
-            try:
-                stream.close()
-            except OSError:
-                pass
-
-
 class CompilePool:
     """``size`` worker processes; ``run(jobs)`` compiles them, each worker one job at a time."""
 
     def __init__(self, size: int) -> None:
         self.size = max(1, int(size))
-        self._idle: queue.Queue[_Worker] = queue.Queue()
-        self._all: list[_Worker] = []
+        self._idle: queue.Queue[Worker] = queue.Queue()
+        self._all: list[Worker] = []
         self._lock = threading.Lock()
+        self._zygote: Zygote | None = None
         self.last_used = time.monotonic()
 
     def _env(self) -> dict[str, str]:
@@ -258,12 +191,26 @@ class CompilePool:
                 if id(w) in live:
                     drained.append(w)
             env = self._env()
+            zygote = self._zygote_for(env) if len(self._all) < self.size else None
             while len(self._all) < self.size:
-                w = _Worker(env)
+                w = Worker(env, zygote)
                 self._all.append(w)
                 drained.append(w)
             for w in drained:
                 self._idle.put(w)
+
+    def _zygote_for(self, env: dict[str, str]) -> Zygote | None:
+        """The zygote the missing workers fork from: started with the pool's first workers and again
+        should it have exited; None where there is none (a platform without pidfds, turned off)."""
+        if self._zygote is not None and not self._zygote.serving:
+            self._zygote.close()
+            self._zygote = None
+        if self._zygote is None and _zygote_available():
+            try:
+                self._zygote = Zygote(env, STARTUP_S)
+            except OSError as exc:
+                log.warning("compile workers start on their own: the zygote did not start: %s", exc)
+        return self._zygote
 
     def run(self, jobs: Sequence[Job]) -> list[Outcome]:
         self.start()
@@ -289,12 +236,26 @@ class CompilePool:
             workers_, self._all = self._all, []
             while not self._idle.empty():
                 self._idle.get_nowait()
+            zygote, self._zygote = self._zygote, None
         for w in workers_:
             w.close()
+        if zygote is not None:
+            zygote.close()
 
     @property
     def running(self) -> int:
+        """Workers running or about to (a fork at their first job)."""
         return sum(w.alive for w in self._all)
+
+    @property
+    def pids(self) -> list[int]:
+        """The pids of the workers started so far."""
+        return [w.pid for w in self._all if w.pid is not None]
+
+    @property
+    def zygote_pid(self) -> int | None:
+        """The pid of the process the workers fork from; None where they start on their own."""
+        return self._zygote.pid if self._zygote is not None else None
 
 
 class _Shared:

@@ -3,12 +3,13 @@
 Reads length-prefixed pickled ``Job`` objects on stdin and answers each with a pickled ``Outcome``
 on stdout, until stdin closes. The first message out is ``"ready"``, sent once the heavy imports
 are done, so a pool knows its workers started. Anything the imported user code prints goes to
-stderr: the real stdout is kept for answers only.
+stderr: the real stdout is kept for answers only. A worker forked from a zygote (``compile_zygote``)
+has those imports already and runs ``serve`` on pipes of its own.
 
-A worker lowers its own CPU priority first (``WORKER_NICE``; its compilers' subprocesses inherit
-it), before the imports: a pool of one worker per core but one, importing torch and then
-compiling, must not take cores from the threads serving in the process that started it. Only the
-scheduling changes: what a worker compiles is the same.
+A worker lowers its own CPU priority first (``WORKER_NICE``, in ``imports``: a zygote's forks and
+its compilers' subprocesses inherit it), before the imports: a pool of one worker per core but one,
+importing torch and then compiling, must not take cores from the threads serving in the process
+that started it. Only the scheduling changes: what a worker compiles is the same.
 """
 
 from __future__ import annotations
@@ -56,20 +57,24 @@ def receive(stream: BinaryIO) -> Any:
     return pickle.loads(blob)
 
 
-def main() -> int:
+def imports() -> None:
+    """The heavy imports a worker does before it says "ready" (a zygote does them once for all),
+    at the lower priority."""
     lower_priority()
-    answers = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # prints from imported modules must not corrupt the answers
-    sys.stdout = sys.stderr
-    requests = sys.stdin.buffer
-    import torch  # noqa: F401  the heavy imports, before "ready"
+    import torch  # noqa: F401
 
-    from . import compile_jobs as _compile_jobs
+    from . import compile_jobs  # noqa: F401
 
     try:
         import triton  # noqa: F401
     except ImportError:
         pass
+
+
+def serve(requests: BinaryIO, answers: BinaryIO) -> int:
+    """Say "ready", then answer each job until ``requests`` closes (a forked worker runs this too)."""
+    from . import compile_jobs as _compile_jobs
+
     send(answers, "ready")
     while True:
         try:
@@ -78,6 +83,14 @@ def main() -> int:
             return 0
         send(answers, _compile_jobs.run_job(job))
 
+
+def main() -> int:
+    answers = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # prints from imported modules must not corrupt the answers
+    sys.stdout = sys.stderr
+    requests = sys.stdin.buffer
+    imports()
+    return serve(requests, answers)
 
 if __name__ == "__main__":
     sys.exit(main())

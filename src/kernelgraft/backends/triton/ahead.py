@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-__all__ = ["compile_only_triton", "compile_ahead"]
+__all__ = ["compile_only_triton", "compile_ahead", "warm_process"]
 
 
 class _CompileOnlyDriver:
@@ -76,3 +76,18 @@ def compile_ahead(spec: Any, config: Any, args: Sequence[Any], target: Any) -> t
     with compile_only_triton(target):
         spec.launch(*args, **config.as_dict())
     return ()
+
+
+def warm_process() -> None:
+    """Compute now what a process's first Triton compile computes once: Triton's own cache key (a
+    hash of its sources and its library, half a second of CPU) and the modules its JIT imports on
+    first use. A process that forks compile workers calls it, so each worker starts with them."""
+    import importlib
+
+    from triton.runtime.cache import triton_key
+
+    triton_key()
+    try:
+        importlib.import_module("triton.experimental.gluon")
+    except ImportError:  # a Triton without Gluon imports nothing more at its first compile
+        pass

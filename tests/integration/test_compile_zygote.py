@@ -1,0 +1,193 @@
+"""Compile workers forked from a zygote that imported once (kernelgraft.tune.compile_zygote).
+
+Real processes, real Triton and NVRTC cross-compiles for sm_90 (as tests/integration/test_compile_pool.py):
+forked workers compile what workers started on their own compile; they are the zygote's children;
+a dead worker is replaced; nothing outlives ``close()`` or the pool's process; where the zygote is
+turned off, dies or refuses, the workers start on their own."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from kernelgraft.tune import compile_zygote
+from kernelgraft.tune.compile_jobs import Target
+from kernelgraft.tune.compile_pool import CompilePool, jobs_for, source_of
+from kernelgraft.tune.compile_worker import WORKER_NICE
+
+import _pool_ops  # noqa: E402  module level: the workers import it too
+from _paths import TESTS
+
+pytestmark = pytest.mark.skipif(not compile_zygote.available(), reason="no fork and pidfds on this platform")
+
+
+def _jobs():
+    torch.manual_seed(0)
+    x = torch.randn(1001)[1:]
+    y = torch.randn(1000)
+    y[3], y[7] = float("nan"), float("inf")
+    out = torch.empty(1000)
+    axpy = jobs_for(_pool_ops.axpy, _pool_ops.axpy.candidates(x, y, 0.75), (x, y, 0.75, out), Target(90),
+                    source_of(_pool_ops.axpy))
+    die = jobs_for(_pool_ops.die, _pool_ops.die.candidates(y)[:1], (y, out), Target(90), source_of(_pool_ops.die))
+    assert sorted(j.impl for j in axpy) == [0, 0, 1, 1] and len(die) == 1
+    return axpy, die
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def _pidfds(pids):
+    return [os.pidfd_open(p) for p in pids]
+
+
+def _exited(pidfds, timeout: float = 0.0) -> list[bool]:
+    """Whether each process has exited (a bound to wait, not a measurement: the answer is what counts)."""
+    out = []
+    for fd in pidfds:
+        out.append(bool(select.select([fd], [], [], timeout)[0]))
+        os.close(fd)
+    return out
+
+
+def _fresh_caches(monkeypatch, root):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(root / "triton"))
+    monkeypatch.setenv("KERNELGRAFT_CACHE_DIR", str(root / "kg"))
+
+
+def _comparable(outcomes):
+    return [(o.ok, o.detail, o.backend, o.artifacts) for o in outcomes]
+
+
+def test_forked_workers_compile_as_started_ones_are_replaced_and_leave_nothing(tmp_path, monkeypatch):
+    axpy, die = _jobs()
+    # workers started on their own (the zygote turned off): the reference outcomes
+    monkeypatch.setenv(compile_zygote.ENV, "0")
+    _fresh_caches(monkeypatch, tmp_path / "started")
+    pool = CompilePool(2)
+    try:
+        started = pool.run(die + axpy)
+        assert pool.zygote_pid is None
+        assert {_parent(p) for p in pool.pids} == {os.getpid()}
+    finally:
+        pool.close()
+    monkeypatch.delenv(compile_zygote.ENV)
+
+    _fresh_caches(monkeypatch, tmp_path / "forked")
+    pool = CompilePool(2)
+    try:
+        forked = pool.run(die + axpy)  # the dying job takes its worker with it: replaced, the run goes on
+        zygote = pool.zygote_pid
+        assert zygote is not None
+        first = pool.pids
+        assert len(first) == 2 and {_parent(p) for p in first} == {zygote}  # forks of the zygote
+        assert _comparable(forked) == _comparable(started)
+        assert not forked[0].ok and forked[0].detail == "the compile worker exited (3)"
+        assert all(o.ok for o in forked[1:]), [o.detail for o in forked]
+
+        # a worker killed between runs is replaced by a new fork; the next key compiles on both
+        victim = first[0]
+        (fd,) = _pidfds([victim])
+        os.kill(victim, signal.SIGKILL)
+        assert _exited([fd], timeout=60) == [True]
+        _fresh_caches(monkeypatch, tmp_path / "again")
+        again = pool.run(axpy)
+        assert all(o.ok for o in again), [o.detail for o in again]
+        assert victim not in pool.pids and len(pool.pids) == 2
+        assert {_parent(p) for p in pool.pids} == {zygote} and pool.zygote_pid == zygote
+        # the zygote lowered its priority before its imports: its forks yield the CPU to serving too
+        mine = os.getpriority(os.PRIO_PROCESS, 0)
+        assert {os.getpriority(os.PRIO_PROCESS, p) for p in (zygote, *pool.pids)} == {min(19, mine + WORKER_NICE)}
+        alive = _pidfds([zygote, *pool.pids])
+    finally:
+        pool.close()
+    # close() waited for all of them: the zygote and every worker have exited
+    assert _exited(alive) == [True, True, True]
+    assert pool.running == 0 and pool.zygote_pid is None
+
+
+def test_the_zygote_and_its_workers_end_with_the_pools_process():
+    script = textwrap.dedent(f"""
+        import json, sys
+        sys.path.insert(0, {str(TESTS)!r})
+        import torch, _pool_ops
+        from kernelgraft.tune.compile_jobs import Target
+        from kernelgraft.tune.compile_pool import CompilePool, jobs_for, source_of
+        x, y, out = torch.randn(1000), torch.randn(1000), torch.empty(1000)
+        cands = [c for c in _pool_ops.axpy.candidates(x, y, 0.5) if c.impl.backend == "triton"]
+        jobs = jobs_for(_pool_ops.axpy, cands, (x, y, 0.5, out), Target(90), source_of(_pool_ops.axpy))
+        pool = CompilePool(2)
+        outcomes = pool.run(jobs)
+        print(json.dumps({{"ok": [o.ok for o in outcomes], "zygote": pool.zygote_pid, "workers": pool.pids}}),
+              flush=True)
+        sys.stdin.read()  # killed here, the pool never closed
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        seen = json.loads(proc.stdout.readline())
+        assert seen["ok"] == [True, True] and seen["zygote"] and len(seen["workers"]) == 2
+        pids = [seen["zygote"], *seen["workers"]]
+        fds = _pidfds(pids)  # opened while they run: a pid reused later cannot fool the check
+        assert [_parent(p) for p in pids] == [proc.pid, seen["zygote"], seen["zygote"]]
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdin.close()
+        proc.stdout.close()
+    # EOF on the zygote's socket and on each worker's request pipe ends them
+    assert _exited(fds, timeout=120) == [True, True, True]
+
+
+def _run_started_on_their_own(monkeypatch, tmp_path, break_zygote) -> list:
+    axpy, _ = _jobs()
+    _fresh_caches(monkeypatch, tmp_path)
+    pool = CompilePool(2)
+    try:
+        break_zygote(pool)
+        outcomes = pool.run(axpy)
+        assert all(o.ok for o in outcomes), [o.detail for o in outcomes]
+        assert len(pool.pids) == 2 and {_parent(p) for p in pool.pids} == {os.getpid()}
+    finally:
+        pool.close()
+    return outcomes
+
+
+def test_workers_start_on_their_own_when_the_zygote_dies(tmp_path, monkeypatch, caplog):
+    def kill_it(pool):
+        pool.start()
+        (fd,) = _pidfds([pool.zygote_pid])
+        os.kill(pool.zygote_pid, signal.SIGKILL)
+        assert _exited([fd], timeout=60) == [True]
+
+    with caplog.at_level(logging.WARNING, logger="kernelgraft.tune.compile_zygote"):
+        _run_started_on_their_own(monkeypatch, tmp_path, kill_it)
+    assert "compile workers start on their own: the zygote did not start" in caplog.text
+
+
+def test_a_zygote_whose_imports_start_a_thread_refuses_to_fork(tmp_path, monkeypatch, caplog):
+    """A fork copies only the forking thread (a lock another one holds stays held in the child): the
+    zygote checks, after its imports, that it is alone; here a sitecustomize starts a thread."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(textwrap.dedent("""
+        import threading, time
+        threading.Thread(target=time.sleep, args=(3600,), name="stray", daemon=True).start()
+    """))
+    monkeypatch.syspath_prepend(str(site))  # the pool passes sys.path on as PYTHONPATH
+    with caplog.at_level(logging.WARNING, logger="kernelgraft.tune.compile_zygote"):
+        _run_started_on_their_own(monkeypatch, tmp_path / "caches", lambda pool: None)
+    assert "refused: the imports started threads" in caplog.text
