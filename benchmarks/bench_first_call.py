@@ -29,7 +29,8 @@ Prints a short table of ratios last; writes JSON to ``$OUT/bench_first_call.json
 ``--smoke`` runs all of it on the CPU, in this process, with a fake timer and small shapes of
 ``add_relu`` and ``rmsnorm`` (the CPU test does, so the script does not rot).
 
-    python benchmarks/bench_first_call.py [--cases gemm_777,rmsnorm] [--serve-seconds 5] [--cold] [--profile] [--out DIR]
+    python benchmarks/bench_first_call.py [--cases gemm_777,rmsnorm] [--serve-seconds 5] [--cold] [--profile]
+        [--profile-landing] [--out DIR]
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ SMOKE_CASES = {"add_relu": ("add_relu", "add_relu", (4096,)), "rmsnorm": ("rmsno
 LAND_TARGET_S = {"gemm_777": 15.0}  # the others: 5 s
 FIRST_TARGET_MS = 50.0
 SERVE_TARGET = 0.90
-PROFILE = [False]  # --profile: each first call under cProfile
+PROFILE = [False, False]  # --profile: each first call under cProfile; --profile-landing: until it lands
 
 
 def _inputs(module: str, shape: tuple, device: str):
@@ -140,8 +141,14 @@ def first_call(case: str, *, device: str, background: bool, cases: dict, tune_op
         if profiler is not None:
             profiler.disable()
         meanwhile = _label(op, args)
+        landing = None
+        if PROFILE[1] and background:  # until it lands: every thread (cProfile on Python >= 3.12)
+            landing = cProfile.Profile()
+            landing.enable()
         landed = kg.tune.wait(600) if background else True
         land_s = time.perf_counter() - t0
+        if landing is not None:
+            landing.disable()
         op(*args)
         _sync(device)
         served = _label(op, args)
@@ -151,7 +158,8 @@ def first_call(case: str, *, device: str, background: bool, cases: dict, tune_op
             "meanwhile": meanwhile, "landed": landed, "land_s": round(land_s, 3), "served": served,
             "ranking": [(entry_label(e), e.get("ms")) for e in (d.ranking if d else [])],
             "phases": report.keys[0].phases if report.keys else {}, "report": str(report),
-            "torch": torch.__version__, **({"first_call_profile": _top(profiler)} if profiler else {})}
+            "torch": torch.__version__, **({"first_call_profile": _top(profiler)} if profiler else {}),
+            **({"landing_profile": _top(landing, 60, "tottime")} if landing is not None else {})}
 
 
 def reference_first(case: str, *, device: str, cases: dict) -> dict:
@@ -174,10 +182,10 @@ def reference_first(case: str, *, device: str, cases: dict) -> dict:
             "reference_second_ms": round((time.perf_counter() - t0) * 1e3, 3)}
 
 
-def _top(profiler: cProfile.Profile, n: int = 40) -> list[str]:
-    """The first call's ``n`` costliest functions by cumulative time (where its milliseconds go)."""
+def _top(profiler: cProfile.Profile, n: int = 40, by: str = "cumulative") -> list[str]:
+    """The ``n`` costliest functions by ``by`` (where the milliseconds go)."""
     text = io.StringIO()
-    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(n)
+    pstats.Stats(profiler, stream=text).sort_stats(by).print_stats(n)
     return [line for line in text.getvalue().splitlines() if line.strip()]
 
 
@@ -270,7 +278,8 @@ def _spawn(what: str, mode: str, serve_seconds: float, timeout: float, cold: boo
         env["TRITON_CACHE_DIR"] = os.path.join(cache, "triton")
     env.pop("KERNELGRAFT_TUNE_BLOCKING", None)
     cmd = [sys.executable, os.path.abspath(__file__), "--child", what, "--mode", mode,
-           "--serve-seconds", str(serve_seconds)] + (["--profile"] if PROFILE[0] else [])
+           "--serve-seconds", str(serve_seconds)] + (["--profile"] if PROFILE[0] else []) + (
+           ["--profile-landing"] if PROFILE[1] else [])
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
@@ -383,10 +392,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--smoke", action="store_true", help="on the CPU, in this process, with a fake timer")
     parser.add_argument("--profile", action="store_true",
                         help="cProfile each first call; its top functions go into the JSON (first_call_profile)")
+    parser.add_argument("--profile-landing", action="store_true",
+                        help="cProfile from the first call until its decision lands (every thread on Python >= 3.12; "
+                             "slows the landing): its top functions by own time go into the JSON (landing_profile)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="background", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    PROFILE[0] = args.profile
+    PROFILE[0], PROFILE[1] = args.profile, args.profile_landing
     if args.child:
         _child(args)
         return {}
