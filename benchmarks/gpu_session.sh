@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One batched run on the GPU machine: installs carried wheels, runs the selected sections with
 # time limits, and packs every result into $OUT/results.tar.gz (plus the log).
-#   bash benchmarks/gpu_session.sh SECTION...     sections: tests alltests firstcall pool pretune1 pretune2 pretunecmp core cute hostcost hostcost_ab hostcost_same rmsnorm
+#   bash benchmarks/gpu_session.sh SECTION...     sections: tests alltests alltests_old firstcall pool pretune1 pretune2 pretunecmp core cute hostcost hostcost_ab hostcost_same rmsnorm
 #                                                 examples libraries libserve tune tunequick ranks graft graftc graftck graftdc graftdk graftprofile graftdecode graftdecodecompile aot explore explore5 explore6 explore7 diagsoftmax native devices verify verify2 firstsec diagsmall diagload diagcopies diagdecode aotipre compete llmquick llm suitetests gputests cpp cppbuild llamaaoti diagsuite test_FILE
 # A "0:tests,aot|1:tune,rmsnorm" argument runs lanes side by side, each on its own GPU
 # (CUDA_VISIBLE_DEVICES) with its own kernelgraft cache; the next argument starts when all end.
@@ -133,12 +133,19 @@ run_section() {
     firstsec) step first_seconds 420 python3 benchmarks/bench_first_seconds.py --out "$R" ;;  # 2 GPUs: decisions side by side
     verify2) step test_verify_2gpu 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/unit/test_verify.py -k not_the_current_one -rs --tb=short ;;  # needs 2 GPUs
     devices) step gpu_devices 300 python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/gpu/test_gpu_devices.py -rs --tb=short ;;  # needs 2 GPUs
+    alltests_old)  # alltests on the older tree in .carry/old (3bbeaac: its src, tests, pyproject, examples),
+      # its own source and tests on the path: the "before" of every GPU test file (results under old/)
+      ( cd .carry/old && PYTHONPATH="${PYTHONPATH//$ROOT\/src/$ROOT/.carry/old/src}" \
+          && export PYTHONPATH="${PYTHONPATH//$ROOT\/tests/$ROOT/.carry/old/tests}" && R="$R/old" && mkdir -p "$R" \
+          && echo "the older tree: $(python3 -c 'import kernelgraft; print(kernelgraft.__file__)')" \
+          && TESTS_AT=tests run_section alltests ) ;;
     alltests)  # every file with GPU tests, one process per file, PAR files at a time on this GPU;
       # FILES="test_a test_b" limits it to those, REPEAT=2 runs each file twice in a row (its own process each)
-      if [ -n "${FILES:-}" ]; then files=$(for n in $FILES; do ls tests/*/"$n".py; done)
+      at="${TESTS_AT:-tests/*}"  # where the test files are (alltests_old: the older tree's flat tests/)
+      if [ -n "${FILES:-}" ]; then files=$(for n in $FILES; do ls $at/"$n".py; done)
       else  # the longest files first (from earlier runs), so that none starts last and runs alone
         heavy="test_verify test_cute_backends test_example_kernels test_autograd_routes test_cuda test_fuzz test_bench_suite test_gpu_core test_driver test_tune_offpath test_replace test_compete test_bench test_graft_llama test_check_isolation"
-        all=$(grep -l "mark.gpu" tests/*/test_*.py 2>/dev/null | sort)
+        all=$(grep -l "mark.gpu" $at/test_*.py 2>/dev/null | sort)
         files=$( (for n in $heavy; do echo "$all" | grep "/$n.py$"; done; echo "$all") | awk '!seen[$0]++'); fi
       left=$(( SESSION_END - $(date +%s) - 25 ))
       section "alltests ($(echo "$files" | wc -w) files, ${PAR:-4} at a time, ${REPEAT:-1} runs each, ${left}s)"
