@@ -92,5 +92,6 @@ def main() -> int:
     imports()
     return serve(requests, answers)
 
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -39,6 +39,7 @@ the shim's and the host code's driver calls.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import inspect
@@ -395,16 +396,19 @@ def shim_source(prefix: str, entry: str, kinds: list[str], indirect: bool = Fals
     return re.sub(r"@(\w+)@", lambda m: values[m.group(1)], _SHIM)
 
 
-def _driver_stub(folder: Path) -> Path:
+@functools.cache
+def _driver_stub(compiler: str) -> Path:
     """An empty shared object named ``libcuda.so.1``: linked against, it makes the library name the
     driver in its own ``DT_NEEDED``, so the shim's and the host code's ``cu*`` calls resolve where it
     loads (``RTLD_LOCAL`` included) without a driver on the building machine. The DSL's runtime
     library named the driver in 4.3 (``libcuda_dialect_runtime.so``); 4.8's
-    (``libcute_dsl_runtime.so``) does not."""
+    (``libcute_dsl_runtime.so``) does not. Built once per process (and compiler), every library
+    links against it; removed at exit."""
+    folder = Path(tempfile.mkdtemp(prefix="kg-cute-driver-"))
+    atexit.register(shutil.rmtree, folder, True)
     (folder / "driver_stub.c").write_text("/* the soname is what matters */\n")
     stub = folder / "libcuda.so.1"
-    command = [_compiler(), "-shared", "-fPIC", "-o", str(stub), str(folder / "driver_stub.c"),
-               "-Wl,-soname,libcuda.so.1"]
+    command = [compiler, "-shared", "-fPIC", "-o", str(stub), str(folder / "driver_stub.c"), "-Wl,-soname,libcuda.so.1"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         raise RuntimeError(f"building the driver's link stub: {' '.join(command)}\n{done.stderr.strip()}")
@@ -427,9 +431,13 @@ def build_library(header: str, obj: bytes, prefix: str, kinds: list[str]) -> byt
         (d / "host.o").write_bytes(obj)
         (d / "shim.c").write_text(shim_source(prefix, entry, kinds, indirect))
         (d / "exports.map").write_text(_EXPORTS)
-        driver = _driver_stub(d)
+        compiler = _compiler()
+        driver = _driver_stub(compiler)
+        if not driver.is_file():  # removed meanwhile (a forked child's exit, a /tmp cleaner): again
+            _driver_stub.cache_clear()
+            driver = _driver_stub(compiler)
         command = [
-            _compiler(), "-shared", "-fPIC", "-O2", "-o", str(d / "lib.so"), str(d / "shim.c"), str(d / "host.o"),
+            compiler, "-shared", "-fPIC", "-O2", "-o", str(d / "lib.so"), str(d / "shim.c"), str(d / "host.o"),
             f"-Wl,--version-script={d / 'exports.map'}", "-Wl,-z,notext", "-Wl,-z,noexecstack",
             "-Wl,--no-as-needed", str(runtime), str(driver), "-lpthread", f"-Wl,-soname,lib{prefix}.so",
         ]
