@@ -30,7 +30,7 @@ Prints a short table of ratios last; writes JSON to ``$OUT/bench_first_call.json
 ``add_relu`` and ``rmsnorm`` (the CPU test does, so the script does not rot).
 
     python benchmarks/bench_first_call.py [--cases gemm_777,rmsnorm] [--serve-seconds 5] [--cold] [--profile]
-        [--profile-landing] [--out DIR]
+        [--profile-landing] [--sample-landing] [--out DIR]
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ SMOKE_CASES = {"add_relu": ("add_relu", "add_relu", (4096,)), "rmsnorm": ("rmsno
 LAND_TARGET_S = {"gemm_777": 15.0}  # the others: 5 s
 FIRST_TARGET_MS = 50.0
 SERVE_TARGET = 0.90
-PROFILE = [False, False]  # --profile: each first call under cProfile; --profile-landing: until it lands
+PROFILE = [False, False, False]  # --profile: the first call under cProfile; --profile-landing: until it
+# lands; --sample-landing: every other thread's stack sampled until it lands (wall time, low overhead)
 
 
 def _inputs(module: str, shape: tuple, device: str):
@@ -131,6 +132,7 @@ def first_call(case: str, *, device: str, background: bool, cases: dict, tune_op
         options["blocking"] = False  # the CPU smoke run: off the path on every device
     with kg.tune(**options):
         _sync(device)
+        sampler = _Sampler() if PROFILE[2] and background else None  # from the first call on
         profiler = cProfile.Profile() if PROFILE[0] else None
         t0 = time.perf_counter()
         if profiler is not None:
@@ -149,6 +151,7 @@ def first_call(case: str, *, device: str, background: bool, cases: dict, tune_op
         land_s = time.perf_counter() - t0
         if landing is not None:
             landing.disable()
+        samples = sampler.stop() if sampler is not None else None
         op(*args)
         _sync(device)
         served = _label(op, args)
@@ -159,7 +162,82 @@ def first_call(case: str, *, device: str, background: bool, cases: dict, tune_op
             "ranking": [(entry_label(e), e.get("ms")) for e in (d.ranking if d else [])],
             "phases": report.keys[0].phases if report.keys else {}, "report": str(report),
             "torch": torch.__version__, **({"first_call_profile": _top(profiler)} if profiler else {}),
-            **({"landing_profile": _top(landing, 60, "tottime")} if landing is not None else {})}
+            **({"landing_profile": _top(landing, 60, "tottime")} if landing is not None else {}),
+            **({"landing_samples": samples} if samples is not None else {})}
+
+
+def _short(filename: str) -> str:
+    for mark in ("site-packages/", "dist-packages/", "/src/", "/lib/python3"):
+        if mark in filename:
+            return filename.rsplit(mark, 1)[1]
+    return "/".join(filename.rsplit("/", 2)[-2:])
+
+
+class _Sampler:
+    """Every other thread's Python stack every ``interval`` s until ``stop()``: where the wall time
+    of the tuning job (and the compile pool's threads) goes, waits included, at a cost of one
+    stack walk per tick (cProfile instead slows every Python call of every thread)."""
+
+    def __init__(self, interval: float = 0.01) -> None:
+        import threading
+
+        self.interval, self.samples, self.main, self.ticks = interval, [], threading.get_ident(), 0
+        self.started = time.perf_counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="landing-sampler", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        import threading
+
+        me = threading.get_ident()
+        while not self._stop.wait(self.interval):
+            now = time.perf_counter() - self.started
+            self.ticks += 1
+            names = {t.ident: t.name for t in threading.enumerate()}
+            for ident, frame in sys._current_frames().items():
+                if ident in (me, self.main):
+                    continue
+                stack = []
+                while frame is not None and len(stack) < 300:
+                    stack.append(f"{_short(frame.f_code.co_filename)}:{frame.f_code.co_name}")
+                    frame = frame.f_back
+                self.samples.append((now, names.get(ident, str(ident)), tuple(reversed(stack))))
+
+    def stop(self, top: int = 45) -> dict:
+        """Per thread: seconds by function (inclusive, and innermost), and a timeline of what the
+        tuning worker ran (the innermost kernelgraft frame and the innermost frame, each 0.25 s)."""
+        from collections import Counter
+
+        self._stop.set()
+        self._thread.join()
+        span = time.perf_counter() - self.started
+        by_thread: dict[str, list] = {}
+        for now, name, stack in self.samples:
+            by_thread.setdefault(name, []).append((now, stack))
+        out: dict = {"span_s": round(span, 3), "interval_s": self.interval, "threads": {}}
+        for name, rows in by_thread.items():
+            if len(rows) < 5:
+                continue
+            tick = span / max(1, self.ticks)  # seconds per sample (the interval, plus the walks)
+            inclusive, inner = Counter(), Counter()
+            for _, stack in rows:
+                inclusive.update(set(stack))
+                inner[stack[-1] if stack else "?"] += 1
+            entry = {"samples": len(rows),
+                     "inclusive_s": [(f, round(n * tick, 3)) for f, n in inclusive.most_common(top)],
+                     "innermost_s": [(f, round(n * tick, 3)) for f, n in inner.most_common(25)]}
+            if name.startswith("kernelgraft-tune"):
+                timeline, bucket = [], None
+                for now, stack in rows:
+                    b = int(now / 0.25)
+                    if b != bucket:
+                        bucket = b
+                        ours = [f for f in stack if f.startswith("kernelgraft/")]
+                        timeline.append((round(now, 2), ours[-1] if ours else "-", stack[-1] if stack else "-"))
+                entry["timeline"] = timeline
+            out["threads"][name] = entry
+        return out
 
 
 def reference_first(case: str, *, device: str, cases: dict) -> dict:
@@ -279,7 +357,7 @@ def _spawn(what: str, mode: str, serve_seconds: float, timeout: float, cold: boo
     env.pop("KERNELGRAFT_TUNE_BLOCKING", None)
     cmd = [sys.executable, os.path.abspath(__file__), "--child", what, "--mode", mode,
            "--serve-seconds", str(serve_seconds)] + (["--profile"] if PROFILE[0] else []) + (
-           ["--profile-landing"] if PROFILE[1] else [])
+           ["--profile-landing"] if PROFILE[1] else []) + (["--sample-landing"] if PROFILE[2] else [])
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
@@ -344,7 +422,10 @@ def table(rows: list[dict], serve: dict | None) -> str:
 def run(args) -> dict:
     from kernelgraft.tune.tuner import TIE_MARGIN
 
-    names = args.cases.split(",") if args.cases else list(SMOKE_CASES if args.smoke else CASES)
+    if args.cases == "none":  # part 2 only
+        names = []
+    else:
+        names = args.cases.split(",") if args.cases else list(SMOKE_CASES if args.smoke else CASES)
     rows = []
     for case in names:
         if args.smoke:
@@ -383,7 +464,7 @@ def run(args) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", help=f"comma-separated, of {list(CASES)}")
+    parser.add_argument("--cases", help=f"comma-separated, of {list(CASES)} ('none': part 2 only)")
     parser.add_argument("--serve-seconds", type=float, default=5.0, help="each serving window (0: skip part 2)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per child process")
     parser.add_argument("--out", help="folder for bench_first_call.json (default $OUT)")
@@ -395,10 +476,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--profile-landing", action="store_true",
                         help="cProfile from the first call until its decision lands (every thread on Python >= 3.12; "
                              "slows the landing): its top functions by own time go into the JSON (landing_profile)")
+    parser.add_argument("--sample-landing", action="store_true",
+                        help="sample every thread's stack (10 ms) from the first call until its decision lands: "
+                             "seconds by function and the tuning worker's timeline go into the JSON (landing_samples)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="background", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    PROFILE[0], PROFILE[1] = args.profile, args.profile_landing
+    PROFILE[0], PROFILE[1], PROFILE[2] = args.profile, args.profile_landing, args.sample_landing
     if args.child:
         _child(args)
         return {}

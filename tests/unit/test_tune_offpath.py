@@ -452,12 +452,16 @@ def test_bench_first_call_smoke(tmp_path):
     from _bench_scripts import bench_script
 
     with bench_script("bench_first_call") as bench:
-        result = bench.main(["--smoke", "--serve-seconds", "0.2", "--out", str(tmp_path)])
+        result = bench.main(["--smoke", "--serve-seconds", "0.2", "--sample-landing", "--out", str(tmp_path)])
     rows = {r["case"]: r for r in result["rows"]}
     assert set(rows) == {"add_relu", "rmsnorm"}
     for r in rows.values():
         assert "error" not in r, r
         assert r["landed"] and r["meanwhile"] == "reference" and r["choice"] == "equal"
+        samples = r["landing_samples"]  # the sampler ran from the first call until the landing
+        assert samples["span_s"] >= r["land_s"] and isinstance(samples["threads"], dict)
+        for entry in samples["threads"].values():
+            assert entry["samples"] >= 5 and entry["inclusive_s"] and entry["innermost_s"]
     assert result["serving"]["landed"] and result["serving"]["queued"] == 1
     assert "serving during tuning" in result["table"] and (tmp_path / "bench_first_call.json").exists()
 
