@@ -7,6 +7,7 @@ import hashlib
 import json
 import math
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -360,6 +361,69 @@ def test_attaches_to_ops_in_this_process(bundle):
         assert isinstance(op.dispatcher.runner(cand), BundledRunner)
         x, y = torch.randn(300), torch.randn(300)  # CPU tensors still run (Triton's interpreter)
         torch.testing.assert_close(op.run(x, y, impl=0), torch.relu(x + y))
+    finally:
+        loaded.detach()
+    assert not op.dispatcher.bundled_keys()
+
+
+def test_runner_of_a_candidate_left_out_says_why(bundle, tmp_path):
+    """A candidate built from other code is left out when the bundle loads; asking the bundle for
+    its runner is a BundleError naming the op, the candidate and what is served, not a crash."""
+    b = _copy(bundle, tmp_path)
+    manifest = _manifest.read(b)
+    entry = next(e for e in manifest["ops"] if e["name"] == "kgexamples::add_relu")
+    cand = next(c for c in entry["candidates"] if c["backend"] == "triton")
+    cand["impl_fingerprint"] = "0" * len(cand["impl_fingerprint"])  # as if its kernel was edited since
+    _manifest.write(b, manifest)
+    with pytest.warns(kg.KernelgraftWarning, match="built from different code"):
+        loaded = kg.load_bundle(b, arch="sm_90")
+    try:
+        assert cand["label"] not in loaded.attached["kgexamples::add_relu"]
+        with pytest.raises(kg.BundleError, match=r"kgexamples::add_relu: candidate \d+ with config .* is not served"):
+            loaded.runner("kgexamples::add_relu", cand["index"], cand["config"])
+        with pytest.raises(kg.BundleError, match="no op 'kgexamples::nope'"):
+            loaded.runner("kgexamples::nope", cand["index"], cand["config"])
+        other = next(c for c in entry["candidates"] if c["backend"] == "triton" and c is not cand
+                     and c["impl_fingerprint"] != cand["impl_fingerprint"])
+        assert loaded.runner("kgexamples::add_relu", other["index"], other["config"]) is not None
+    finally:
+        loaded.detach()
+
+
+def test_candidates_attach_by_fingerprint_where_impl_indexes_differ(bundle, tmp_path):
+    """A bundle built where the op had other impls before these (a backend that did not import on
+    the building machine, cuTile say) numbers them differently: each bundled candidate attaches to
+    the impl here with its fingerprint, and ``runner`` takes the manifest's index."""
+    from kernelgraft.aot.runner import BundledRunner
+
+    op = add_relu.add_relu
+    name = "kgexamples::add_relu"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", kg.KernelgraftWarning)  # CuTe DSL left out: native code
+        plain = kg.load_bundle(bundle, arch="sm_90")
+    want = sorted(plain.attached[name])
+    plain.detach()
+    b = _copy(bundle, tmp_path)
+    manifest = _manifest.read(b)
+    entry = next(e for e in manifest["ops"] if e["name"] == name)
+    for cand in entry["candidates"]:
+        cand["index"] += 1  # as numbered where one more impl came first
+    _manifest.write(b, manifest)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", kg.KernelgraftWarning)  # "built from different code" would raise
+        warnings.filterwarnings("ignore", "bundle .* CuTe DSL candidates are native code", kg.KernelgraftWarning)
+        loaded = kg.load_bundle(b, arch="sm_90")
+    try:
+        assert sorted(loaded.attached[name]) == want
+        assert loaded.moved[name] == {c["index"]: c["index"] - 1 for c in entry["candidates"]
+                                      if c["label"] in want}
+        cand = next(c for c in entry["candidates"] if c["backend"] == "triton")
+        runner = loaded.runner(name, cand["index"], cand["config"])
+        assert isinstance(runner, BundledRunner)
+        here = cand["index"] - 1
+        assert op.dispatcher.bundled_runner(here, op.impls[here].config(cand["config"])) is runner
+        x, y = torch.randn(300), torch.randn(300)  # CPU tensors still run (Triton's interpreter)
+        torch.testing.assert_close(op.run(x, y, impl=here), torch.relu(x + y))
     finally:
         loaded.detach()
     assert not op.dispatcher.bundled_keys()

@@ -64,6 +64,9 @@ class Bundle:
     rebuilt: list[str]               # ops created from the manifest (their module was not imported)
     kernels: int = 0                 # binaries loaded for ``arch``
     signed: bool = False             # the signature was verified with a key
+    # op name -> {the manifest's impl index: this process's}, where they differ: the op here has
+    # impls the building machine lacked (a backend that did not import there), or the other way
+    moved: dict[str, dict[int, int]] = dataclasses.field(default_factory=dict)
 
     def __repr__(self) -> str:
         return (f"Bundle({str(self.path)!r}, arch={self.arch!r}, ops={list(self.ops)}, "
@@ -80,15 +83,24 @@ class Bundle:
         _select.bump_epoch()
 
     def runner(self, op_name: str, index: int, config: dict) -> BundledRunner:
-        """The bundled runner of one candidate (for tests and tools)."""
-        op = self.ops[op_name]
-        key = (index, Config.of(config, where="Bundle.runner"))
+        """The bundled runner of one candidate (for tests and tools). A ``BundleError`` says why
+        when this bundle serves no such candidate here: no such op in it, or the candidate was left
+        out when it loaded (built from other code, native code not allowed, another arch)."""
+        op = self.ops.get(op_name)
+        if op is None:
+            raise BundleError(f"bundle {self.path}: no op {op_name!r} (it has {sorted(self.ops)})")
+        key = (self.moved.get(op_name, {}).get(index, index), Config.of(config, where="Bundle.runner"))
         runner = op.dispatcher.bundled_runner(*key)
         if runner is None:
             from .bundled_op import RUNNERS
 
-            impl = next(i for i in op.impls if getattr(i, "index", None) == index)
-            runner = RUNNERS[(impl.bundle_key, key[1])]
+            impl = next((i for i in op.impls if getattr(i, "index", None) == index), None)
+            runner = RUNNERS.get((impl.bundle_key, key[1])) if impl is not None else None
+        if runner is None:
+            served = ", ".join(self.attached.get(op_name, [])) or "none"
+            raise BundleError(
+                f"bundle {self.path}: {op_name}: candidate {index} with config {dict(key[1])} is not served "
+                f"from this bundle in this process (left out when it loaded: see its warnings; served: {served})")
         return runner
 
 
@@ -189,7 +201,7 @@ def load_bundle(
                     _refresh(op, runners)
                 bundle.attached[name] = [c["label"] for _, c in runners.values()]
             else:
-                bundle.attached[name] = _attach(op, runners)
+                bundle.attached[name] = _attach(op, runners, bundle.moved.setdefault(name, {}))
             bundle.ops[name] = op
     except (BundleError, RegistrationError):
         raise
@@ -304,7 +316,7 @@ def _stand_in(entry: dict, runners: dict, bundle_id: str, bundle: Bundle):
                 f"that bundle {bundle.path} rebuilt; the bundle's op was built from different code "
                 "(fingerprints differ), so only candidates whose impl fingerprints agree keep its binaries",
                 KernelgraftWarning, stacklevel=4)
-        bundle.attached[real.name] = _attach(registered, runners)
+        bundle.attached[real.name] = _attach(registered, runners, bundle.moved.setdefault(real.name, {}))
         bundle.ops[real.name] = registered
         if real.name in bundle.rebuilt:
             bundle.rebuilt.remove(real.name)
@@ -336,25 +348,40 @@ def _bundled_schema(entry: dict) -> str:
     return parse_signature(_reference(entry), mutates, f"bundle op {entry['name']!r}").schema
 
 
-def _attach(op, runners: dict) -> list[str]:
+def _attach(op, runners: dict, moved: dict[int, int]) -> list[str]:
+    """Serve each bundled candidate from ``op``'s impl with the same fingerprint: the manifest's
+    index when that impl has it, else the one impl here that has it (the building machine had other
+    backends, so other indexes: ``moved`` records where each went); none is code that changed."""
     from .. import backends
 
     labels = []
     for (index, config), (runner, cand) in runners.items():
-        if index >= len(op.impls) or op.impls[index].fingerprint != cand["impl_fingerprint"]:
+        here = _impl_index(op, index, cand["impl_fingerprint"])
+        if here is None:
             warnings.warn(
                 f"{op.name}: bundled candidate {cand['label']} was built from different code than this "
-                "process has (impl fingerprint differs); it is not used. Rebuild the bundle.",
+                "process has (impl fingerprint differs from every impl of the op here); it is not used. Rebuild the bundle.",
                 KernelgraftWarning, stacklevel=3)
             continue
-        impl = op.impls[index]
+        if here != index:
+            moved[index] = here
+        impl = op.impls[here]
         backend = backends.get(impl.backend)
         if backend.available() is None:
             runner._fallback_factory = lambda b=backend, i=impl, c=config: b.bind(i, c)
-        op.dispatcher.serve_bundled(index, config, runner)
+        op.dispatcher.serve_bundled(here, config, runner)
         BUNDLED.add(impl.fingerprint)
         labels.append(cand["label"])
     return labels
+
+
+def _impl_index(op, index: int, fingerprint: str) -> int | None:
+    """The index of ``op``'s impl whose fingerprint is ``fingerprint``: ``index`` itself when it
+    matches, else the one impl that does (equal fingerprints are equal code and configs)."""
+    impls = op.impls
+    if 0 <= index < len(impls) and impls[index].fingerprint == fingerprint:
+        return index
+    return next((n for n, impl in enumerate(impls) if impl.fingerprint == fingerprint), None)
 
 
 def _refresh(op, runners: dict) -> None:
