@@ -95,6 +95,25 @@ def test_op_over_ranges_tunes_each_bucket_once_and_resumes_after_an_interruption
         assert k.winner == f"triton:launch_scale[BLOCK={block}]", (n, k)
 
 
+def test_a_key_whose_tuning_failed_says_why(monkeypatch):
+    """A key whose tuning raised is 'failed' with the error in its result and in the report's
+    line (a rank's log is often all there is), and nothing of it is saved."""
+    from kernelgraft.tune import tuner as _tuner
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the compile workers could not start")
+
+    monkeypatch.setattr(_tuner, "run_trials", broken)
+    with kg.tune("on", timer=P.fake_timer), pytest.warns(kg.TuneWarning, match="tuning failed"):
+        report = kg.tune.pretune(P.scale, torch.randn(5), ranges=Ranges(decode=2), progress=False)
+    assert report.keys and report.count("failed") == len(report.keys)
+    assert {k.reason for k in report.keys} == {"RuntimeError: the compile workers could not start"}
+    assert "; failed (" in str(report) and "RuntimeError: the compile workers could not start" in str(report)
+    assert not _entries()
+    decision = TUNER.memory[report.keys[0].digest]  # shared with the other ranks as JSON: the reason goes along
+    assert _tuner.Decision.from_json(decision.to_json(), "rank").failure == decision.failure
+
+
 def _llama():
     transformers = pytest.importorskip("transformers")
     from transformers.models.llama.modeling_llama import LlamaRMSNorm

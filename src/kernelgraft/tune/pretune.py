@@ -114,6 +114,7 @@ class KeyResult:
     winner: str | None = None
     seconds: float = 0.0
     rank: int = 0
+    reason: str | None = None  # why it failed
 
 
 @dataclasses.dataclass
@@ -133,9 +134,14 @@ class Report:
     def __str__(self) -> str:
         parts = [f"{self.count(s)} {s}" for s in ("tuned", "cached", "failed", "not measured", "lost", "unsupported")
                  if self.count(s)]
+        failed = [k for k in self.keys if k.status == "failed"]
+        why = sorted({k.reason or "no reason recorded" for k in failed})
         return (f"pretune: {len(self.keys)} keys ({', '.join(parts) or 'none'}) in {self.seconds:.1f} s"
                 + (f" on {self.ranks} ranks" if self.ranks > 1 else "")
-                + (f"; {len(self.left_out)} call sites left out" if self.left_out else ""))
+                + (f"; {len(self.left_out)} call sites left out" if self.left_out else "")
+                + (f"; failed ({failed[0].key}{' and others' if len(failed) > 1 else ''}): "
+                   + "; ".join(w[:300] for w in why[:3]) + (f" (+{len(why) - 3} more)" if len(why) > 3 else "")
+                   if failed else ""))
 
 
 def plan(calls: Sequence[tuple[Any, Callable[[], tuple]]]) -> tuple[list[KeyJob], list[KeyResult]]:
@@ -216,7 +222,8 @@ def run_keys(jobs: Sequence[KeyJob], *, force: bool = False, progress: bool = Tr
                               "failed" if decision.source == "default" else "tuned")
                 winner = decision.winner if decision is not None else None
                 result = KeyResult(job.op.name, job.label, job.digest, status,
-                                   entry_label(winner) if winner else None, time.perf_counter() - started, rank)
+                                   entry_label(winner) if winner else None, time.perf_counter() - started, rank,
+                                   decision.failure if status == "failed" and decision is not None else None)
             del args
             results.append(result)
             if on_key is not None:

@@ -61,10 +61,13 @@ class Decision:
     provisional: bool = False  # made short of memory: serves this process, never saved
     phases: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds by phase (_phases)
     spent: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)  # label -> seconds by phase
+    failure: str | None = None  # why the tuning failed (a default decision made by a failure)
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data.pop("source")
+        if data["failure"] is None:
+            data.pop("failure")
         data["default"] = self.source == "default"
         return data
 
@@ -101,6 +104,7 @@ class Decision:
             phases=_phases_of(data.get("phases")),
             spent={str(k): _phases_of(v) for k, v in data["spent"].items()}
             if isinstance(data.get("spent"), dict) else {},
+            failure=data["failure"][:2000] if isinstance(data.get("failure"), str) else None,
         )
 
     @property
@@ -374,7 +378,7 @@ class Tuner:
         except (InputError, SpecError):
             raise  # the inputs or the op, not the tuning: the caller's error, nothing remembered
         except Exception as exc:
-            failed = Decision(key.as_json(), [], [], source="default")
+            failed = Decision(key.as_json(), [], [], source="default", failure=f"{type(exc).__name__}: {exc}")
             # Kept in memory (not on disk): the threads that waited for this key, and later
             # calls, use the default candidate instead of each failing the same tuning again.
             if out_of_memory(exc):
@@ -430,6 +434,8 @@ class Tuner:
             decision = Decision(key.as_json(), [], [e for e in decision.excluded if e.get("kind") != "memory"],
                                 source="default")
         decision.provisional = True
+        if decision.source == "default":
+            decision.failure = f"out of memory: {short[0].candidate.label}: {short[0].reason}"
         if s.distributed and _dist.active():
             then = " for this process"
         else:
