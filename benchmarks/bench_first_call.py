@@ -25,12 +25,16 @@ without (the mean of before and after); target >= 0.90. ``tuning_left``: whether
 still running when the window closed (else part of the window had nothing to slow it), and its
 report's paused time and units timed under load.
 
+``--warm``: each case's process calls ``kg.tune.warm()`` after warming torch, as a server does at
+start-up (the first tuning's one-time imports, compile workers and native replay paid there); the
+first call and the landing then measure the new shape's own work.
+
 Prints a short table of ratios last; writes JSON to ``$OUT/bench_first_call.json`` (``--out``).
 ``--smoke`` runs all of it on the CPU, in this process, with a fake timer and small shapes of
 ``add_relu`` and ``rmsnorm`` (the CPU test does, so the script does not rot).
 
     python benchmarks/bench_first_call.py [--cases gemm_777,rmsnorm] [--serve-seconds 5] [--cold] [--profile]
-        [--profile-landing] [--sample-landing] [--out DIR]
+        [--profile-landing] [--sample-landing] [--warm] [--out DIR]
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ SMOKE_CASES = {"add_relu": ("add_relu", "add_relu", (4096,)), "rmsnorm": ("rmsno
 LAND_TARGET_S = {"gemm_777": 15.0}  # the others: 5 s
 FIRST_TARGET_MS = 50.0
 SERVE_TARGET = 0.90
+WARM = [False]  # --warm: each case's process calls kg.tune.warm() first, as a server at start-up
 PROFILE = [False, False, False]  # --profile: the first call under cProfile; --profile-landing: until it
 # lands; --sample-landing: every other thread's stack sampled until it lands (wall time, low overhead)
 
@@ -126,6 +131,7 @@ def first_call(case: str, *, device: str, background: bool, cases: dict, tune_op
     module, name, shape = cases[case]
     op = _op(module, name)
     _warm_torch(device)
+    warmed = kg.tune.warm(device) if WARM[0] else None  # before the op's shapes: the imports, the workers
     args = _inputs(module, shape, device)
     options = dict(tune_options)
     if background and device != "cuda":
@@ -162,6 +168,7 @@ def first_call(case: str, *, device: str, background: bool, cases: dict, tune_op
             "ranking": [(entry_label(e), e.get("ms")) for e in (d.ranking if d else [])],
             "phases": report.keys[0].phases if report.keys else {}, "report": str(report),
             "torch": torch.__version__, **({"first_call_profile": _top(profiler)} if profiler else {}),
+            **({"warm": {"seconds": warmed.seconds, "skipped": warmed.skipped}} if warmed is not None else {}),
             **({"landing_profile": _top(landing, 60, "tottime")} if landing is not None else {}),
             **({"landing_samples": samples} if samples is not None else {})}
 
@@ -357,7 +364,8 @@ def _spawn(what: str, mode: str, serve_seconds: float, timeout: float, cold: boo
     env.pop("KERNELGRAFT_TUNE_BLOCKING", None)
     cmd = [sys.executable, os.path.abspath(__file__), "--child", what, "--mode", mode,
            "--serve-seconds", str(serve_seconds)] + (["--profile"] if PROFILE[0] else []) + (
-           ["--profile-landing"] if PROFILE[1] else []) + (["--sample-landing"] if PROFILE[2] else [])
+           ["--profile-landing"] if PROFILE[1] else []) + (["--sample-landing"] if PROFILE[2] else []) + (
+           ["--warm"] if WARM[0] and mode != "reference" else [])
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
@@ -479,10 +487,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sample-landing", action="store_true",
                         help="sample every thread's stack (10 ms) from the first call until its decision lands: "
                              "seconds by function and the tuning worker's timeline go into the JSON (landing_samples)")
+    parser.add_argument("--warm", action="store_true",
+                        help="each case's process calls kg.tune.warm() first (imports, compile workers, the native "
+                             "replay), as a server does at start-up; the reference's floor process does not")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="background", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     PROFILE[0], PROFILE[1], PROFILE[2] = args.profile, args.profile_landing, args.sample_landing
+    WARM[0] = args.warm
     if args.child:
         _child(args)
         return {}

@@ -452,12 +452,13 @@ def test_bench_first_call_smoke(tmp_path):
     from _bench_scripts import bench_script
 
     with bench_script("bench_first_call") as bench:
-        result = bench.main(["--smoke", "--serve-seconds", "0.2", "--sample-landing", "--out", str(tmp_path)])
+        result = bench.main(["--smoke", "--serve-seconds", "0.2", "--sample-landing", "--warm", "--out", str(tmp_path)])
     rows = {r["case"]: r for r in result["rows"]}
     assert set(rows) == {"add_relu", "rmsnorm"}
     for r in rows.values():
         assert "error" not in r, r
         assert r["landed"] and r["meanwhile"] == "reference" and r["choice"] == "equal"
+        assert "fake_tensors" in r["warm"]["seconds"]  # kg.tune.warm() ran first, as at a server's start-up
         samples = r["landing_samples"]  # the sampler ran from the first call until the landing
         assert samples["span_s"] >= r["land_s"] and isinstance(samples["threads"], dict)
         for entry in samples["threads"].values():

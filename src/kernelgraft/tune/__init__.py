@@ -7,7 +7,8 @@ torch.distributed, agreed across ranks (``_dist``). Before timing, a key's candi
 parallel worker processes (``_compile_pool``). On CUDA the first call does not wait for tuning: it
 is served at once while a background worker tunes the key (``_background``); ``kg.tune(blocking=True)``
 tunes inside the call instead, ``kg.tune.wait()`` waits for the workers, ``kg.tune.report(op)`` says
-what was tried and where the time went. ``pretune`` tunes ahead: one call, a model's op sites over
+what was tried and where the time went, ``kg.tune.warm()`` pays a process's one-time costs (imports,
+compile workers, the native replay) at start-up. ``pretune`` tunes ahead: one call, a model's op sites over
 decode and prefill ``Ranges`` (``_record``, ``_ranges``), or a list of calls; resumable, and split
 across ranks under torch.distributed (``_shard``). ``kernelgraft.tune`` is this module and is
 also callable: ``kg.tune("cached")`` / ``kg.tune(prune=True)`` give a context manager and
@@ -36,12 +37,13 @@ from .api import clear, decision, pending, pretune, report, stats, wait
 from .pretune import KeyResult, Report as PretuneReport
 from .ranges import Ranges
 from .report import Report
+from .warmup import Warm, warm
 
 __all__ = [
     "tune", "settings", "Settings", "MODES", "Decision", "Tuner", "TuneKey", "build_key",
     "normalize_buckets", "matmul_heuristics", "cache_dir", "cache_path", "DiskCache",
     "pretune", "decision", "clear", "stats", "wait", "pending", "report", "Report", "TUNER", "Ranges",
-    "PretuneReport", "KeyResult",
+    "PretuneReport", "KeyResult", "warm", "Warm",
 ]
 
 

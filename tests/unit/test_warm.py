@@ -1,0 +1,74 @@
+"""``kg.tune.warm()``: a process's one-time tuning costs paid at start-up. In a fresh interpreter it
+imports what the first tuning would (``torch._dynamo``, through the first fake tensors); steps that
+cannot run here are recorded with the reason, a failing step never raises; ``wait=False`` returns at
+once. On a GPU: the compile workers start, ``torch.compile`` is warmed and the native replay loads."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import kernelgraft as kg
+from kernelgraft.tune import warmup as _warm
+
+from _paths import ROOT
+
+
+def test_warm_in_a_fresh_process_imports_what_the_first_tuning_would():
+    code = (
+        "import json, sys\n"
+        "import kernelgraft as kg\n"
+        "before = 'torch._dynamo' in sys.modules\n"
+        "w = kg.tune.warm('cpu')\n"
+        "print(json.dumps({'before': before, 'after': 'torch._dynamo' in sys.modules,\n"
+        "                  'seconds': w.seconds, 'skipped': w.skipped, 'text': str(w)}))\n"
+    )
+    path = os.pathsep.join([str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {**os.environ, "PYTHONPATH": path, "KERNELGRAFT_NATIVE": "0"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["before"] is False and out["after"] is True  # importing kernelgraft does not; warm does
+    assert set(out["seconds"]) == {"fake_tensors"} and out["seconds"]["fake_tensors"] >= 0
+    assert out["skipped"] == {
+        "compile_workers": "compile workers serve CUDA devices only",
+        "torch_compile": "torch.compile is warmed on CUDA devices only (Inductor for the CPU compiles C++)",
+        "native_replay": "turned off by KERNELGRAFT_NATIVE=0",
+    }
+    assert out["text"].startswith("kernelgraft warm on cpu: fake_tensors ")
+
+
+def test_a_failing_step_is_recorded_not_raised(monkeypatch):
+    def broken():
+        raise RuntimeError("no disk left for Dynamo's cache")
+
+    monkeypatch.setattr(_warm, "_fake_tensors", broken)
+    w = kg.tune.warm("cpu", compile_reference=False, native=False)
+    assert w.skipped == {"compile_workers": "compile workers serve CUDA devices only",
+                         "fake_tensors": "RuntimeError: no disk left for Dynamo's cache"}
+    assert w.seconds == {}
+
+
+def test_wait_false_returns_at_once_and_wait_joins():
+    w = kg.tune.warm("cpu", compile_reference=False, native=False, wait=False)
+    assert w.wait(120)
+    assert "fake_tensors" in w.seconds and w._thread is not None and not w._thread.is_alive()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_warm_on_cuda_starts_the_workers_and_warms_inductor():
+    from kernelgraft import native as _native
+    from kernelgraft.tune import compile_pool as _pool
+
+    w = kg.tune.warm()
+    assert w.device.startswith("cuda") and {"fake_tensors", "torch_compile"} <= set(w.seconds), w
+    if _pool.workers() >= 2:
+        assert "compile_workers" in w.seconds and _pool.POOL.pool is not None and _pool.POOL.pool.running >= 2
+    if _native.enabled() and _native.reason() is None:
+        assert "native_replay" in w.seconds and _native.get() is not None
