@@ -257,6 +257,11 @@ class CompilePool:
         """The pid of the process the workers fork from; None where they start on their own."""
         return self._zygote.pid if self._zygote is not None else None
 
+    @property
+    def zygote_imports_s(self) -> float | None:
+        """Seconds from the zygote's start until it could fork (its imports); None before that."""
+        return self._zygote.imports_s if self._zygote is not None else None
+
 
 class _Shared:
     """The process's pool: made at first use, closed after ``IDLE_S`` idle and at exit."""

@@ -34,6 +34,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from typing import BinaryIO
 
 from . import compile_worker
@@ -119,6 +120,7 @@ class Zygote:
     """The pool's zygote: started at once (it imports in the background); ``fork()`` waits for it."""
 
     def __init__(self, env: dict[str, str], startup_s: float) -> None:
+        self._started = time.time()  # wall clock: compared with the zygote's when it is ready
         env = dict(env)
         env["OMP_NUM_THREADS"] = "1"  # no OpenMP pool: the zygote must stay one thread
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -134,6 +136,7 @@ class Zygote:
         self._startup_s = startup_s
         self._lock = threading.Lock()
         self._state = "starting"  # then "ready", or "broken" for good
+        self.imports_s: float | None = None  # from its start until it was ready to fork (its imports)
 
     @property
     def pid(self) -> int:
@@ -174,6 +177,7 @@ class Zygote:
                     os.close(fd)
                 if kind == b"R":
                     self._state = "ready"
+                    self.imports_s = max(0.0, value / 1e6 - self._started)
                 elif kind == b"E":
                     self._broken("refused: " + self._sock.recv(max(0, min(value, 4096))).decode(errors="replace"))
                 else:
@@ -359,14 +363,14 @@ def main() -> int:
     os.close(null)
     os.dup2(2, 1)  # prints from imported modules go to stderr, as in a worker
     sys.stdout = sys.stderr
-    refusal = _refusal()
+    refusal = _refusal()  # the imports, then whether a fork is safe
     if refusal is not None:
         text = refusal.encode()[:4096]
         sock.sendall(MSG.pack(b"E", len(text)) + text)
         return 1
     signal.signal(signal.SIGCHLD, _reap)
     gc.freeze()  # the imported objects stay out of the children's collections: their pages stay shared
-    sock.sendall(MSG.pack(b"R", 0))
+    sock.sendall(MSG.pack(b"R", int(time.time() * 1e6)))  # when it was ready (the parent knows when it started)
     while True:
         try:
             kind, value, fds = _read(sock)
