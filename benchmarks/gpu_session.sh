@@ -134,8 +134,12 @@ run_section() {
     verify2) step test_verify_2gpu 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/unit/test_verify.py -k not_the_current_one -rs --tb=short ;;  # needs 2 GPUs
     devices) step gpu_devices 300 python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/gpu/test_gpu_devices.py -rs --tb=short ;;  # needs 2 GPUs
     alltests_old)  # alltests on the older tree in .carry/old (3bbeaac: its src, tests, pyproject, examples),
-      # its own source and tests on the path: the "before" of every GPU test file (results under old/)
-      ( cd .carry/old && PYTHONPATH="${PYTHONPATH//$ROOT\/src/$ROOT/.carry/old/src}" \
+      # its own source and tests on the path: the "before" of every GPU test file (results under old/).
+      # Its own artifacts only: its tests build their bundles here (this tree's carried bundles are a
+      # manifest version it cannot read), and its cuTile cubins are .carry/old/cubins (make_carry.sh)
+      ( cd .carry/old && unset KERNELGRAFT_TEST_BUNDLE KERNELGRAFT_TEST_BUNDLE_ALL KERNELGRAFT_BENCH_BUNDLE \
+          && export KERNELGRAFT_CUTILE_CUBINS="$ROOT/.carry/old/cubins" \
+          && PYTHONPATH="${PYTHONPATH//$ROOT\/src/$ROOT/.carry/old/src}" \
           && export PYTHONPATH="${PYTHONPATH//$ROOT\/tests/$ROOT/.carry/old/tests}" && R="$R/old" && mkdir -p "$R" \
           && echo "the older tree: $(python3 -c 'import kernelgraft; print(kernelgraft.__file__)')" \
           && TESTS_AT=tests run_section alltests ) ;;

@@ -3,7 +3,7 @@
 # machine, which cannot install from a registry: the CuTe DSL wheel unpacked and xz-compressed, the
 # cuda-tile and liger-kernel wheels (cp312, the GPU machine's Python), cuTile cubins, a bundle of the
 # add_relu and rmsnorm examples (every backend: CuTe DSL libraries need gcc, cuTile tileiras, both
-# here), one of every example op (xz-compressed, for tests/gpu/test_gpu_runtime_all.py), and an older tree for the host-cost A/B (OLD=REV, default 645f638). Run from the repository
+# here), one of every example op (xz-compressed, for tests/gpu/test_gpu_runtime_all.py), and an older tree (its source, tests and cuTile cubins) for the host-cost A/B and the GPU tests' "before" (OLD=REV, default 3bbeaac). Run from the repository
 # root after scripts/test.sh made .venv (minutes: the xz pass and the bundle):
 #
 #   bash benchmarks/make_carry.sh            then: run(..., carry=[".carry"])
@@ -17,7 +17,7 @@ PY="${CARRY_PY:-.venv/bin/python}"
 # CARRY_PY=<a venv's python with nvidia-cutlass-dsl==4.3.5, cuda-tile and tileiras>. The tree's src
 # comes first on PYTHONPATH, whatever that venv has installed.
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-OLD="${OLD:-645f638}"
+OLD="${OLD:-3bbeaac}"
 mkdir -p .carry/cutedsl .carry/cutile/wheels .carry/liger /tmp/kg-carry-dl
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
@@ -39,7 +39,11 @@ env -u TRITON_INTERPRET KERNELGRAFT_CACHE_DIR=/tmp/kg-carry-cache "$PY" -m kerne
     --arch sm_90 --allow-partial -o /tmp/bundle_all
 tar -C /tmp -cf - bundle_all | xz -T0 -6 > .carry/bundle_all.tar.xz
 rm -rf .carry/old && mkdir -p .carry/old
-git archive "$OLD" src benchmarks | tar -x -C .carry/old
+git archive "$OLD" src benchmarks tests examples pyproject.toml | tar -x -C .carry/old
 rm -rf .carry/old/benchmarks/results
+# the older tree's own cuTile cubins (its names differ): gpu_session.sh alltests_old points at them
+pyabs="$(realpath -s "$PY")"  # the venv's python, its link not followed
+( cd .carry/old && env -u TRITON_INTERPRET PYTHONPATH="$PWD/src:$PWD/benchmarks" KERNELGRAFT_CACHE_DIR=/tmp/kg-carry-old-cache \
+    "$pyabs" benchmarks/build_cutile_cubins.py --out cubins )
 du -sh .carry
 echo "tree: $(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1) bytes; keep both under 64 MiB"
