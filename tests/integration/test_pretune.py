@@ -110,6 +110,8 @@ def test_a_key_whose_tuning_failed_says_why(monkeypatch):
     assert {k.reason for k in report.keys} == {"RuntimeError: the compile workers could not start"}
     assert "; failed (" in str(report) and "RuntimeError: the compile workers could not start" in str(report)
     assert not _entries()
+    text = str(kg.tune.report(P.scale))  # the op's report says so too
+    assert "failed (RuntimeError: the compile workers could not start; the default candidate serves)" in text
     decision = TUNER.memory[report.keys[0].digest]  # shared with the other ranks as JSON: the reason goes along
     assert _tuner.Decision.from_json(decision.to_json(), "rank").failure == decision.failure
 

@@ -38,11 +38,12 @@ class KeyReport:
 
     inputs: str
     digest: str
-    state: str  # tuned | disk | rank | default | pending
+    state: str  # tuned | disk | rank | default | failed | pending
     winner: str | None
     tune_s: float = 0.0
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
     tried: list[Tried] = dataclasses.field(default_factory=list)
+    failure: str | None = None  # why its tuning failed (state 'failed': the default candidate serves)
 
     @property
     def compile_s(self) -> float:
@@ -56,6 +57,8 @@ class KeyReport:
 
     def __str__(self) -> str:
         head = f"  {self.inputs}: {self.state}"
+        if self.failure:
+            head += f" ({self.failure}; the default candidate serves)"
         if self.winner:
             head += f", winner {self.winner}"
         if self.phases:
@@ -144,9 +147,10 @@ def key_report(digest: str, decision: Any, margin: float) -> KeyReport:
         spent = decision.spent.get(_label(e), {})
         tried.append(Tried(_label(e), "excluded", f"{e.get('kind')}: {e.get('reason')}", None,
                            spent.get("gate"), spent.get("measure")))
-    state = decision.source if ranking or excluded or decision.source != "default" else "default"
+    failure = getattr(decision, "failure", None)
+    state = "failed" if failure else decision.source if ranking or excluded or decision.source != "default" else "default"
     return KeyReport(_inputs(decision.key), digest, state, _label(ranking[0]) if ranking else None,
-                     float(decision.tune_s or 0.0), dict(decision.phases), tried)
+                     float(decision.tune_s or 0.0), dict(decision.phases), tried, failure)
 
 
 def build_report(op_name: str, decisions: Iterable[tuple[str, Any]], pending: Iterable[str],
