@@ -50,6 +50,9 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=None, help="only the first N kernel candidates (a quick look)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        parser.error("this measures compiles, which Triton's interpreter does not make: unset TRITON_INTERPRET "
+                     "(without a GPU the candidates cross-compile for --arch)")
     warnings.filterwarnings("ignore")
     root = tempfile.mkdtemp(prefix="kg-compile-pool-")
     _fresh(root, "pool")
