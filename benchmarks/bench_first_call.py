@@ -180,6 +180,18 @@ def _short(filename: str) -> str:
     return "/".join(filename.rsplit("/", 2)[-2:])
 
 
+def _caller(stack: tuple) -> str:
+    """Who in kernelgraft asked for the time a sample shows: the last three kernelgraft frames, then
+    the first frame below them (the library entered: Triton's compiler, an import, Inductor, ...)."""
+    ours = [n for n, f in enumerate(stack) if f.startswith("kernelgraft/")]
+    if not ours:
+        return stack[-1] if stack else "?"
+    last = ours[-1]
+    chain = " > ".join(f.split("/")[-1] for f in stack[last - min(2, last):last + 1] if f.startswith("kernelgraft/"))
+    below = stack[last + 1] if last + 1 < len(stack) else "(itself)"
+    return f"{chain} | {below}"
+
+
 class _Sampler:
     """Every other thread's Python stack every ``interval`` s until ``stop()``: where the wall time
     of the tuning job (and the compile pool's threads) goes, waits included, at a cost of one
@@ -212,8 +224,8 @@ class _Sampler:
                 self.samples.append((now, names.get(ident, str(ident)), tuple(reversed(stack))))
 
     def stop(self, top: int = 45) -> dict:
-        """Per thread: seconds by function (inclusive, and innermost), and a timeline of what the
-        tuning worker ran (the innermost kernelgraft frame and the innermost frame, each 0.25 s)."""
+        """Per thread: seconds by function (inclusive, and innermost), by kernelgraft caller and the
+        library it entered (``by_caller_s``), and a timeline of what the tuning worker ran (the innermost kernelgraft frame and the innermost frame, each 0.25 s)."""
         from collections import Counter
 
         self._stop.set()
@@ -227,13 +239,15 @@ class _Sampler:
             if len(rows) < 5:
                 continue
             tick = span / max(1, self.ticks)  # seconds per sample (the interval, plus the walks)
-            inclusive, inner = Counter(), Counter()
+            inclusive, inner, callers = Counter(), Counter(), Counter()
             for _, stack in rows:
                 inclusive.update(set(stack))
                 inner[stack[-1] if stack else "?"] += 1
+                callers[_caller(stack)] += 1
             entry = {"samples": len(rows),
                      "inclusive_s": [(f, round(n * tick, 3)) for f, n in inclusive.most_common(top)],
-                     "innermost_s": [(f, round(n * tick, 3)) for f, n in inner.most_common(25)]}
+                     "innermost_s": [(f, round(n * tick, 3)) for f, n in inner.most_common(25)],
+                     "by_caller_s": [(f, round(n * tick, 3)) for f, n in callers.most_common(top)]}
             if name.startswith("kernelgraft-tune"):
                 timeline, bucket = [], None
                 for now, stack in rows:

@@ -462,7 +462,7 @@ def test_bench_first_call_smoke(tmp_path):
         samples = r["landing_samples"]  # the sampler ran from the first call until the landing
         assert samples["span_s"] >= r["land_s"] and isinstance(samples["threads"], dict)
         for entry in samples["threads"].values():
-            assert entry["samples"] >= 5 and entry["inclusive_s"] and entry["innermost_s"]
+            assert entry["samples"] >= 5 and entry["inclusive_s"] and entry["innermost_s"] and entry["by_caller_s"]
     assert result["serving"]["landed"] and result["serving"]["queued"] == 1
     assert "serving during tuning" in result["table"] and (tmp_path / "bench_first_call.json").exists()
 
