@@ -1,7 +1,8 @@
 """``kg.tune.warm()``: pay a process's one-time tuning costs at start-up, not at its first new shape.
 
 The first key a process tunes pays, once, for more than that key: the first fake tensors import
-``torch._dynamo`` (the output shapes are worked out on them), ``torch:compile``'s gate imports
+``torch._dynamo`` (the output shapes are worked out on them), the first Triton launch hashes
+Triton's sources for its cache key, ``torch:compile``'s gate imports
 Inductor and starts its compile workers, kernelgraft's compile workers import torch and Triton,
 and the native replay may still have to be built. On the H200 those imports were most of the
 seconds until a first decision landed (a fresh process, cold disk: 8-9 s of 13.8 s for rmsnorm).
@@ -30,6 +31,7 @@ from typing import Any
 import torch
 
 from .. import native as _native
+from ..backends.triton.ahead import warm_process
 from . import compile_pool as _compile_pool
 
 __all__ = ["Warm", "warm"]
@@ -61,7 +63,8 @@ class Warm:
 
 def warm(device: Any = None, *, compile_reference: bool = True, native: bool = True,
          wait: bool = True) -> Warm:
-    """Start the compile workers, import what the first tuning imports, compile one tiny function
+    """Start the compile workers, import what the first tuning imports (fake tensors, Triton's cache
+    key), compile one tiny function
     with ``torch.compile`` on ``device`` (Inductor's imports and its workers; ``compile_reference``)
     and build or load the native replay (``native``). ``device``: default the current CUDA device,
     else the CPU (where only the imports apply). Returns a ``Warm`` (done, unless ``wait=False``)."""
@@ -70,6 +73,7 @@ def warm(device: Any = None, *, compile_reference: bool = True, native: bool = T
     steps: list[tuple[str, Callable[[], str | None]]] = [
         ("compile_workers", lambda: _workers(where)),
         ("fake_tensors", _fake_tensors),
+        ("triton", _triton),
     ]
     if compile_reference:
         steps.append(("torch_compile", lambda: _torch_compile(where)))
@@ -113,6 +117,13 @@ def _fake_tensors() -> str | None:
 
     with FakeTensorMode():
         torch.empty(2, 3).sum(0)
+    return None
+
+
+def _triton() -> str | None:
+    """What a process's first Triton launch computes once: Triton's cache key (a hash of its sources
+    and library, about half a second) and the modules its JIT imports on first use."""
+    warm_process()
     return None
 
 
