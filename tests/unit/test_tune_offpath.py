@@ -100,6 +100,100 @@ def test_first_call_is_served_by_the_reference_and_the_decision_swaps_in():
     assert ranking(kg.tune.decision(op, x)) == background
 
 
+def _labels(d):
+    from kernelgraft.tune.tuner import entry_label
+
+    return [(entry_label(e), e["ms"]) for e in d.ranking]
+
+
+def _torch_timer(trial, settings):
+    """FAKE_MS for the kernels; torch:compile fastest of all, torch:eager slowest."""
+    label = trial.candidate.label
+    trial.run(0)
+    if label.startswith("torch:"):
+        return 0.5 if label == "torch:compile" else 9.0
+    return FAKE_MS[trial.candidate.config.as_dict()["BLOCK"]]
+
+
+def test_a_first_decision_serves_while_torch_compile_compiles_then_the_whole_one_replaces_it(monkeypatch):
+    """With ``torch:compile`` among the candidates (its gate is Inductor compiling the reference:
+    seconds on a GPU, most of a new key's tuning), a key tuned off the path lands twice: first the
+    decision among the others, which serves at once and is not saved, while the gate runs; then the
+    whole tuning, which replaces it, is saved, and equals blocking mode's decision."""
+    from kernelgraft.op import compete as _compete
+    from kernelgraft.tune.cache import DiskCache
+    from kernelgraft.tune.tuner import entry_label
+
+    entered, release = threading.Event(), threading.Event()
+
+    def compile_reference(fn):  # Inductor, held: its first call is the compile
+        def compiled(*args):
+            entered.set()
+            assert release.wait(HOLD_S), "the test never released the compile"
+            return fn(*args)
+        return compiled
+
+    monkeypatch.setattr(_compete, "compile_reference", compile_reference)
+    op = make_scale("toff::twice")
+    x = torch.randn(1000)
+    with kg.tune("on", timer=_torch_timer, blocking=False, compete=True):
+        try:
+            assert served(op, x) == "reference"  # at once: nothing verified yet
+            assert entered.wait(HOLD_S)  # the second pass is in torch:compile's gate...
+            first = kg.tune.decision(op, x)  # ...and the first decision serves meanwhile
+            assert first is not None and _labels(first)[0] == ("triton:launch_scale[BLOCK=256]", 1.0)
+            assert not any(label == "torch:compile" for label, _ in _labels(first))
+            assert served(op, x) == 256
+            assert not DiskCache().entries()  # a decision over part of the candidates is not saved
+            report = kg.tune.report(op)
+            assert report.keys[0].state == "refining" and kg.tune.pending() == 1
+        finally:
+            release.set()
+        assert kg.tune.wait(HOLD_S)
+        final = kg.tune.decision(op, x)
+        assert _labels(final)[0][0] == "torch:compile"
+        torch.testing.assert_close(op(x), x * 2)
+        assert op.dispatcher.plan_for((x,)).candidate.label == "torch:compile"  # the plans swapped again
+        saved = list(DiskCache().entries().values())
+        assert len(saved) == 1 and entry_label(saved[0]["ranking"][0]) == "torch:compile"
+        text = str(kg.tune.report(op))
+        assert "tuned, winner torch:compile" in text and "a first decision landed" in text
+    whole = _labels(final)
+    kg.tune.clear(disk=True)
+    with kg.tune("on", timer=_torch_timer, blocking=True, compete=True):
+        op(x)  # inside the call: one pass over every candidate
+        assert _labels(kg.tune.decision(op, x)) == whole  # (the key names the torch candidates)
+
+
+def test_a_failed_second_pass_keeps_the_first_decision(monkeypatch):
+    """The whole tuning failing after a first decision landed leaves that first decision serving
+    (it passed the gate), not the default candidate; nothing is saved."""
+    from kernelgraft.op import compete as _compete
+    from kernelgraft.tune import tuner as _tuner
+    from kernelgraft.tune.cache import DiskCache
+
+    calls = []
+    real = _tuner.run_trials
+
+    def second_fails(op, candidates, *args, **kwargs):
+        calls.append(len(candidates))
+        if len(calls) == 2:
+            raise RuntimeError("the second pass broke")
+        return real(op, candidates, *args, **kwargs)
+
+    monkeypatch.setattr(_compete, "compile_reference", lambda fn: fn)
+    monkeypatch.setattr(_tuner, "run_trials", second_fails)
+    op = make_scale("toff::secondfails")
+    x = torch.randn(1000)
+    with kg.tune("on", timer=_torch_timer, blocking=False, compete=True), \
+            pytest.warns(TuneWarning, match="the second pass broke"):
+        assert served(op, x) == "reference"
+        assert kg.tune.wait(HOLD_S)
+        assert calls[0] == calls[1] - 1  # the first pass left torch:compile out
+        assert served(op, x) == 256 and _labels(kg.tune.decision(op, x))[0] == ("triton:launch_scale[BLOCK=256]", 1.0)
+    assert not DiskCache().entries()
+
+
 def test_nearest_bucket_serves_while_a_new_bucket_is_tuned_never_an_unverified_kernel():
     op = make_scale("toff::near", bug=True)  # BLOCK=1024 with BUG: fastest, and wrong
     timer = HeldTimer()
@@ -691,7 +785,8 @@ def test_a_job_starts_the_compile_workers_while_it_prepares(monkeypatch):
     from kernelgraft.tune.background import Job
 
     x, w = torch.randn(4, 64), torch.randn(64)
-    cands = rmsnorm.candidates(x, w, 1e-6)
+    # without torch:compile: one pass (a first decision before its gate is another test's)
+    cands = [c for c in rmsnorm.candidates(x, w, 1e-6) if c.label != "torch:compile"]
     ahead = [c for c in cands if compile_pool.compiles_ahead(c.impl.backend)]
     assert len(ahead) >= 2
     monkeypatch.setenv("KERNELGRAFT_COMPILE_WORKERS", "4")

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from ..op import select as _select
-from ..op.compete import servable
+from ..op.compete import is_torch, servable
 from . import compile_pool as _compile_pool, dist as _dist, phases as _phases
 from .background import Job
 from .inputs import tensors_of
@@ -76,6 +76,40 @@ def _first_fake_tensors() -> bool:
     return "torch._dynamo" not in sys.modules
 
 
+def _first_pass(op: Any, candidates: Sequence[Any]) -> list | None:
+    """The candidates of a first decision, when there is one to make: all but ``torch:compile``,
+    whose gate (Inductor compiling the reference: seconds, and most of a new key's tuning) then
+    runs in the second pass; None when it is not among the candidates or fewer than two are left."""
+    rest = [c for c in candidates if not (is_torch(c) and c.impl.name == "compile")]
+    if len(rest) == len(candidates) or len(rest) < 2 or op.dispatcher.compile_state.error is not None:
+        return None
+    return rest
+
+
+def _land_first(tuner: Any, op: Any, first: list, job: Job, key: TuneKey, s: Settings,
+                phases: _phases.Phases) -> Any:
+    """Decide among ``first`` and land that decision now: the ops plan with it (kept until the
+    whole tuning lands, which then replaces it: ``refining``); None when nothing landed."""
+    lock = tuner._device_lock(op, job.args)
+    with lock:  # as any tuning of the device (see Tuner._resolve)
+        tuner._held.locks = [*tuner._held.locks, lock]
+        try:
+            if tuner._remembered(key) is not None:  # decided meanwhile (a call tuned it inside)
+                return None
+            decision = tuner.measure(op, first, job.args, key, s, save=False)
+        finally:
+            tuner._held.locks = tuner._held.locks[:-1]
+    if decision.source == "default" or not decision.ranking:
+        return None
+    final = _select.Pending()
+    decision.refining = final  # not a field: never saved, never sent to another rank
+    tuner.memory[key.digest] = decision  # before the landing: a call that replans finds it
+    waiting, job.pending = job.pending, final
+    phases.add("first_landing", time.perf_counter() - job.enqueued)
+    waiting.land()
+    return decision
+
+
 def _job(tuner: Any, op: Any, candidates: Sequence[Any], key: TuneKey, s: Settings) -> Any:
     """What the worker runs for the key: the tuning a call would make, on the copied inputs, in
     the caller's context (its ``kg.tune`` settings), paced, without a progress bar."""
@@ -102,7 +136,14 @@ def _job(tuner: Any, op: Any, candidates: Sequence[Any], key: TuneKey, s: Settin
             # GIL), which must not run beside the call that queued the job: heavy until they have
             with _phases.phase("prepare", heavy=_first_fake_tensors()):
                 context.run(op.dispatcher.output_specs, job.args)
-            context.run(tuner._resolve, op, candidates, job.args, key, settings)
+            first = _first_pass(op, candidates)
+            landed = None
+            if first is not None:
+                landed = context.run(_land_first, tuner, op, first, job, key, settings, phases)
+            final = context.run(tuner._resolve, op, candidates, job.args, key, settings)
+            if landed is not None and final.source == "default":
+                tuner.memory[key.digest] = landed  # the whole tuning failed: the first decision stays
+                landed.refining = None
         tuner.stats["background_tuned"] += 1
 
     return run

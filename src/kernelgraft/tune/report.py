@@ -38,7 +38,7 @@ class KeyReport:
 
     inputs: str
     digest: str
-    state: str  # tuned | disk | rank | default | failed | pending
+    state: str  # tuned | disk | rank | default | failed | refining | pending
     winner: str | None
     tune_s: float = 0.0
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -67,6 +67,8 @@ class KeyReport:
                 parts.append(f"{int(self.phases['units_under_load'])} units timed under load")
             if self.phases.get("heavy_under_load"):  # compiles here that serving never paused for
                 parts.append(f"{int(self.phases['heavy_under_load'])} compiles under load")
+            if self.phases.get("first_landing"):  # a first decision, without torch:compile, served meanwhile
+                parts.append(f"a first decision landed {self.phases['first_landing']:.2f} s after the job was queued")
             head += f" ({self.tune_s:.2f} s: " + ", ".join(parts) + ")"
         lines = [head]
         width = max((len(t.label) for t in self.tried), default=0)
@@ -148,7 +150,10 @@ def key_report(digest: str, decision: Any, margin: float) -> KeyReport:
         tried.append(Tried(_label(e), "excluded", f"{e.get('kind')}: {e.get('reason')}", None,
                            spent.get("gate"), spent.get("measure")))
     failure = getattr(decision, "failure", None)
+    refining = getattr(decision, "refining", None)
     state = "failed" if failure else decision.source if ranking or excluded or decision.source != "default" else "default"
+    if refining is not None and not refining.landed:
+        state = "refining"  # a first decision, served while torch:compile's gate runs
     return KeyReport(_inputs(decision.key), digest, state, _label(ranking[0]) if ranking else None,
                      float(decision.tune_s or 0.0), dict(decision.phases), tried, failure)
 

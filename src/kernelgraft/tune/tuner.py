@@ -232,6 +232,9 @@ class Tuner:
             decision = self._resolve(op, candidates, args, key, s)
         else:
             self.stats["memory_hit"] += 1
+            refining = getattr(decision, "refining", None)
+            if refining is not None and not refining.landed:
+                _select.provisional(refining)  # its plans make way when the final decision lands
         retry = self._retry.get(key.digest)
         if retry is not None and time.monotonic() < retry[0] and self.memory.get(key.digest) is retry[2]:
             _select.provisional(retry[0])  # the default serves until the key is tuned again
@@ -278,7 +281,8 @@ class Tuner:
         self._held.locks = [*self._held.locks, lock]
         try:
             found = self._remembered(key)  # another thread may have tuned it while we waited
-            if found is not None:
+            refining = getattr(found, "refining", None)  # a first decision: its job's second pass goes on
+            if found is not None and (refining is None or refining.landed):
                 self.stats["memory_hit"] += 1
                 return found
             return self._resolve_locked(op, candidates, args, key, s, measure)
@@ -351,8 +355,10 @@ class Tuner:
         return None
 
     # ------------------------------------------------------------------ measuring
-    def measure(self, op: Any, candidates: Sequence[Any], args: tuple, key: TuneKey, s: Settings) -> Decision:
-        """Prune, gate and time ``candidates`` for ``key``; store the decision on disk."""
+    def measure(self, op: Any, candidates: Sequence[Any], args: tuple, key: TuneKey, s: Settings,
+                save: bool = True) -> Decision:
+        """Prune, gate and time ``candidates`` for ``key``; store the decision on disk (``save``:
+        a first decision over some of the key's candidates is not saved: ``offpath._land_first``)."""
         if _native.busy():
             # The extension's build (a child process competing for the CPU) or load (holding a
             # thread) would skew host-bound timings: let it finish first (10-15 s, once).
@@ -379,6 +385,9 @@ class Tuner:
             raise  # the inputs or the op, not the tuning: the caller's error, nothing remembered
         except Exception as exc:
             failed = Decision(key.as_json(), [], [], source="default", failure=f"{type(exc).__name__}: {exc}")
+            if not save:  # a first pass: the whole tuning runs next and says what failed, once
+                log.debug("%s: a first pass over part of the candidates failed", op.name, exc_info=True)
+                return failed
             # Kept in memory (not on disk): the threads that waited for this key, and later
             # calls, use the default candidate instead of each failing the same tuning again.
             if out_of_memory(exc):
@@ -397,6 +406,8 @@ class Tuner:
             log.debug("tuning failure", exc_info=True)
             return failed
         decision = self._decision(key, results, started, len(candidates), phases)
+        if not save:
+            return decision  # served until the whole tuning lands (offpath._land_first): nothing kept here
         short = [r for r in results if r.kind == "memory"]
         if short and self._failures(key) < SHORT_LIMIT:
             return self._short_of_memory(op, key, decision, short, s)
