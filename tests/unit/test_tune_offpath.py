@@ -147,8 +147,21 @@ def test_a_first_decision_serves_while_torch_compile_compiles_then_the_whole_one
             assert not DiskCache().entries()  # a decision over part of the candidates is not saved
             report = kg.tune.report(op)
             assert report.keys[0].state == "refining" and kg.tune.pending() == 1
+            got = []
+
+            def inside_a_call():  # blocking mode wants the whole decision: it waits for the tuning
+                with kg.tune("on", timer=_torch_timer, blocking=True, compete=True):
+                    op(x)
+                    got.append(op.dispatcher.plan_for((x,)).candidate.label)
+
+            blocking = threading.Thread(target=inside_a_call)
+            blocking.start()
+            blocking.join(0.5)
+            assert blocking.is_alive() and not got  # held behind torch:compile's gate, not served the first
         finally:
             release.set()
+        blocking.join(HOLD_S)
+        assert got == ["torch:compile"]
         assert kg.tune.wait(HOLD_S)
         final = kg.tune.decision(op, x)
         assert _labels(final)[0][0] == "torch:compile"

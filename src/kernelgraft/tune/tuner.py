@@ -219,6 +219,9 @@ class Tuner:
             log.warning("%s: cannot build a tuning key (%s); using the default candidate", op.name, exc)
             return candidates[0]
         decision = self._remembered(key)
+        refining = getattr(decision, "refining", None)
+        if refining is not None and not refining.landed and s.blocking is True:
+            decision = None  # a first decision: tuning inside the call wants the whole one (_resolve waits)
         if decision is None:
             self.stats["memory_miss"] += 1
             if off_path(self, op, args, s) and self._may_measure(op, args, s):
@@ -232,7 +235,6 @@ class Tuner:
             decision = self._resolve(op, candidates, args, key, s)
         else:
             self.stats["memory_hit"] += 1
-            refining = getattr(decision, "refining", None)
             if refining is not None and not refining.landed:
                 _select.provisional(refining)  # its plans make way when the final decision lands
         retry = self._retry.get(key.digest)
