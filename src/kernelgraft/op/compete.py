@@ -90,6 +90,11 @@ def is_torch(candidate: Any) -> bool:
     return getattr(candidate.impl, "backend", None) == TORCH
 
 
+def is_torch_compile(candidate: Any) -> bool:
+    """Whether ``candidate`` is ``torch:compile`` (the reference under ``torch.compile``)."""
+    return is_torch(candidate) and candidate.impl.name == "compile"
+
+
 def key_backends(candidates: Iterable[Candidate]) -> list[str]:
     """What the tuning key records of the offered candidates: backends, and each torch one by name."""
     return [f"torch:{c.impl.name}" if is_torch(c) else c.impl.backend for c in candidates]
@@ -240,7 +245,7 @@ def servable(op: Any, candidates: Sequence[Candidate]) -> Sequence[Candidate]:
     fail again); the decision's next-ranked candidate serves instead."""
     if op.dispatcher.compile_state.error is None:
         return candidates
-    return [c for c in candidates if not (is_torch(c) and c.impl.name == "compile")]
+    return [c for c in candidates if not is_torch_compile(c)]
 
 
 def bind(op: Any, candidate: Candidate) -> Callable[..., Any]:

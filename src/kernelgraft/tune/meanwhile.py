@@ -24,7 +24,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..op.compete import TORCH, is_torch
+from ..op.compete import TORCH, is_torch, is_torch_compile
 from ..spec import Config
 
 __all__ = ["meanwhile", "distance"]
@@ -97,7 +97,7 @@ def _ident(entry: dict[str, Any], where: str) -> tuple | None:
 
 
 def _servable(candidates: Sequence[Any]) -> dict[tuple, Any]:
-    return {(c.index, c.config): c for c in candidates if not (is_torch(c) and c.impl.name == "compile")}
+    return {(c.index, c.config): c for c in candidates if not is_torch_compile(c)}
 
 
 def meanwhile(op: Any, candidates: Sequence[Any], args: tuple, key: dict[str, Any],

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from ..op import select as _select
-from ..op.compete import is_torch, servable
+from ..op.compete import is_torch_compile, servable
 from . import compile_pool as _compile_pool, dist as _dist, phases as _phases
 from .background import Job
 from .inputs import tensors_of
@@ -80,7 +80,7 @@ def _first_pass(op: Any, candidates: Sequence[Any]) -> list | None:
     """The candidates of a first decision, when there is one to make: all but ``torch:compile``,
     whose gate (Inductor compiling the reference: seconds, and most of a new key's tuning) then
     runs in the second pass; None when it is not among the candidates or fewer than two are left."""
-    rest = [c for c in candidates if not (is_torch(c) and c.impl.name == "compile")]
+    rest = [c for c in candidates if not is_torch_compile(c)]
     if len(rest) == len(candidates) or len(rest) < 2 or op.dispatcher.compile_state.error is not None:
         return None
     return rest

@@ -262,7 +262,7 @@ def _refine(trials: list[Trial], times: dict[int, tuple], timer: Any, settings: 
 def _inductor(op: Any, candidates: Sequence[Any], device: torch.device) -> Any:
     """The ``torch:compile`` candidate when its gate (Inductor compiling the reference for this
     shape: seconds) can run while the kernels compile in the worker pool; else None."""
-    found = next((c for c in candidates if _compete.is_torch(c) and c.impl.name == "compile"), None)
+    found = next((c for c in candidates if _compete.is_torch_compile(c)), None)
     if found is None or op.dispatcher.compile_state.error is not None:
         return None
     return found if would_use(op, candidates, device) else None
