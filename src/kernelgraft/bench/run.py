@@ -22,7 +22,7 @@ from .suite import regime_of
 from .timing import Timing, measure, measure_interleaved
 from .. import tune
 from ..op.plan import kernel_plan
-from ..tune.tuner import entry_label
+from ..tune.decision import entry_label
 
 __all__ = ["Row", "bench_op", "tuned_label"]
 

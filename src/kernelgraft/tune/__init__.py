@@ -32,7 +32,8 @@ from .cache import DiskCache, cache_dir, cache_path
 from .key import TuneKey, build_key, normalize_buckets
 from ..op.modes import MODES, Settings, settings, tune
 from .prune import matmul_heuristics
-from .tuner import TUNER, Decision, Tuner
+from .decision import Decision
+from .tuner import TUNER, Tuner
 from .api import clear, decision, pending, pretune, report, stats, wait
 from .pretune import KeyResult, Report as PretuneReport
 from .ranges import Ranges

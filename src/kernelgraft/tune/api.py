@@ -27,7 +27,8 @@ from .pretune import (
 )
 from .ranges import Ranges
 from .report import Report, build_report
-from .tuner import TIE_MARGIN, TUNER, Decision
+from .decision import Decision
+from .tuner import TIE_MARGIN, TUNER
 
 __all__ = ["pretune", "decision", "clear", "stats", "wait", "pending", "report"]
 

@@ -27,7 +27,8 @@ from ..op.compete import key_backends, offered
 from .key import TuneKey, build_key
 from ..op.modes import settings, tune
 from .ranges import Arg, Formula, Ranges, Site, describe_arg, materialize
-from .tuner import TUNER, Decision, entry_label
+from .decision import Decision, entry_label
+from .tuner import TUNER
 
 __all__ = ["KeyJob", "KeyResult", "Report", "prepare", "known_decision", "known_entry", "tune_key", "plan", "run_keys",
            "site_of_call", "calls_of_sites"]

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-from .tuner import entry_label
+from .decision import entry_label
 
 __all__ = ["Tried", "KeyReport", "Report", "build_report"]
 

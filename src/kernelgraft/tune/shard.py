@@ -34,7 +34,8 @@ from typing import Any
 
 from . import dist as _dist
 from .pretune import KeyJob, KeyResult, known_entry, run_keys
-from .tuner import TUNER, Decision
+from .decision import Decision
+from .tuner import TUNER
 
 __all__ = ["share", "pretune_ranks"]
 
