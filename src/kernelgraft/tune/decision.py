@@ -31,6 +31,14 @@ class Decision:
     phases: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds by phase (_phases)
     spent: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)  # label -> seconds by phase
     failure: str | None = None  # why the tuning failed (a default decision made by a failure)
+    # A first decision off the caller's path (``offpath._land_first``): the Pending of its whole
+    # tuning. Not a field: never saved, never sent to another rank.
+    refining = None
+
+    @property
+    def partial(self) -> bool:
+        """A first decision whose whole tuning has not landed yet."""
+        return self.refining is not None and not self.refining.landed
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

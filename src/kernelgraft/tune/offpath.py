@@ -102,7 +102,7 @@ def _land_first(tuner: Any, op: Any, first: list, job: Job, key: TuneKey, s: Set
     if decision.source == "default" or not decision.ranking:
         return None
     final = _select.Pending()
-    decision.refining = final  # not a field: never saved, never sent to another rank
+    decision.refining = final
     tuner.memory[key.digest] = decision  # before the landing: a call that replans finds it
     waiting, job.pending = job.pending, final
     phases.add("first_landing", time.perf_counter() - job.enqueued)

@@ -88,10 +88,8 @@ def tune_key(op: Any, args: tuple, supported: list, key: TuneKey, force: bool) -
             if result is not None and result.source != "default":
                 TUNER.memory[key.digest] = result
         else:
-            found = TUNER.memory.get(key.digest)
-            refining = getattr(found, "refining", None)  # a first decision off the path: not the whole
-            result = found if found is not None and (refining is None or refining.landed) else \
-                TUNER._resolve(op, supported, args, key, s)
+            found = TUNER.memory.get(key.digest)  # a first decision off the path is not the whole one
+            result = found if found is not None and not found.partial else TUNER._resolve(op, supported, args, key, s)
     _select.bump_epoch()
     return result
 

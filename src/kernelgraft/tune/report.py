@@ -149,13 +149,11 @@ def key_report(digest: str, decision: Any, margin: float) -> KeyReport:
         spent = decision.spent.get(_label(e), {})
         tried.append(Tried(_label(e), "excluded", f"{e.get('kind')}: {e.get('reason')}", None,
                            spent.get("gate"), spent.get("measure")))
-    failure = getattr(decision, "failure", None)
-    refining = getattr(decision, "refining", None)
-    state = "failed" if failure else decision.source if ranking or excluded or decision.source != "default" else "default"
-    if refining is not None and not refining.landed:
-        state = "refining"  # a first decision, served while torch:compile's gate runs
+    state = ("refining" if decision.partial  # a first decision, served while torch:compile's gate runs
+             else "failed" if decision.failure
+             else decision.source if ranking or excluded or decision.source != "default" else "default")
     return KeyReport(_inputs(decision.key), digest, state, _label(ranking[0]) if ranking else None,
-                     float(decision.tune_s or 0.0), dict(decision.phases), tried, failure)
+                     float(decision.tune_s or 0.0), dict(decision.phases), tried, decision.failure)
 
 
 def build_report(op_name: str, decisions: Iterable[tuple[str, Any]], pending: Iterable[str],

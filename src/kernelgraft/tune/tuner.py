@@ -123,8 +123,7 @@ class Tuner:
             log.warning("%s: cannot build a tuning key (%s); using the default candidate", op.name, exc)
             return candidates[0]
         decision = self._remembered(key)
-        refining = getattr(decision, "refining", None)
-        if refining is not None and not refining.landed and s.blocking is True:
+        if decision is not None and decision.partial and s.blocking is True:
             decision = None  # a first decision: tuning inside the call wants the whole one (_resolve waits)
         if decision is None:
             self.stats["memory_miss"] += 1
@@ -139,8 +138,8 @@ class Tuner:
             decision = self._resolve(op, candidates, args, key, s)
         else:
             self.stats["memory_hit"] += 1
-            if refining is not None and not refining.landed:
-                _select.provisional(refining)  # its plans make way when the final decision lands
+            if decision.partial:
+                _select.provisional(decision.refining)  # its plans make way when the whole decision lands
         retry = self._retry.get(key.digest)
         if retry is not None and time.monotonic() < retry[0] and self.memory.get(key.digest) is retry[2]:
             _select.provisional(retry[0])  # the default serves until the key is tuned again
@@ -187,8 +186,7 @@ class Tuner:
         self._held.locks = [*self._held.locks, lock]
         try:
             found = self._remembered(key)  # another thread may have tuned it while we waited
-            refining = getattr(found, "refining", None)  # a first decision: its job's second pass goes on
-            if found is not None and (refining is None or refining.landed):
+            if found is not None and not found.partial:  # a first decision: its job's second pass goes on
                 self.stats["memory_hit"] += 1
                 return found
             return self._resolve_locked(op, candidates, args, key, s, measure)
