@@ -90,16 +90,8 @@ def _land_first(tuner: Any, op: Any, first: list, job: Job, key: TuneKey, s: Set
                 phases: _phases.Phases) -> Any:
     """Decide among ``first`` and land that decision now: the ops plan with it (kept until the
     whole tuning lands, which then replaces it: ``refining``); None when nothing landed."""
-    lock = tuner._device_lock(op, job.args)
-    with lock:  # as any tuning of the device (see Tuner._resolve)
-        tuner._held.locks = [*tuner._held.locks, lock]
-        try:
-            if tuner._remembered(key) is not None:  # decided meanwhile (a call tuned it inside)
-                return None
-            decision = tuner.measure(op, first, job.args, key, s, save=False)
-        finally:
-            tuner._held.locks = tuner._held.locks[:-1]
-    if decision.source == "default" or not decision.ranking:
+    decision = tuner.measure_first(op, first, job.args, key, s)
+    if decision is None:
         return None
     final = _select.Pending()
     decision.refining = final

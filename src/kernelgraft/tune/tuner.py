@@ -10,12 +10,13 @@ cache.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 import warnings
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -183,16 +184,36 @@ class Tuner:
                 return Decision(key.as_json(), [], [], source="default")
         else:
             lock.acquire()
+        try:
+            with self._holding(lock):
+                found = self._remembered(key)  # another thread may have tuned it while we waited
+                if found is not None and not found.partial:  # a first decision: its job's second pass goes on
+                    self.stats["memory_hit"] += 1
+                    return found
+                return self._resolve_locked(op, candidates, args, key, s, measure)
+        finally:
+            lock.release()
+
+    @contextlib.contextmanager
+    def _holding(self, lock: threading.RLock) -> Iterator[None]:
+        """``lock`` (acquired) counted among the device locks this thread holds, for the block."""
         self._held.locks = [*self._held.locks, lock]
         try:
-            found = self._remembered(key)  # another thread may have tuned it while we waited
-            if found is not None and not found.partial:  # a first decision: its job's second pass goes on
-                self.stats["memory_hit"] += 1
-                return found
-            return self._resolve_locked(op, candidates, args, key, s, measure)
+            yield
         finally:
             self._held.locks = self._held.locks[:-1]
-            lock.release()
+
+    def measure_first(self, op: Any, candidates: Sequence[Any], args: tuple, key: TuneKey,
+                      s: Settings) -> Decision | None:
+        """A first decision among some of the key's candidates, not saved (``offpath._land_first``),
+        under the device's lock as any tuning; None when the key was decided meanwhile (a call
+        tuned it inside) or nothing passed."""
+        lock = self._device_lock(op, args)
+        with lock, self._holding(lock):
+            if self._remembered(key) is not None:
+                return None
+            decision = self.measure(op, candidates, args, key, s, save=False)
+        return decision if decision.source != "default" and decision.ranking else None
 
     def _resolve_locked(self, op: Any, candidates: Sequence[Any], args: tuple, key: TuneKey, s: Settings,
                         measure: bool) -> Decision:
@@ -262,7 +283,7 @@ class Tuner:
     def measure(self, op: Any, candidates: Sequence[Any], args: tuple, key: TuneKey, s: Settings,
                 save: bool = True) -> Decision:
         """Prune, gate and time ``candidates`` for ``key``; store the decision on disk (``save``:
-        a first decision over some of the key's candidates is not saved: ``offpath._land_first``)."""
+        a first decision over some of the key's candidates is not saved: ``measure_first``)."""
         if _native.busy():
             # The extension's build (a child process competing for the CPU) or load (holding a
             # thread) would skew host-bound timings: let it finish first (10-15 s, once).
@@ -311,7 +332,7 @@ class Tuner:
             return failed
         decision = self._decision(key, results, started, len(candidates), phases)
         if not save:
-            return decision  # served until the whole tuning lands (offpath._land_first): nothing kept here
+            return decision  # served until the whole tuning lands (measure_first): nothing kept here
         short = [r for r in results if r.kind == "memory"]
         if short and self._failures(key) < SHORT_LIMIT:
             return self._short_of_memory(op, key, decision, short, s)
