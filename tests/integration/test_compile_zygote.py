@@ -92,7 +92,9 @@ def test_forked_workers_compile_as_started_ones_are_replaced_and_leave_nothing(t
         assert zygote is not None
         first = pool.pids
         assert len(first) == 2 and {_parent(p) for p in first} == {zygote}  # forks of the zygote
-        assert 0 < pool.zygote_imports_s < 600  # its start until it could fork: what a cold pool waits for
+        # its start until it could fork (what a cold pool waits for) is recorded once it forked; its
+        # size is the benchmark's to print, not a test's to bound
+        assert isinstance(pool.zygote_imports_s, float) and pool.zygote_imports_s >= 0
         assert _comparable(forked) == _comparable(started)
         assert not forked[0].ok and forked[0].detail == "the compile worker exited (3)"
         assert all(o.ok for o in forked[1:]), [o.detail for o in forked]
