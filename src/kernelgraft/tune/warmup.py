@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode  # its class: what imports is its first use
 
 from .. import native as _native
 from ..backends.triton.ahead import warm_process
@@ -113,8 +114,6 @@ def _workers(where: torch.device) -> str | None:
 
 def _fake_tensors() -> str | None:
     """The first ``FakeTensorMode`` of a process imports ``torch._dynamo`` (seconds)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     with FakeTensorMode():
         torch.empty(2, 3).sum(0)
     return None
