@@ -66,7 +66,13 @@ def _worker(args) -> int:
     with kg.tune("on", **options):
         report = kg.tune.pretune(calls=calls, device=args.device, progress=False)
     wall = time.perf_counter() - started
-    result = {"rank": rank, "world": world, "shapes": len(calls), "wall_s": wall, "report": str(report),
+    memory = {}
+    if args.device == "cuda":  # what this rank's tuning held at its peak, beside the GPU's state now
+        free, total = torch.cuda.mem_get_info()
+        memory = {"peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
+                  "free_gib_at_end": free / 2**30, "total_gib": total / 2**30}
+        print(f"[rank {rank}] memory: {memory}", flush=True)
+    result = {"rank": rank, "world": world, "shapes": len(calls), "wall_s": wall, "report": str(report), "memory": memory,
               "keys": [vars(k) for k in report.keys], "entries": DiskCache().entries()}
     with open(os.path.join(args.cache, f"result-rank{rank}.json"), "w") as fh:
         json.dump(result, fh)

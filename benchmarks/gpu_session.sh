@@ -76,11 +76,11 @@ run_section() {
               step host_cost_old_$i 120 env PYTHONPATH="${PYTHONPATH/$ROOT\/src/$ROOT/.carry/old/src}" python3 .carry/old/benchmarks/bench_backend_host_cost.py --out "$R/old$i"
               step host_cost_new_$i 120 python3 benchmarks/bench_backend_host_cost.py --out "$R/new$i"
             done ;;
-    hostcost_same)  # hostcost_ab with this tree's bench script for both trees (no compile pool in either)
+    hostcost_same)  # hostcost_ab with this tree's bench script for both trees (no compile pool in either; each tree its own cuTile cubins, so both time the same paths)
             step native_build 150 python3 -c "import kernelgraft as kg; print(kg.native.build())"
             for i in 1 2; do
               mkdir -p "$R/old$i" "$R/new$i"
-              step host_cost_old_$i 120 env PYTHONPATH="${PYTHONPATH/$ROOT\/src/$ROOT/.carry/old/src}" python3 benchmarks/bench_backend_host_cost.py --out "$R/old$i"
+              step host_cost_old_$i 120 env PYTHONPATH="${PYTHONPATH/$ROOT\/src/$ROOT/.carry/old/src}" KERNELGRAFT_CUTILE_CUBINS="$ROOT/.carry/old/cubins" python3 benchmarks/bench_backend_host_cost.py --out "$R/old$i"
               step host_cost_new_$i 120 python3 benchmarks/bench_backend_host_cost.py --out "$R/new$i"
             done ;;
     hostcost) step backend_host_cost 110 python3 benchmarks/bench_backend_host_cost.py --out "$R" ;;
@@ -137,8 +137,10 @@ run_section() {
       # its own source and tests on the path: the "before" of every GPU test file (results under old/).
       # Its own artifacts only: its tests build their bundles here (this tree's carried bundles are a
       # manifest version it cannot read), and its cuTile cubins are .carry/old/cubins (make_carry.sh)
+      # and its bundle (.carry/old/bundle.tar.xz: add_relu and rmsnorm, every backend, built by make_carry.sh)
       ( cd .carry/old && unset KERNELGRAFT_TEST_BUNDLE KERNELGRAFT_TEST_BUNDLE_ALL KERNELGRAFT_BENCH_BUNDLE \
           && export KERNELGRAFT_CUTILE_CUBINS="$ROOT/.carry/old/cubins" \
+          && if [ -f bundle.tar.xz ]; then tar -xJf bundle.tar.xz -C /tmp && export KERNELGRAFT_TEST_BUNDLE=/tmp/old_bundle; fi \
           && PYTHONPATH="${PYTHONPATH//$ROOT\/src/$ROOT/.carry/old/src}" \
           && export PYTHONPATH="${PYTHONPATH//$ROOT\/tests/$ROOT/.carry/old/tests}" && R="$R/old" && mkdir -p "$R" \
           && echo "the older tree: $(python3 -c 'import kernelgraft; print(kernelgraft.__file__)')" \

@@ -20,6 +20,7 @@ __all__ = [
     "LaunchError",
     "LaunchOutOfMemoryError",
     "out_of_memory",
+    "memory_note",
     "BundleError",
     "KernelgraftWarning",
     "FallbackWarning",
@@ -58,11 +59,39 @@ class LaunchError(KernelgraftError):
     """A kernel launch failed."""
 
 
+# What CUDA libraries report when an allocation of their own fails (cuBLAS creating a handle or its
+# workspace, cuDNN, cuSOLVER): they allocate outside PyTorch's caching allocator, so memory that
+# allocator holds cached, or that another process on the GPU holds, is memory they cannot have.
+_LIBRARY_ALLOC_FAILED = ("CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED", "CUSOLVER_STATUS_ALLOC_FAILED",
+                         "CUSPARSE_STATUS_ALLOC_FAILED", "CUFFT_ALLOC_FAILED")
+
+
 def out_of_memory(exc: BaseException) -> bool:
-    """Running out of GPU or host memory (a failure that may pass, and no kernel's fault)."""
+    """Running out of GPU or host memory (a failure that may pass, and no kernel's fault),
+    PyTorch's own or a CUDA library's (``CUBLAS_STATUS_ALLOC_FAILED`` and the like)."""
     if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
         return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+    if not isinstance(exc, RuntimeError):
+        return False
+    text = str(exc)
+    return "out of memory" in text.lower() or any(code in text for code in _LIBRARY_ALLOC_FAILED)
+
+
+def memory_note(device: Any) -> str:
+    """The device's memory when an allocation failed, for the failure's message: free and total
+    (every process on the GPU), and what this process's PyTorch allocator holds and uses; '' for
+    a device other than CUDA or when it cannot be read."""
+    try:
+        device = torch.device(device)
+        if device.type != "cuda" or not torch.cuda.is_initialized():
+            return ""
+        free, total = torch.cuda.mem_get_info(device)
+        reserved, allocated = torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device)
+    except Exception:  # a broken context says nothing useful here; the failure itself is reported
+        return ""
+    gib = 1024 ** 3
+    return (f"device memory {free / gib:.1f} GiB free of {total / gib:.1f} GiB; this process's PyTorch "
+            f"allocator holds {reserved / gib:.1f} GiB ({allocated / gib:.1f} GiB in use)")
 
 
 class LaunchOutOfMemoryError(LaunchError, torch.OutOfMemoryError):

@@ -5,6 +5,7 @@ run through Triton's interpreter. Ranks: tests/integration/test_pretune_dist.py.
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -114,6 +115,61 @@ def test_a_key_whose_tuning_failed_says_why(monkeypatch):
     assert "failed (RuntimeError: the compile workers could not start; the default candidate serves)" in text
     decision = TUNER.memory[report.keys[0].digest]  # shared with the other ranks as JSON: the reason goes along
     assert _tuner.Decision.from_json(decision.to_json(), "rank").failure == decision.failure
+
+
+_CUBLAS = "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"
+
+
+def _short_of_memory_then(monkeypatch, failures: int) -> dict:
+    """run_trials fails ``failures`` times the way cuBLAS does when it cannot allocate its handle,
+    then runs; what happened is counted in the returned dict."""
+    from kernelgraft.tune import tuner as _tuner
+
+    _pretune = importlib.import_module("kernelgraft.tune.pretune")  # the package's name is the function
+    real = _tuner.run_trials
+    seen = {"trials": 0, "released": 0}
+
+    def trials(*args, **kwargs):
+        seen["trials"] += 1
+        if seen["trials"] <= failures:
+            raise RuntimeError(_CUBLAS)
+        return real(*args, **kwargs)
+
+    def release():
+        seen["released"] += 1
+
+    monkeypatch.setattr(_tuner, "run_trials", trials)
+    monkeypatch.setattr(_pretune, "release_cached_memory", release)
+    monkeypatch.setattr(_pretune, "MEMORY_WAIT_S", 0.0)
+    return seen
+
+
+def test_a_key_that_ran_out_of_memory_is_tuned_again_after_releasing_cached_memory(monkeypatch):
+    """A CUDA library's own allocation failure (cuBLAS creating its handle beside a full caching
+    allocator, or another rank on the GPU) counts as out of memory: the key is tuned again once
+    cached memory is handed back, and its decision is saved like any other."""
+    seen = _short_of_memory_then(monkeypatch, failures=1)
+    with kg.tune("on", timer=P.fake_timer), pytest.warns(kg.TuneWarning, match="CUBLAS_STATUS_ALLOC_FAILED"):
+        report = kg.tune.pretune(P.scale, torch.randn(5), ranges=Ranges(decode=1), progress=False)
+    assert [k.status for k in report.keys] == ["tuned"], report.keys
+    assert report.keys[0].retries == 1 and report.keys[0].reason is None
+    assert seen["trials"] == 2 and seen["released"] >= 2  # before the second try, and after the key
+    assert "1 tuned again after running out of memory" in str(report)
+    assert report.keys[0].digest in _entries()
+    assert not TUNER.short_of_memory(report.keys[0].digest)
+
+
+def test_a_key_that_keeps_running_out_of_memory_fails_saying_so(monkeypatch):
+    _pretune = importlib.import_module("kernelgraft.tune.pretune")
+
+    seen = _short_of_memory_then(monkeypatch, failures=99)
+    with kg.tune("on", timer=P.fake_timer), pytest.warns(kg.TuneWarning, match="tuning again in"):
+        report = kg.tune.pretune(P.scale, torch.randn(5), ranges=Ranges(decode=1), progress=False)
+    key = report.keys[0]
+    assert key.status == "failed" and key.retries == _pretune.MEMORY_RETRIES
+    assert seen["trials"] == 1 + _pretune.MEMORY_RETRIES
+    assert _CUBLAS in key.reason and _CUBLAS in str(report)
+    assert not _entries()  # a shortage is the moment's, not the key's: nothing stands for later processes
 
 
 def _llama():

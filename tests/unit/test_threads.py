@@ -490,6 +490,29 @@ def test_a_launch_short_of_memory_is_an_out_of_memory_error_naming_the_op():
     assert isinstance(info.value, kg.LaunchError)
 
 
+def test_a_cuda_library_that_cannot_allocate_is_out_of_memory_too():
+    """cuBLAS, cuDNN and the like allocate outside PyTorch's allocator and say so in their status
+    codes: a launch failing that way is an out-of-memory error naming the op (not a kernel's
+    fault), and the gate and the tuner treat it as a shortage that may pass."""
+    from kernelgraft.errors import memory_note, out_of_memory
+    from kernelgraft.tune.gate import classify_error
+
+    cublas = RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")
+    assert out_of_memory(cublas) and classify_error(cublas) == "memory"
+    assert out_of_memory(RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"))
+    assert not out_of_memory(RuntimeError("CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasGemmEx`"))
+    assert not out_of_memory(ValueError("CUBLAS_STATUS_ALLOC_FAILED"))  # not an error CUDA raises
+    assert memory_note("cpu") == "" and memory_note(torch.device("cpu")) == ""
+
+    def launch(x, out, *, K):
+        raise cublas
+
+    op = kg.op(_twice, name="tthreads::cublas_alloc", impls=[kg_torch(launch, configs=CONFIGS[:1])])
+    with kg.tune("off"), pytest.raises(torch.OutOfMemoryError, match="tthreads::cublas_alloc") as info:
+        op(torch.randn(8))
+    assert isinstance(info.value, kg.LaunchError) and "CUBLAS_STATUS_ALLOC_FAILED" in str(info.value)
+
+
 def test_short_of_memory_never_serves_a_candidate_the_gate_found_wrong(monkeypatch):
     # K=0 is wrong, K=1 runs out of memory: the default (K=0) must not serve; K=1 may, it was
     # never judged

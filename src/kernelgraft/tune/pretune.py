@@ -34,6 +34,21 @@ __all__ = ["KeyJob", "KeyResult", "Report", "prepare", "known_decision", "known_
            "site_of_call", "calls_of_sites"]
 
 log = logging.getLogger(__name__)
+# A key whose tuning ran out of memory is tuned again, up to MEMORY_RETRIES times, once this
+# process's cached GPU memory is handed back and after MEMORY_WAIT_S x the attempt: the shortage
+# is often the caching allocator's own blocks, which a CUDA library allocating outside it (cuBLAS
+# creating its handle: CUBLAS_STATUS_ALLOC_FAILED) or another rank on the same GPU cannot use.
+MEMORY_RETRIES = 2
+MEMORY_WAIT_S = 1.0
+
+
+def release_cached_memory() -> None:
+    """Hand this process's cached, unused GPU memory back to the device. Tuning ahead does this
+    after every key: each key's peak (float64 references, guarded copies, rotated input sets)
+    would otherwise stay reserved by this process, out of reach of other processes on the GPU
+    (ranks sharing it, the workload) and of libraries that allocate outside PyTorch's allocator."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def prepare(op: Any, args: tuple, kwargs: dict) -> tuple[tuple, list, TuneKey | None]:
@@ -117,6 +132,7 @@ class KeyResult:
     seconds: float = 0.0
     rank: int = 0
     reason: str | None = None  # why it failed
+    retries: int = 0  # tunings again after running out of memory (MEMORY_RETRIES at most)
 
 
 @dataclasses.dataclass
@@ -141,6 +157,8 @@ class Report:
         return (f"pretune: {len(self.keys)} keys ({', '.join(parts) or 'none'}) in {self.seconds:.1f} s"
                 + (f" on {self.ranks} ranks" if self.ranks > 1 else "")
                 + (f"; {len(self.left_out)} call sites left out" if self.left_out else "")
+                + (f"; {again} tuned again after running out of memory" if (again := sum(k.retries > 0 for k in self.keys))
+                   else "")
                 + (f"; failed ({failed[0].key}{' and others' if len(failed) > 1 else ''}): "
                    + "; ".join(w[:300] for w in why[:3]) + (f" (+{len(why) - 3} more)" if len(why) > 3 else "")
                    if failed else ""))
@@ -215,18 +233,23 @@ def run_keys(jobs: Sequence[KeyJob], *, force: bool = False, progress: bool = Tr
                 result = KeyResult(job.op.name, job.label, job.digest, "unsupported", rank=rank)
             else:
                 known = None if force else known_decision(key)
+                retries = 0
                 if known is not None and known.source != "default":  # a failed tuning is tried again
                     status, decision = "cached", known
                 else:
-                    with tune(progress=False, distributed=False):  # the ranks' split is _shard's
-                        decision = tune_key(job.op, args, supported, key, force=True)
+                    decision, retries = _tune_with_retries(job, args, supported, key)
                     status = ("not measured" if decision is None else
-                              "failed" if decision.source == "default" else "tuned")
+                              "failed" if decision.source == "default" or decision.provisional else "tuned")
                 winner = decision.winner if decision is not None else None
+                reason = None
+                if status == "failed" and decision is not None:
+                    reason = decision.failure or ("some candidates ran out of memory: the others' ranking serves "
+                                                  "this process, and nothing was saved")
                 result = KeyResult(job.op.name, job.label, job.digest, status,
                                    entry_label(winner) if winner else None, time.perf_counter() - started, rank,
-                                   decision.failure if status == "failed" and decision is not None else None)
+                                   reason, retries)
             del args
+            release_cached_memory()
             results.append(result)
             if on_key is not None:
                 on_key(result)
@@ -234,6 +257,22 @@ def run_keys(jobs: Sequence[KeyJob], *, force: bool = False, progress: bool = Tr
     finally:
         bar.close()
     return results
+
+
+def _tune_with_retries(job: KeyJob, args: tuple, supported: list, key: TuneKey) -> tuple[Decision | None, int]:
+    """Tune one key now; again (``MEMORY_RETRIES`` times at most) while its tuning runs out of
+    memory, each time after handing back this process's cached memory. (decision, retries)"""
+    retries = 0
+    while True:
+        with tune(progress=False, distributed=False):  # the ranks' split is _shard's
+            decision = tune_key(job.op, args, supported, key, force=True)
+        if decision is None or retries >= MEMORY_RETRIES or not TUNER.short_of_memory(key.digest):
+            return decision, retries
+        retries += 1
+        log.warning("pretune %s: out of memory (%s); tuning it again (%d of %d) after releasing cached memory",
+                    job.label, decision.failure or "some candidates", retries, MEMORY_RETRIES)
+        release_cached_memory()
+        time.sleep(MEMORY_WAIT_S * retries)
 
 
 def _contiguous_strides(sizes: Sequence[Formula]) -> tuple[Formula, ...] | None:

@@ -24,7 +24,7 @@ import torch
 from .. import native as _native
 from ..op import outputs as _outputs, select as _select
 from ..op.compete import find, is_torch, key_backends, servable
-from ..errors import FallbackWarning, InputError, SpecError, TuneWarning, out_of_memory
+from ..errors import FallbackWarning, InputError, SpecError, TuneWarning, memory_note, out_of_memory
 from ..spec import Config
 from . import dist as _dist, phases as _phases
 from .background import BACKGROUND, Background
@@ -309,7 +309,12 @@ class Tuner:
         except (InputError, SpecError):
             raise  # the inputs or the op, not the tuning: the caller's error, nothing remembered
         except Exception as exc:
-            failed = Decision(key.as_json(), [], [], source="default", failure=f"{type(exc).__name__}: {exc}")
+            failure = f"{type(exc).__name__}: {exc}"
+            if out_of_memory(exc):  # whose memory it was: this process's cache, or another process
+                first = next(tensors_of(args), None)
+                note = memory_note(first.device) if first is not None else ""
+                failure += f" ({note})" if note else ""
+            failed = Decision(key.as_json(), [], [], source="default", failure=failure)
             if not save:  # a first pass: the whole tuning runs next and says what failed, once
                 log.debug("%s: a first pass over part of the candidates failed", op.name, exc_info=True)
                 return failed
@@ -345,6 +350,10 @@ class Tuner:
             if r.ms is None:
                 log.info("%s: excluded %s: %s", op.name, r.candidate.label, r.reason)
         return decision
+
+    def short_of_memory(self, digest: str) -> bool:
+        """Whether the key's last tuning failed for want of memory (it is tuned again later)."""
+        return digest in self._retry
 
     def _failures(self, key: TuneKey) -> int:
         """Tunings of ``key`` in a row that failed for a reason that may pass."""
