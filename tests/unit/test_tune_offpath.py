@@ -776,7 +776,7 @@ def test_the_job_works_out_output_shapes_before_it_tunes():
         background = kg.tune.TUNER.background
         stats = {"background_tuned": 0}
 
-        def _resolve(self, *a):
+        def resolve(self, *a):
             raise AssertionError("tuned inputs that do not fit")
 
     bad = (torch.randn(4, 64), torch.randn(32), 1e-6)
@@ -816,7 +816,7 @@ def test_a_job_starts_the_compile_workers_while_it_prepares(monkeypatch):
         background = kg.tune.TUNER.background
         stats = {"background_tuned": 0}
 
-        def _resolve(self, *a):
+        def resolve(self, *a):
             resolved.append(bool(started))
 
     for use in (True, False):

@@ -11,7 +11,7 @@ Tuned inside the call as before: ``blocking=True`` (or ``KERNELGRAFT_TUNE_BLOCKI
 CUDA unless ``blocking=False``, ranks that agree through torch.distributed (their agreement is made
 on the caller's thread, in the order its calls meet keys), an op whose reference cannot run (a
 bundle's stand-in: nothing to serve meanwhile), and a device whose worker could not start. Nothing
-is queued while a CUDA graph is captured or torch.compile traces: the tuner's ``_may_measure``
+is queued while a CUDA graph is captured or torch.compile traces: the tuner's ``may_measure``
 refuses first.
 """
 
@@ -56,10 +56,10 @@ def off_path(tuner: Any, op: Any, args: tuple, s: Settings) -> bool:
 
 def serve(tuner: Any, op: Any, candidates: Sequence[Any], args: tuple, key: TuneKey, s: Settings) -> Any:
     """The candidate for this call of a key with no decision in memory (None: the reference)."""
-    found = tuner._resolve_locked(op, candidates, args, key, s, False)  # the disk cache, or the default
+    found = tuner.resolve_locked(op, candidates, args, key, s, False)  # the disk cache, or the default
     usable = servable(op, candidates)
     if found.source != "default":
-        return tuner._pick(op, found, usable)
+        return tuner.pick(op, found, usable)
     first = next(tensors_of(args))
     pending = tuner.background.submit(key.digest, key.fingerprint, first.device, args,
                                       _job(tuner, op, candidates, key, s), f"{op.name} ({key.summary()})")
@@ -132,7 +132,7 @@ def _job(tuner: Any, op: Any, candidates: Sequence[Any], key: TuneKey, s: Settin
             landed = None
             if first is not None:
                 landed = context.run(_land_first, tuner, op, first, job, key, settings, phases)
-            final = context.run(tuner._resolve, op, candidates, job.args, key, settings)
+            final = context.run(tuner.resolve, op, candidates, job.args, key, settings)
             if landed is not None and final.source == "default":
                 tuner.memory[key.digest] = landed  # the whole tuning failed: the first decision stays
                 landed.refining = None

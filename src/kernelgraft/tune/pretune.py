@@ -99,12 +99,12 @@ def tune_key(op: Any, args: tuple, supported: list, key: TuneKey, force: bool) -
     with tune("on"):
         s = settings()
         if force:
-            result = TUNER.measure(op, supported, args, key, s) if TUNER._may_measure(op, args, s) else None
+            result = TUNER.measure(op, supported, args, key, s) if TUNER.may_measure(op, args, s) else None
             if result is not None and result.source != "default":
                 TUNER.memory[key.digest] = result
         else:
             found = TUNER.memory.get(key.digest)  # a first decision off the path is not the whole one
-            result = found if found is not None and not found.partial else TUNER._resolve(op, supported, args, key, s)
+            result = found if found is not None and not found.partial else TUNER.resolve(op, supported, args, key, s)
     _select.bump_epoch()
     return result
 

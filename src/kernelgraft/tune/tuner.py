@@ -125,10 +125,10 @@ class Tuner:
             return candidates[0]
         decision = self._remembered(key)
         if decision is not None and decision.partial and s.blocking is True:
-            decision = None  # a first decision: tuning inside the call wants the whole one (_resolve waits)
+            decision = None  # a first decision: tuning inside the call wants the whole one (resolve waits)
         if decision is None:
             self.stats["memory_miss"] += 1
-            if off_path(self, op, args, s) and self._may_measure(op, args, s):
+            if off_path(self, op, args, s) and self.may_measure(op, args, s):
                 return serve(self, op, candidates, args, key, s)  # a provisional choice, at once
             # Inside the call: inputs that do not fit are refused before anything is tuned. The
             # op's planning worked the output shapes out already unless it expected a job to
@@ -136,7 +136,7 @@ class Tuner:
             first = next(tensors_of(args), None)
             if first is not None and _outputs.may_defer(s, [("", first)]):
                 op.dispatcher.output_specs(args)
-            decision = self._resolve(op, candidates, args, key, s)
+            decision = self.resolve(op, candidates, args, key, s)
         else:
             self.stats["memory_hit"] += 1
             if decision.partial:
@@ -145,7 +145,7 @@ class Tuner:
         if retry is not None and time.monotonic() < retry[0] and self.memory.get(key.digest) is retry[2]:
             _select.provisional(retry[0])  # the default serves until the key is tuned again
         # Not torch:compile once it failed (it stays in the key: see _compete.servable).
-        return self._pick(op, decision, servable(op, candidates))
+        return self.pick(op, decision, servable(op, candidates))
 
     def _remembered(self, key: TuneKey) -> Decision | None:
         """The key's decision in memory; a failed tuning whose retry time came counts as none."""
@@ -155,7 +155,9 @@ class Tuner:
             return None
         return decision
 
-    def _may_measure(self, op: Any, args: tuple, s: Settings) -> bool:
+    def may_measure(self, op: Any, args: tuple, s: Settings) -> bool:
+        """Whether a call of ``op`` on ``args`` may be tuned now: tuning on, nothing forbidding it
+        (a CUDA graph being captured, torch.compile tracing: warned once), and a GPU or a timer."""
         if s.mode != "on":
             return False
         reason = no_tune_reason()
@@ -167,10 +169,12 @@ class Tuner:
             for a in args)
         return on_gpu or s.timer is not None
 
-    def _resolve(self, op: Any, candidates: Sequence[Any], args: tuple, key: TuneKey, s: Settings) -> Decision:
-        measure = self._may_measure(op, args, s)
+    def resolve(self, op: Any, candidates: Sequence[Any], args: tuple, key: TuneKey, s: Settings) -> Decision:
+        """The key's decision: from memory or the disk cache, else measured now (under the
+        device's tuning lock, where it may measure), else the default."""
+        measure = self.may_measure(op, args, s)
         if not measure:
-            return self._resolve_locked(op, candidates, args, key, s, measure)
+            return self.resolve_locked(op, candidates, args, key, s, measure)
         lock = self._device_lock(op, args)
         if self._held.locks and not any(held is lock for held in self._held.locks):
             # Tuning nested inside another device's tuning (an op whose reference or candidate
@@ -190,7 +194,7 @@ class Tuner:
                 if found is not None and not found.partial:  # a first decision: its job's second pass goes on
                     self.stats["memory_hit"] += 1
                     return found
-                return self._resolve_locked(op, candidates, args, key, s, measure)
+                return self.resolve_locked(op, candidates, args, key, s, measure)
         finally:
             lock.release()
 
@@ -215,8 +219,10 @@ class Tuner:
             decision = self.measure(op, candidates, args, key, s, save=False)
         return decision if decision.source != "default" and decision.ranking else None
 
-    def _resolve_locked(self, op: Any, candidates: Sequence[Any], args: tuple, key: TuneKey, s: Settings,
-                        measure: bool) -> Decision:
+    def resolve_locked(self, op: Any, candidates: Sequence[Any], args: tuple, key: TuneKey, s: Settings,
+                       measure: bool) -> Decision:
+        """``resolve`` with the device's lock held by the caller, or not needed (``measure`` False:
+        the disk cache, else the default; nothing is measured)."""
         env = dict(key.env)
 
         def local() -> Decision:
@@ -247,7 +253,9 @@ class Tuner:
             self.memory[key.digest] = decision
         return decision
 
-    def _pick(self, op: Any, decision: Decision, candidates: Sequence[Any]) -> Any:
+    def pick(self, op: Any, decision: Decision, candidates: Sequence[Any]) -> Any:
+        """The candidate of ``candidates`` that ``decision`` ranks first; where it ranks none of
+        them, the first the gate did not refuse, else the reference (warned)."""
         by_id = {(c.index, c.config): c for c in candidates}
         for entry in decision.ranking:
             try:
