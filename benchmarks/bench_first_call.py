@@ -149,6 +149,9 @@ def first_call(case: str, *, device: str, background: bool, cases: dict, tune_op
         op(*args)
         _sync(device)
         first_s = time.perf_counter() - t0
+        if sampler is not None:
+            sampler.first_call_returned()
+            sampler.first_call_s = first_s
         if profiler is not None:
             profiler.disable()
         meanwhile = _label(op, args)
@@ -198,6 +201,14 @@ def _caller(stack: tuple) -> str:
     return f"{chain} | {below}"
 
 
+FIRST_CALL_THREAD = "first call (main thread)"
+
+
+def _innermost_ours(stack: tuple) -> str:
+    ours = [f for f in stack if f.startswith("kernelgraft/")]
+    return ours[-1] if ours else "-"
+
+
 class _Sampler:
     """Every other thread's Python stack every ``interval`` s until ``stop()``: where the wall time
     of the tuning job (and the compile pool's threads) goes, waits included, at a cost of one
@@ -208,6 +219,8 @@ class _Sampler:
 
         self.interval, self.samples, self.main, self.ticks = interval, [], threading.get_ident(), 0
         self.started = time.perf_counter()
+        self.in_first_call = True  # the main thread is sampled until the first call returns
+        self.first_call_s = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="landing-sampler", daemon=True)
         self._thread.start()
@@ -221,13 +234,17 @@ class _Sampler:
             self.ticks += 1
             names = {t.ident: t.name for t in threading.enumerate()}
             for ident, frame in sys._current_frames().items():
-                if ident in (me, self.main):
+                if ident == me or (ident == self.main and not self.in_first_call):
                     continue
                 stack = []
                 while frame is not None and len(stack) < 300:
                     stack.append(f"{_short(frame.f_code.co_filename)}:{frame.f_code.co_name}")
                     frame = frame.f_back
-                self.samples.append((now, names.get(ident, str(ident)), tuple(reversed(stack))))
+                name = FIRST_CALL_THREAD if ident == self.main else names.get(ident, str(ident))
+                self.samples.append((now, name, tuple(reversed(stack))))
+
+    def first_call_returned(self) -> None:
+        self.in_first_call = False
 
     def stop(self, top: int = 45) -> dict:
         """Per thread: seconds by function (inclusive, and innermost), by kernelgraft caller and the
@@ -254,14 +271,19 @@ class _Sampler:
                      "inclusive_s": [(f, round(n * tick, 3)) for f, n in inclusive.most_common(top)],
                      "innermost_s": [(f, round(n * tick, 3)) for f, n in inner.most_common(25)],
                      "by_caller_s": [(f, round(n * tick, 3)) for f, n in callers.most_common(top)]}
+            if name == FIRST_CALL_THREAD or name.startswith("kernelgraft-tune"):
+                # every sample while the first call runs (what it waited for, and what the job did
+                # beside it), then one per 0.25 s
+                early = [(round(now, 3), _innermost_ours(stack), stack[-1] if stack else "-")
+                         for now, stack in rows if now <= self.first_call_s]
+                entry["first_call_timeline"] = early
             if name.startswith("kernelgraft-tune"):
                 timeline, bucket = [], None
                 for now, stack in rows:
                     b = int(now / 0.25)
                     if b != bucket:
                         bucket = b
-                        ours = [f for f in stack if f.startswith("kernelgraft/")]
-                        timeline.append((round(now, 2), ours[-1] if ours else "-", stack[-1] if stack else "-"))
+                        timeline.append((round(now, 2), _innermost_ours(stack), stack[-1] if stack else "-"))
                 entry["timeline"] = timeline
             out["threads"][name] = entry
         return out
