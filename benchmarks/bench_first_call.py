@@ -15,7 +15,8 @@ the machine's unless ``--cold``.
   the norm, softmax and elementwise shapes, <= 15 s for the 36-candidate GEMM;
 - ``first_land_s``: when a first decision, made without ``torch:compile`` (whose gate is Inductor
   compiling the reference), landed and began to serve, from the job's queueing (by the first call);
-  ``land_s`` is then the whole decision's, ``torch:compile`` included;
+  ``land_s`` is then the whole decision's, ``torch:compile`` included; ``first_served`` the first
+  decision's winner (seen every 20 ms while waiting) and ``first_choice`` it against blocking mode's;
 - ``served``: what the next call runs, against what a blocking-mode process (another fresh process,
   empty cache, ``KERNELGRAFT_TUNE_BLOCKING=1``) chose: the same, or within the tuner's tie margin
   by the blocking process's own timings (``slower``: the background choice's time over the
@@ -159,7 +160,7 @@ def first_call(case: str, *, device: str, background: bool, cases: dict, tune_op
         if PROFILE[1] and background:  # until it lands: every thread (cProfile on Python >= 3.12)
             landing = cProfile.Profile()
             landing.enable()
-        landed = kg.tune.wait(600) if background else True
+        landed, first_served = (_wait_watching_first(op, args, 600.0) if background else (True, None))
         land_s = time.perf_counter() - t0
         if landing is not None:
             landing.disable()
@@ -174,6 +175,7 @@ def first_call(case: str, *, device: str, background: bool, cases: dict, tune_op
     return {"case": case, "background": background, "first_ms": round(first_s * 1e3, 2),
             "meanwhile": meanwhile, "landed": landed, "land_s": round(land_s, 3), "served": served,
             "first_land_s": None if first_land is None else round(first_land, 3),
+            "first_served": first_served,
             "ranking": [(entry_label(e), e.get("ms")) for e in (d.ranking if d else [])],
             "phases": phases, "report": str(report),
             "torch": torch.__version__, **({"first_call_profile": _top(profiler)} if profiler else {}),
@@ -314,6 +316,25 @@ def _top(profiler: cProfile.Profile, n: int = 40, by: str = "cumulative") -> lis
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats(by).print_stats(n)
     return [line for line in text.getvalue().splitlines() if line.strip()]
+
+
+def _wait_watching_first(op, args, timeout: float) -> tuple[bool, str | None]:
+    """``kg.tune.wait``, looking every 20 ms at the key's decision in memory: (landed, the winner
+    of the first decision seen; a first one, made without ``torch:compile``, where it landed first)."""
+    import kernelgraft as kg
+    from kernelgraft.tune.pretune import prepare
+    from kernelgraft.tune.tuner import TUNER, entry_label
+
+    key = prepare(op, tuple(args), {})[2]
+    deadline, first = time.perf_counter() + timeout, None
+    while True:
+        landed = kg.tune.wait(0.02)
+        if first is None and key is not None:
+            found = TUNER.memory.get(key.digest)  # a dict lookup: nothing that competes with the job
+            if found is not None and found.winner is not None:
+                first = entry_label(found.winner)
+        if landed or time.perf_counter() > deadline:
+            return landed, first
 
 
 def same_choice(background: dict, blocking: dict, margin: float) -> tuple[str, float | None]:
@@ -498,6 +519,8 @@ def run(args) -> dict:
                                                                      floor["reference_second_ms"])
         if "error" not in bg and "error" not in bl:
             row["choice"], row["slower"] = same_choice(bg, bl, TIE_MARGIN)
+            if bg.get("first_served"):  # the first decision against blocking mode's, too
+                row["first_choice"], row["first_slower"] = same_choice({"served": bg["first_served"]}, bl, TIE_MARGIN)
             row["blocking_first_ms"], row["blocking_served"] = bl["first_ms"], bl["served"]
         elif "error" in bl:
             row["blocking_error"] = bl["error"]
