@@ -47,8 +47,12 @@ def release_cached_memory() -> None:
     after every key: each key's peak (float64 references, guarded copies, rotated input sets)
     would otherwise stay reserved by this process, out of reach of other processes on the GPU
     (ranks sharing it, the workload) and of libraries that allocate outside PyTorch's allocator."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return
+    try:
         torch.cuda.empty_cache()
+    except RuntimeError as exc:  # a CUDA graph captured meanwhile on another thread: keep the cache
+        log.debug("could not release cached GPU memory: %s", exc)
 
 
 def prepare(op: Any, args: tuple, kwargs: dict) -> tuple[tuple, list, TuneKey | None]:
