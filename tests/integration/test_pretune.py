@@ -30,7 +30,7 @@ HERE = TESTS
 @pytest.fixture(autouse=True)
 def _fresh_tuner(tmp_path, monkeypatch):
     monkeypatch.setenv("KERNELGRAFT_CACHE_DIR", str(tmp_path / "cache"))
-    TUNER.memory.clear()
+    TUNER.clear()  # decisions in memory and failures waiting for their retry
     TUNER.disk = DiskCache()
     yield
 
@@ -170,6 +170,30 @@ def test_a_key_that_keeps_running_out_of_memory_fails_saying_so(monkeypatch):
     assert seen["trials"] == 1 + _pretune.MEMORY_RETRIES
     assert _CUBLAS in key.reason and _CUBLAS in str(report)
     assert not _entries()  # a shortage is the moment's, not the key's: nothing stands for later processes
+
+
+def test_a_key_whose_candidates_keep_running_out_of_memory_is_not_cached_and_counts_one_shortage(monkeypatch):
+    """Some candidates short of memory: the others' ranking serves this process and nothing is
+    saved, so the key is 'failed' (not 'tuned'), a second pretune tunes it again (not 'cached'),
+    and the attempts made at once count as one shortage toward the tuner's limit, after which the
+    short candidates would be saved as not fitting."""
+    _pretune = importlib.import_module("kernelgraft.tune.pretune")
+    monkeypatch.setattr(_pretune, "release_cached_memory", lambda: None)
+    monkeypatch.setattr(_pretune, "MEMORY_WAIT_S", 0.0)
+
+    def short_timer(trial, settings):
+        if trial.candidate.config.as_dict()["BLOCK"] == 512:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return P.fake_timer(trial, settings)
+
+    for run in (1, 2):
+        with kg.tune("on", timer=short_timer), pytest.warns(kg.TuneWarning, match="ran out of memory"):
+            report = kg.tune.pretune(P.scale, torch.randn(5), ranges=Ranges(decode=1), progress=False)
+        key = report.keys[0]
+        assert (key.status, key.retries) == ("failed", _pretune.MEMORY_RETRIES), (run, key)
+        assert "ran out of memory" in key.reason and "nothing was saved" in key.reason
+        assert TUNER._retry[key.digest][1] == run  # one shortage per pretune, not one per attempt
+    assert not _entries()
 
 
 def _llama():

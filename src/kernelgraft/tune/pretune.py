@@ -238,7 +238,9 @@ def run_keys(jobs: Sequence[KeyJob], *, force: bool = False, progress: bool = Tr
             else:
                 known = None if force else known_decision(key)
                 retries = 0
-                if known is not None and known.source != "default":  # a failed tuning is tried again
+                # a failed tuning is tried again, and so is one short of memory (served meanwhile,
+                # never saved) or a first decision whose whole tuning has not landed
+                if known is not None and known.source != "default" and not (known.provisional or known.partial):
                     status, decision = "cached", known
                 else:
                     decision, retries = _tune_with_retries(job, args, supported, key)
@@ -267,16 +269,17 @@ def _tune_with_retries(job: KeyJob, args: tuple, supported: list, key: TuneKey) 
     """Tune one key now; again (``MEMORY_RETRIES`` times at most) while its tuning runs out of
     memory, each time after handing back this process's cached memory. (decision, retries)"""
     retries = 0
-    while True:
-        with tune(progress=False, distributed=False):  # the ranks' split is _shard's
-            decision = tune_key(job.op, args, supported, key, force=True)
-        if decision is None or retries >= MEMORY_RETRIES or not TUNER.short_of_memory(key.digest):
-            return decision, retries
-        retries += 1
-        log.warning("pretune %s: out of memory (%s); tuning it again (%d of %d) after releasing cached memory",
-                    job.label, decision.failure or "some candidates", retries, MEMORY_RETRIES)
-        release_cached_memory()
-        time.sleep(MEMORY_WAIT_S * retries)
+    with TUNER.one_shortage(key):  # the attempts here are one moment's shortage, not several in a row
+        while True:
+            with tune(progress=False, distributed=False):  # the ranks' split is _shard's
+                decision = tune_key(job.op, args, supported, key, force=True)
+            if decision is None or retries >= MEMORY_RETRIES or not TUNER.short_of_memory(key.digest):
+                return decision, retries
+            retries += 1
+            log.warning("pretune %s: out of memory (%s); tuning it again (%d of %d) after releasing cached "
+                        "memory", job.label, decision.failure or "some candidates", retries, MEMORY_RETRIES)
+            release_cached_memory()
+            time.sleep(MEMORY_WAIT_S * retries)
 
 
 def _contiguous_strides(sizes: Sequence[Formula]) -> tuple[Formula, ...] | None:

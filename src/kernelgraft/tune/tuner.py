@@ -91,6 +91,7 @@ class Tuner:
         # key digest -> (time.monotonic() from which it is tuned again, failures in a row, the
         # failed decision in memory): keys whose tuning failed for a reason that may pass
         self._retry: dict[str, tuple[float, int, Decision]] = {}
+        self._shortage_cap: dict[str, int] = {}  # key digest -> the most its count may reach (one_shortage)
 
     def forget(self, fingerprint: str) -> None:
         """Drop the in-memory decisions of one op (it was replaced or unregistered); the disk
@@ -363,6 +364,16 @@ class Tuner:
         """Whether the key's last tuning failed for want of memory (it is tuned again later)."""
         return digest in self._retry
 
+    @contextlib.contextmanager
+    def one_shortage(self, key: TuneKey) -> Iterator[None]:
+        """Tunings of ``key`` in the block count as one toward ``SHORT_LIMIT`` (tuning again at
+        once after releasing memory is one moment's shortage, not shortages in a row)."""
+        self._shortage_cap[key.digest] = self._failures(key) + 1
+        try:
+            yield
+        finally:
+            self._shortage_cap.pop(key.digest, None)
+
     def _failures(self, key: TuneKey) -> int:
         """Tunings of ``key`` in a row that failed for a reason that may pass."""
         retry = self._retry.get(key.digest)
@@ -372,6 +383,9 @@ class Tuner:
         """Serve ``decision`` (in memory, not on disk) until the key is tuned again, after a
         backoff that doubles with each failure in a row; returns the delay in seconds."""
         failures = self._failures(key) + 1
+        cap = self._shortage_cap.get(key.digest)  # attempts made at once count as one (one_shortage)
+        if cap is not None:
+            failures = min(failures, cap)
         delay = min(RETRY_S * 2 ** (failures - 1), RETRY_MAX_S)
         self._retry[key.digest] = (time.monotonic() + delay, failures, decision)
         return delay
