@@ -318,8 +318,8 @@ class Tuner:
         except (InputError, SpecError):
             raise  # the inputs or the op, not the tuning: the caller's error, nothing remembered
         except Exception as exc:
-            failure = f"{type(exc).__name__}: {exc}"
-            if out_of_memory(exc):  # whose memory it was: this process's cache, or another process
+            failure, short_now = f"{type(exc).__name__}: {exc}", out_of_memory(exc)
+            if short_now:  # whose memory it was: this process's cache, or another process
                 first = next(tensors_of(args), None)
                 note = memory_note(first.device) if first is not None else ""
                 failure += f" ({note})" if note else ""
@@ -329,7 +329,7 @@ class Tuner:
                 return failed
             # Kept in memory (not on disk): the threads that waited for this key, and later
             # calls, use the default candidate instead of each failing the same tuning again.
-            if out_of_memory(exc):
+            if short_now:
                 # Out of memory may pass (the workload's peak moves on): tune the key again after
                 # a backoff that doubles with each failure in a row, and keep no plan for good
                 # meanwhile. Any other failure would recur with the same inputs and candidates: it
