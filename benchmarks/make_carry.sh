@@ -48,13 +48,13 @@ pyabs="$(realpath -s "$PY")"  # the venv's python, its link not followed
 # the older tree's own bundle (its manifest version) for its GPU tests that take $KERNELGRAFT_TEST_BUNDLE:
 # built by that tree with CuTe DSL 4.3.5 (COMPAT_PY, the version it supports) and cuTile's compiler on
 # PATH (its lookup predates the pip package's bin folder); xz-compressed, unpacked by gpu_session.sh
-COMPAT_PY="${COMPAT_PY:-.venv-compat/bin/python}"
+compat_abs="$(realpath -s "${COMPAT_PY:-.venv-compat/bin/python}")"  # relative or absolute, before the cd below
 tileiras="$(dirname "$(realpath "$(find .venv/lib/python*/site-packages/nvidia -name tileiras -type f | head -1)")")"
 tiledir="$(mktemp -d)" && mkdir -p "$tiledir/cuda" && ln -s "$(realpath .venv/lib/python*/site-packages/cuda/tile)" "$tiledir/cuda/tile" \
     && for d in .venv/lib/python*/site-packages/{cutile_cache,cuda_tile-*.dist-info,nvidia_cuda_tileiras-*.dist-info}; do \
          ln -s "$(realpath "$d")" "$tiledir/$(basename "$d")"; done  # cuTile alone, with its metadata, beside 4.3.5
 rm -rf /tmp/old_bundle && ( cd .carry/old && env -u TRITON_INTERPRET PATH="$tileiras:$PATH" PYTHONPATH="$PWD/src:$tiledir" \
-    KERNELGRAFT_CACHE_DIR=/tmp/kg-carry-old-bundle "$(realpath -s "../../$COMPAT_PY")" -m kernelgraft aot \
+    KERNELGRAFT_CACHE_DIR=/tmp/kg-carry-old-bundle "$compat_abs" -m kernelgraft aot \
     kernelgraft.examples.add_relu kernelgraft.examples.rmsnorm --arch sm_90 -o /tmp/old_bundle )
 tar -C /tmp -cf - old_bundle | xz -T0 -6 > .carry/old/bundle.tar.xz
 du -sh .carry
