@@ -103,6 +103,35 @@ def test_pool_compiles_and_the_launching_side_hits_the_caches(tmp_path, monkeypa
     assert seen == {"pooled": [True, True], "control": [False]}
 
 
+def test_workers_compile_into_the_caches_the_parent_reads_now(tmp_path, monkeypatch):
+    """A worker started while the parent's Triton cache was one directory compiles a later job into
+    the directory the parent uses when it makes the job (Inductor sets TRITON_CACHE_DIR at its
+    first compile when unset: the workers started before must follow, or every gate compiles
+    again); the same for kernelgraft's cache root, where NVRTC's cache lives."""
+    before_t, before_k = tmp_path / "triton-at-start", tmp_path / "kg-at-start"
+    now_t, now_k = tmp_path / "triton-now", tmp_path / "kg-now"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(before_t))
+    monkeypatch.setenv("KERNELGRAFT_CACHE_DIR", str(before_k))
+    pool = CompilePool(2)
+    try:
+        pool.start()  # the workers' environment is this one
+        monkeypatch.setenv("TRITON_CACHE_DIR", str(now_t))
+        monkeypatch.setenv("KERNELGRAFT_CACHE_DIR", str(now_k))
+        x, y, alpha, out = _args()
+        cands = _pool_ops.axpy.candidates(x, y, alpha)
+        jobs = jobs_for(_pool_ops.axpy, cands, (x, y, alpha, out), Target(90), source_of(_pool_ops.axpy))
+        assert all(dict(j.caches) == {"TRITON_CACHE_DIR": str(now_t), "KERNELGRAFT_CACHE_DIR": str(now_k)}
+                   for j in jobs)
+        outcomes = pool.run(jobs)
+    finally:
+        pool.close()
+    assert all(o.ok for o in outcomes), [o.detail for o in outcomes]
+    assert len(list(now_t.glob("*/_axpy_kernel.json"))) == 2  # both Triton configs, where the parent reads
+    assert not before_t.exists() or not list(before_t.glob("*/_axpy_kernel.json"))
+    assert any(now_k.rglob("*")) and not (before_k.exists() and any(before_k.rglob("*.cubin")))
+    assert os.environ["TRITON_CACHE_DIR"] == str(now_t)  # nothing of a job's environment leaks here
+
+
 def test_ops_a_worker_cannot_import_compile_serially():
     def local(x: torch.Tensor) -> torch.Tensor:
         return x + 1
@@ -161,14 +190,20 @@ def test_worker_count(monkeypatch):
 @pytest.mark.gpu
 def test_gpu_tuning_compiles_in_the_pool_and_the_gate_compiles_nothing(tmp_path, monkeypatch):
     """The GEMM example's key on the GPU: the pool compiles its Triton and CUDA candidates; the
-    gate's first launch of each Triton candidate is a Triton cache hit."""
+    gate's first launch of each Triton candidate is a Triton cache hit, also where the process's
+    Triton cache moved after the workers started."""
     from triton import knobs
 
     from kernelgraft.examples.gemm import gemm
 
+    monkeypatch.setenv("KERNELGRAFT_COMPILE_WORKERS", "8")
+    # the workers start under one Triton cache, then the process moves to another before tuning (as
+    # Inductor's first compile does when TRITON_CACHE_DIR is unset): the jobs follow the process
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-at-start"))
+    pool_mod.POOL.close()
+    pool_mod.prestart()
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
     monkeypatch.setenv("KERNELGRAFT_CACHE_DIR", str(tmp_path / "kg"))
-    monkeypatch.setenv("KERNELGRAFT_COMPILE_WORKERS", "8")
     events = []
     monkeypatch.setattr(knobs.compilation, "listener", lambda **kw: events.append(kw["cache_hit"]))
     a = torch.randn(777, 512, device="cuda", dtype=torch.bfloat16)

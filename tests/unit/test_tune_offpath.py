@@ -8,6 +8,7 @@ kernels run through Triton's interpreter. The tests hold the worker with events,
 from __future__ import annotations
 
 import threading
+import types
 import warnings
 
 import pytest
@@ -827,6 +828,44 @@ def test_a_job_starts_the_compile_workers_while_it_prepares(monkeypatch):
         assert started == ([True] if use else []) and resolved[-1] == use  # started before the tuning ran
 
 
+def test_a_key_whose_kernels_the_workers_compile_lands_once(monkeypatch):
+    """Where the compile workers build the kernels, ``torch:compile``'s gate runs while they compile
+    (the next test), so the job decides among all the candidates in one pass; elsewhere it first
+    decides without ``torch:compile`` (a first decision), then with it."""
+    from kernelgraft.examples.rmsnorm import rmsnorm
+    from kernelgraft.op.modes import Settings
+    from kernelgraft.tune import compile_pool, offpath
+    from kernelgraft.tune.background import Job
+
+    x, w = torch.randn(4, 64), torch.randn(64)
+    with kg.tune("on", compete=True):
+        cands = rmsnorm.candidates(x, w, 1e-6)
+    assert "torch:compile" in [c.label for c in cands] and len(cands) > 3
+    monkeypatch.setattr(compile_pool, "prestart", lambda: None)
+    calls: list[tuple[str, list[str]]] = []
+
+    class Tuner:
+        background = kg.tune.TUNER.background
+        stats = {"background_tuned": 0}
+        memory: dict = {}
+
+        def measure_first(self, op, first, *rest):
+            calls.append(("first", [c.label for c in first]))
+
+        def resolve(self, op, candidates, *rest):
+            calls.append(("whole", [c.label for c in candidates]))
+            return types.SimpleNamespace(source="tuned")
+
+    everyone = [c.label for c in cands]
+    for use, want in ((True, [("whole", everyone)]),
+                      (False, [("first", [c for c in everyone if c != "torch:compile"]), ("whole", everyone)])):
+        calls.clear()
+        monkeypatch.setattr(compile_pool, "would_use", lambda op, c, d, use=use: use)
+        run = offpath._job(Tuner(), rmsnorm, cands, None, Settings(mode="on"))
+        run(Job("d", "f", "cpu", run, "rmsnorm", 0, args=(x, w, 1e-6)))
+        assert calls == want
+
+
 def test_inductor_compiles_the_reference_while_the_workers_compile_the_kernels(monkeypatch):
     """When the kernels compile in the worker pool and ``torch:compile`` competes, its gate (Inductor
     compiling the reference: seconds a shape) runs on the tuning's thread while the pool's compile
@@ -876,6 +915,36 @@ def test_inductor_compiles_the_reference_while_the_workers_compile_the_kernels(m
     monkeypatch.setattr(trials, "would_use", lambda op, c, d: False)
     trials.run_trials(add_relu, cands, (x, y), settings)
     assert order == labels and inline == [_threading.get_ident()]
+
+
+def test_the_report_says_what_the_workers_compiled(monkeypatch):
+    """A key's record counts the compile jobs sent to the workers, compiled and failed (a failed
+    one compiles again in its gate): ``kg.tune.report`` says so beside the seconds."""
+    from kernelgraft.examples.add_relu import add_relu
+    from kernelgraft.op.modes import Settings
+    from kernelgraft.tune import compile_pool, phases as _phases, trials
+    from kernelgraft.tune.report import KeyReport
+
+    x, y = torch.randn(1000), torch.randn(1000)
+    settings = Settings(mode="on", compete=False, timer=lambda trial, s: (trial.run(0), 1.0)[1])
+    cands = [c for c in add_relu.candidates(x, y) if c.supported and c.index >= 0]
+    assert len(cands) >= 2
+
+    def compiling(op, candidates, args, device):
+        return compile_pool.Summary(jobs=len(candidates) + 1, compiled=len(candidates), failed=1,
+                                    failures=["one: boom"],
+                                    built={(c.index, tuple(c.config)) for c in candidates})
+
+    monkeypatch.setattr(trials, "compile_ahead", compiling)
+    rec = _phases.Phases()
+    with rec.recording():
+        results = trials.run_trials(add_relu, cands, (x, y), settings)
+    assert all(r.ms is not None for r in results)
+    totals = rec.totals()
+    n = len(cands)
+    assert (totals["ahead_jobs"], totals["ahead_compiled"], totals["ahead_failed"]) == (n + 1, n, 1)
+    said = str(KeyReport("x", "d", "tuned", None, 1.0, totals))
+    assert f"{n} of {n + 1} candidates compiled ahead (1 failed, compiled in their gates)" in said
 
 
 # ---------------------------------------------------------------- planning with the shapes deferred

@@ -15,20 +15,24 @@ PyTorch's candidates: neither is a job.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import importlib.util
+import os
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from .. import backends
+from ..cache import root as _root
 from ..backends.triton.ahead import compile_only_triton  # here too: tools and tests import it from here
 
 __all__ = ["Target", "Source", "Job", "Outcome", "compiles_ahead", "describe", "stand_in", "run_job",
-           "compile_only_triton"]
+           "compile_only_triton", "cache_env"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +71,7 @@ class Job:
     config: tuple  # the candidate's Config items
     args: tuple  # describe() of each runner argument: inputs, then outputs
     target: Target
+    caches: tuple = ()  # cache_env() of the process that made the job: where its compiles must land
 
     @property
     def label(self) -> str:
@@ -80,6 +85,41 @@ class Outcome:
     detail: str = ""
     artifacts: tuple = ()  # what the parent's backend takes in (``adopt``): cuTile cubins
     backend: str = ""
+
+
+def cache_env() -> tuple[tuple[str, str], ...]:
+    """Where this process's compiles are cached, as the environment variables that say so: Triton's
+    cache directory as Triton resolves it now (``knobs.cache.dir``: set in code, or by
+    ``TRITON_CACHE_DIR``, which Inductor sets at its first compile when it is unset) and
+    kernelgraft's cache root (NVRTC's cache). A job carries them and the worker compiles under
+    them, so a worker started before either changed still fills the caches this process's launch
+    reads."""
+    found = _root.root()
+    env = [(_root.ENV, str(found) if found is not None else "off")]
+    try:
+        from triton import knobs
+
+        env.append(("TRITON_CACHE_DIR", str(knobs.cache.dir)))
+    except Exception:  # no Triton, or one without knobs: it reads TRITON_CACHE_DIR, passed as is
+        if os.environ.get("TRITON_CACHE_DIR"):
+            env.append(("TRITON_CACHE_DIR", os.environ["TRITON_CACHE_DIR"]))
+    return tuple(env)
+
+
+@contextlib.contextmanager
+def _under(env: tuple) -> Iterator[None]:
+    """The block runs with ``env`` (a job's ``caches``) in ``os.environ``; restored after."""
+    saved = {name: os.environ.get(name) for name, _ in env}
+    try:
+        for name, value in env:
+            os.environ[name] = value
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 class NotDescribable(ValueError):
@@ -174,7 +214,8 @@ def run_job(job: Job) -> Outcome:
         if compile_ is None:
             raise TypeError(f"{backend} candidates are not compiled ahead")
         config = Config.of(dict(job.config), where=op.name)
-        artifacts = tuple(compile_(spec, config, [stand_in(d) for d in job.args], job.target))
+        with _under(job.caches):
+            artifacts = tuple(compile_(spec, config, [stand_in(d) for d in job.args], job.target))
     except BaseException as exc:  # a compiler that fails here fails again, reported, in the gate
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise

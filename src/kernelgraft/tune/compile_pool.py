@@ -45,7 +45,7 @@ import torch
 
 from .. import backends
 from . import pace as _pace
-from .compile_jobs import Job, NotDescribable, Outcome, Source, Target, compiles_ahead, describe
+from .compile_jobs import Job, NotDescribable, Outcome, Source, Target, cache_env, compiles_ahead, describe
 from .compile_process import STARTUP_S, Worker
 from .compile_zygote import Zygote, available as _zygote_available
 
@@ -126,13 +126,14 @@ def jobs_for(op: Any, candidates: Sequence[Any], args: Sequence[Any], target: Ta
     except NotDescribable as exc:
         log.debug("%s: not compiled ahead: %s", op.name, exc)
         return []
-    jobs = []
+    jobs, caches = [], cache_env()  # where this process's launches look for them, now
     for cand in candidates:
         if cand.index < 0 or not compiles_ahead(cand.impl.backend):
             continue
         if op.dispatcher.bundled_runner(cand.index, cand.config) is not None:
             continue
-        jobs.append(Job(source, op.name, op.fingerprint, cand.index, tuple(cand.config), described, target))
+        jobs.append(Job(source, op.name, op.fingerprint, cand.index, tuple(cand.config), described, target,
+                        caches))
     return jobs
 
 

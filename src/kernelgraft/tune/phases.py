@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-__all__ = ["Phases", "Pace", "phase", "clock", "current"]
+__all__ = ["Phases", "Pace", "phase", "clock", "current", "count"]
 
 _local = threading.local()
 
@@ -48,6 +48,7 @@ class Phases:
         self.seconds: dict[str, float] = {}
         self.paused_s = 0.0
         self.pace = pace
+        self.counts: dict[str, float] = {}  # what a unit counted (``count``): the compile-ahead jobs
         self._by_candidate: dict[Any, dict[str, float]] = {}
         self._depth = 0
 
@@ -66,10 +67,11 @@ class Phases:
         return dict(self._by_candidate.get(candidate, {}))
 
     def totals(self) -> dict[str, float]:
-        """Seconds by phase, with ``paused`` when units waited (and ``units_under_load``, a count,
+        """Seconds by phase and the counts (``count``), with ``paused`` when units waited (and ``units_under_load``, a count,
         when some started while serving was busy; ``heavy_under_load`` of those compiled in this
         process after waiting out the pacer's bound), rounded for storage."""
         out = {name: round(s, 6) for name, s in self.seconds.items()}
+        out.update(self.counts)
         if self.paused_s:
             out["paused"] = round(self.paused_s, 6)
         under_load = getattr(self.pace, "busy_units", 0)
@@ -79,6 +81,10 @@ class Phases:
         if heavy:  # compiles in this process that serving never paused for
             out["heavy_under_load"] = float(heavy)
         return out
+
+    def count(self, name: str, n: float) -> None:
+        """Add ``n`` to the count ``name``, kept beside the seconds (``totals``)."""
+        self.counts[name] = self.counts.get(name, 0.0) + float(n)
 
     def add(self, name: str, seconds: float, candidate: Any = None) -> None:
         self.seconds[name] = self.seconds.get(name, 0.0) + seconds
@@ -117,6 +123,13 @@ def phase(name: str, candidate: Any = None, heavy: bool = False) -> Iterator[Non
         rec.add(name, time.perf_counter() - started, candidate)
         if rec.pace is not None:
             rec.pace.after()
+
+
+def count(name: str, n: float) -> None:
+    """Add ``n`` to the count ``name`` of the current recording (nothing outside one)."""
+    rec = getattr(_local, "current", None)
+    if rec is not None:
+        rec.count(name, n)
 
 
 def clock() -> float:

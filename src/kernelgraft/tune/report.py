@@ -67,6 +67,11 @@ class KeyReport:
                 parts.append(f"{int(self.phases['units_under_load'])} units timed under load")
             if self.phases.get("heavy_under_load"):  # compiles here that serving never paused for
                 parts.append(f"{int(self.phases['heavy_under_load'])} compiles under load")
+            if self.phases.get("ahead_jobs"):  # the compile workers' share (trials._count_ahead)
+                failed = int(self.phases.get("ahead_failed", 0))
+                parts.append(f"{int(self.phases.get('ahead_compiled', 0))} of {int(self.phases['ahead_jobs'])} "
+                             f"candidates compiled ahead" + (f" ({failed} failed, compiled in their gates)"
+                                                             if failed else ""))
             if self.phases.get("first_landing"):  # a first decision, without torch:compile, served meanwhile
                 parts.append(f"a first decision landed {self.phases['first_landing']:.2f} s after the job was queued")
             head += f" ({self.tune_s:.2f} s: " + ", ".join(parts) + ")"

@@ -44,7 +44,7 @@ from ..op import compete as _compete
 from ..timing import on_device
 from .compile_pool import Ahead, Summary, compile_ahead, would_use
 from .gate import classify_error, expected, guarded, judge
-from .phases import clock, phase
+from .phases import clock, count, phase
 from .timing import CaptureRefused, Trial, cuda_timer
 
 __all__ = ["Result", "run_trials"]
@@ -128,6 +128,7 @@ def run_trials(
             early[id(inductor)] = _gate(op, inductor, own, outs, restore if mutated else None, reference, device)
         with phase("compile"):
             built = ahead.result()
+    _count_ahead(built)
     for n, cand in enumerate(candidates):
         if on_progress is not None:
             on_progress(n, cand)
@@ -168,6 +169,15 @@ def run_trials(
     if on_progress is not None:
         on_progress(len(candidates), None)
     return [r if isinstance(r, Result) else Result(r.candidate, *_scored(times[id(r)])) for r in results]
+
+
+def _count_ahead(built: Summary | None) -> None:
+    """What the pool did for this key, in the tuning's record (``kg.tune.report``): jobs sent,
+    compiled, failed (a failed one compiled again in its gate)."""
+    if built is not None:
+        count("ahead_jobs", built.jobs)
+        count("ahead_compiled", built.compiled)
+        count("ahead_failed", built.failed)
 
 
 def _scored(t: tuple[float, float, float | None]) -> tuple:
