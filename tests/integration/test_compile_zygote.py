@@ -21,7 +21,9 @@ import torch
 
 from kernelgraft.tune import compile_zygote
 from kernelgraft.tune.compile_jobs import Target
-from kernelgraft.tune.compile_pool import CompilePool, jobs_for, source_of
+from kernelgraft.tune import compile_pool as pool_mod
+from kernelgraft.tune.compile_jobs import Source
+from kernelgraft.tune.compile_pool import CompilePool, jobs_for, preload_for, source_of
 from kernelgraft.tune.compile_worker import WORKER_NICE
 
 import _pool_ops  # noqa: E402  module level: the workers import it too
@@ -194,3 +196,71 @@ def test_a_zygote_whose_imports_start_a_thread_refuses_to_fork(tmp_path, monkeyp
     with caplog.at_level(logging.WARNING, logger="kernelgraft.tune.compile_zygote"):
         _run_started_on_their_own(monkeypatch, tmp_path / "caches", lambda pool: None)
     assert "refused: the imports started threads" in caplog.text
+
+
+def _preload_jobs(tmp_path, monkeypatch):
+    log = tmp_path / "imports.log"
+    monkeypatch.setenv("KERNELGRAFT_TEST_PRELOAD_LOG", str(log))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    monkeypatch.setenv("KERNELGRAFT_CACHE_DIR", str(tmp_path / "kg"))
+    import _preload_ops
+
+    torch.manual_seed(0)
+    x, y, out = torch.randn(1000), torch.randn(1000), torch.empty(1000)
+    jobs = jobs_for(_preload_ops.axpy, _preload_ops.axpy.candidates(x, y, 0.75), (x, y, 0.75, out), Target(90),
+                    source_of(_preload_ops.axpy))
+    assert len(jobs) == 2
+    return _preload_ops.axpy, jobs, log
+
+
+def _imports(log) -> list[int]:
+    return [int(p) for p in log.read_text().split()] if log.exists() else []
+
+
+def test_the_zygote_imports_the_op_modules_it_is_named_once_for_all_its_workers(tmp_path, monkeypatch):
+    """Named the op's module, the zygote imports it before forking: its workers compile the op's
+    jobs without importing it again (each worker paid that import at its first job before). The
+    control: a zygote named nothing leaves the import to each worker."""
+    op, jobs, log = _preload_jobs(tmp_path, monkeypatch)
+    for named in (True, False):
+        log.unlink(missing_ok=True)
+        pool = CompilePool(2)
+        try:
+            pool.start(preload_for([op]) if named else ())
+            outcomes = pool.run(jobs + jobs)  # both workers get jobs
+            zygote, workers_ = pool.zygote_pid, pool.pids
+        finally:
+            pool.close()
+        assert all(o.ok for o in outcomes), [o.detail for o in outcomes]
+        assert zygote is not None and len(workers_) == 2
+        if named:
+            assert _imports(log) == [zygote]  # once, in the zygote; no worker imported it
+        else:
+            assert zygote not in _imports(log) and set(_imports(log)) <= set(workers_) and _imports(log)
+
+
+def test_a_zygote_does_not_fork_after_an_op_module_starts_a_thread(tmp_path, monkeypatch, caplog):
+    """An op module whose import starts a thread leaves the zygote unsafe to fork: it refuses, the
+    workers start on their own and compile the jobs, and the pool names that module to no zygote
+    again."""
+    monkeypatch.setattr(pool_mod, "_not_preloaded", set())
+    op, jobs, log = _preload_jobs(tmp_path, monkeypatch)
+    stray = Source("_preload_threads")
+    pool = CompilePool(2)
+    with caplog.at_level(logging.WARNING, logger="kernelgraft.tune.compile_zygote"):
+        try:
+            pool.start((stray, *preload_for([op])))
+            outcomes = pool.run(jobs)
+            refused = pool.zygote_pid
+        finally:
+            pool.close()
+    assert all(o.ok for o in outcomes), [o.detail for o in outcomes]
+    assert "refused: importing _preload_threads started threads" in caplog.text
+    assert refused not in _imports(log)  # the workers imported the op themselves, not the zygote's forks
+    assert pool_mod._not_preloaded == {stray}
+    again = CompilePool(2)
+    try:
+        again.start((stray, *preload_for([op])))
+        assert again._zygote is not None and again._zygote.preload == preload_for([op])
+    finally:
+        again.close()

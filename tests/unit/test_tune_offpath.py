@@ -811,7 +811,7 @@ def test_a_job_starts_the_compile_workers_while_it_prepares(monkeypatch):
     assert not compile_pool.would_use(rmsnorm, cands, torch.device("cuda", 0))
 
     started, resolved = [], []
-    monkeypatch.setattr(compile_pool, "prestart", lambda: started.append(True))
+    monkeypatch.setattr(compile_pool, "prestart", lambda ops=(): started.append(list(ops)))
 
     class Tuner:
         background = kg.tune.TUNER.background
@@ -825,7 +825,7 @@ def test_a_job_starts_the_compile_workers_while_it_prepares(monkeypatch):
         monkeypatch.setattr(compile_pool, "would_use", lambda op, c, d, use=use: use)
         run = offpath._job(Tuner(), rmsnorm, cands, None, Settings(mode="on"))
         run(Job("d", "f", "cpu", run, "rmsnorm", 0, args=(x, w, 1e-6)))
-        assert started == ([True] if use else []) and resolved[-1] == use  # started before the tuning ran
+        assert started == ([[rmsnorm]] if use else []) and resolved[-1] == use  # started before the tuning ran, naming the op
 
 
 def test_a_key_whose_kernels_the_workers_compile_lands_once(monkeypatch):
@@ -841,7 +841,7 @@ def test_a_key_whose_kernels_the_workers_compile_lands_once(monkeypatch):
     with kg.tune("on", compete=True):
         cands = rmsnorm.candidates(x, w, 1e-6)
     assert "torch:compile" in [c.label for c in cands] and len(cands) > 3
-    monkeypatch.setattr(compile_pool, "prestart", lambda: None)
+    monkeypatch.setattr(compile_pool, "prestart", lambda ops=(): None)
     calls: list[tuple[str, list[str]]] = []
 
     class Tuner:

@@ -32,7 +32,7 @@ from ..cache import root as _root
 from ..backends.triton.ahead import compile_only_triton  # here too: tools and tests import it from here
 
 __all__ = ["Target", "Source", "Job", "Outcome", "compiles_ahead", "describe", "stand_in", "run_job",
-           "compile_only_triton", "cache_env"]
+           "compile_only_triton", "cache_env", "import_source"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,6 +162,11 @@ def stand_in(desc: Any) -> Any:
 
 
 # ---------------------------------------------------------------- finding the op
+def import_source(source: Source) -> Any:
+    """The module ``source`` names, imported here if it is not yet (a file by its path)."""
+    return _module(source)
+
+
 def _module(source: Source) -> Any:
     found = sys.modules.get(source.module)
     if found is not None:

@@ -49,7 +49,7 @@ from .compile_jobs import Job, NotDescribable, Outcome, Source, Target, cache_en
 from .compile_process import STARTUP_S, Worker
 from .compile_zygote import Zygote, available as _zygote_available
 
-__all__ = ["Ahead", "CompilePool", "Summary", "compile_ahead", "jobs_for", "source_of", "workers", "prestart",
+__all__ = ["Ahead", "CompilePool", "Summary", "compile_ahead", "jobs_for", "source_of", "workers", "prestart", "preload_for",
            "would_use", "run_jobs", "POOL", "MAX_WORKERS", "TOTALS"]
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,7 @@ _ENV = "KERNELGRAFT_COMPILE_WORKERS"
 _IN_WORKER = "KERNELGRAFT_COMPILE_WORKER"
 _said: set[str] = set()
 _unimportable: set[str] = set()  # fingerprints of ops a worker's import did not define
+_not_preloaded: set[Source] = set()  # op modules after whose import a zygote refused to fork
 # Totals over this process's keys (what compiling ahead cost and saved, for reports and benchmarks).
 TOTALS = {"keys": 0, "jobs": 0, "compiled": 0, "failed": 0, "seconds": 0.0, "worker_seconds": 0.0}
 
@@ -180,8 +181,9 @@ class CompilePool:
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
         return env
 
-    def start(self) -> None:
-        """Start the workers that are missing (they import in parallel, in the background)."""
+    def start(self, preload: Sequence[Source] = ()) -> None:
+        """Start the workers that are missing (they import in parallel, in the background); a
+        zygote started now imports the op modules ``preload`` names before forking them."""
         self.last_used = time.monotonic()  # started for use: not the idle reaper's
         with self._lock:
             self._all = [w for w in self._all if w.alive]
@@ -192,7 +194,7 @@ class CompilePool:
                 if id(w) in live:
                     drained.append(w)
             env = self._env()
-            zygote = self._zygote_for(env) if len(self._all) < self.size else None
+            zygote = self._zygote_for(env, preload) if len(self._all) < self.size else None
             while len(self._all) < self.size:
                 w = Worker(env, zygote)
                 self._all.append(w)
@@ -200,15 +202,16 @@ class CompilePool:
             for w in drained:
                 self._idle.put(w)
 
-    def _zygote_for(self, env: dict[str, str]) -> Zygote | None:
+    def _zygote_for(self, env: dict[str, str], preload: Sequence[Source] = ()) -> Zygote | None:
         """The zygote the missing workers fork from: started with the pool's first workers and again
         should it have exited; None where there is none (a platform without pidfds, turned off)."""
         if self._zygote is not None and not self._zygote.serving:
-            self._zygote.close()
+            _retire(self._zygote)
             self._zygote = None
         if self._zygote is None and _zygote_available():
+            named = tuple(dict.fromkeys(s for s in preload if s not in _not_preloaded))
             try:
-                self._zygote = Zygote(env, STARTUP_S)
+                self._zygote = Zygote(env, STARTUP_S, named)
             except OSError as exc:
                 log.warning("compile workers start on their own: the zygote did not start: %s", exc)
         return self._zygote
@@ -241,7 +244,7 @@ class CompilePool:
         for w in workers_:
             w.close()
         if zygote is not None:
-            zygote.close()
+            _retire(zygote)
 
     @property
     def running(self) -> int:
@@ -262,6 +265,13 @@ class CompilePool:
     def zygote_imports_s(self) -> float | None:
         """Seconds from the zygote's start until it could fork (its imports); None before that."""
         return self._zygote.imports_s if self._zygote is not None else None
+
+
+def _retire(zygote: Zygote) -> None:
+    """Close ``zygote``; the op modules it refused to fork after are not named to a zygote again."""
+    if zygote.refusal is not None:  # the module it names: "importing M started threads (...)"
+        _not_preloaded.update(s for s in zygote.preload if zygote.refusal.startswith(f"importing {s.module} "))
+    zygote.close()
 
 
 class _Shared:
@@ -328,12 +338,19 @@ def would_use(op: Any, candidates: Sequence[Any], device: torch.device) -> bool:
             and sum(1 for c in candidates if compiles_ahead(c.impl.backend)) >= 2)
 
 
-def prestart() -> None:
+def prestart(ops: Sequence[Any] = ()) -> None:
     """Start the compile workers now, in the background (they take seconds to import torch and
-    Triton): a tool about to tune many keys overlaps that with its own set-up."""
+    Triton): a tool about to tune many keys overlaps that with its own set-up. Where the workers
+    fork from a zygote started now, it imports the modules of ``ops`` first, once for all of them."""
     size = workers()
     if size >= 2:
-        POOL.get(size).start()
+        POOL.get(size).start(preload_for(ops))
+
+
+def preload_for(ops: Sequence[Any]) -> tuple[Source, ...]:
+    """Where a worker imports each of ``ops`` from, for the ones it can (``source_of``)."""
+    found = (source_of(op) for op in ops)
+    return tuple(dict.fromkeys(s for s in found if isinstance(s, Source)))
 
 
 def compile_ahead(op: Any, candidates: Sequence[Any], args: Sequence[Any], device: torch.device) -> Summary | None:

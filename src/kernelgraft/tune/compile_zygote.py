@@ -10,6 +10,13 @@ and refuses to serve (the pool then starts workers of their own) when the import
 thread: a fork copies only the forking thread, and whatever lock another thread held stays held
 in the child for ever.
 
+Where the pool names op modules (``PRELOAD``: the modules of the ops ``kg.tune.warm()`` found
+registered, or of the op whose tuning started the pool), the zygote imports them too, after that
+check, so every worker it forks has them (an example module importing CuTe DSL and cuTile takes
+about a second, which each worker would otherwise pay at its first job). A module that fails to
+import is left to the workers (whose job then reports why); one whose import starts a thread or
+initialises CUDA makes the zygote refuse to fork, and the pool does not name it again.
+
 It then serves requests on a Unix socket (its stdin), one at a time, 9-byte messages ``<kind><int64>``:
   ``F`` with two file descriptors (the worker's request pipe, read end; its answer pipe, write
   end): it forks; the child runs ``compile_worker.serve`` on those pipes; the zygote answers ``P``
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import errno
 import gc
+import json
 import logging
 import os
 import select
@@ -39,10 +47,11 @@ from typing import BinaryIO
 
 from . import compile_worker
 
-__all__ = ["ENV", "Forked", "Zygote", "available"]
+__all__ = ["ENV", "PRELOAD", "Forked", "Zygote", "available"]
 
 log = logging.getLogger(__name__)
 ENV = "KERNELGRAFT_COMPILE_ZYGOTE"  # 0 / off: every worker is started on its own
+PRELOAD = "KERNELGRAFT_COMPILE_PRELOAD"  # JSON [[module, path or null], ...]: op modules imported before forking
 MSG = struct.Struct("<cq")
 _ANSWER_S = 30.0  # a fork or a status takes milliseconds; a zygote silent for longer is broken
 _KEPT_CODES = 4096
@@ -119,10 +128,15 @@ class Forked:
 class Zygote:
     """The pool's zygote: started at once (it imports in the background); ``fork()`` waits for it."""
 
-    def __init__(self, env: dict[str, str], startup_s: float) -> None:
+    def __init__(self, env: dict[str, str], startup_s: float, preload: tuple = ()) -> None:
         self._started = time.time()  # wall clock: compared with the zygote's when it is ready
         env = dict(env)
         env["OMP_NUM_THREADS"] = "1"  # no OpenMP pool: the zygote must stay one thread
+        self.preload = tuple(preload)  # the op modules (compile_jobs.Source) it imports before forking
+        env.pop(PRELOAD, None)
+        if self.preload:
+            env[PRELOAD] = json.dumps([[s.module, s.path] for s in self.preload])
+        self.refusal: str | None = None  # why it refused to fork, when it did
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=theirs.fileno(),
@@ -179,7 +193,8 @@ class Zygote:
                     self._state = "ready"
                     self.imports_s = max(0.0, value / 1e6 - self._started)
                 elif kind == b"E":
-                    self._broken("refused: " + self._sock.recv(max(0, min(value, 4096))).decode(errors="replace"))
+                    self.refusal = self._sock.recv(max(0, min(value, 4096))).decode(errors="replace")
+                    self._broken("refused: " + self.refusal)
                 else:
                     self._broken(f"said {kind!r}")
             except (OSError, EOFError) as exc:  # a timeout too
@@ -294,6 +309,34 @@ def _refusal() -> str | None:
     threads = _threads()
     if len(threads) > 1:
         return f"the imports started threads ({', '.join(threads)}); a fork would copy the locks they hold"
+    return _preload()
+
+
+def _preload() -> str | None:
+    """Import the op modules the pool named (``PRELOAD``); why forking is unsafe after one of
+    them, else None."""
+    from . import compile_jobs
+
+    try:
+        named = [compile_jobs.Source(str(m), p if isinstance(p, str) else None)
+                 for m, p in json.loads(os.environ.get(PRELOAD) or "[]")]
+    except (ValueError, TypeError) as exc:  # nothing preloaded: the workers import at their first job
+        log.warning("%s is not a list of [module, path]: %s", PRELOAD, exc)
+        return None
+    import torch
+
+    for source in named:
+        try:
+            compile_jobs.import_source(source)
+        except Exception as exc:  # the workers import it at their first job, and say why it fails
+            log.warning("op module %s not imported ahead: %s: %s", source.module, type(exc).__name__, exc)
+            continue
+        if torch.cuda.is_initialized():
+            return f"importing {source.module} initialised CUDA"
+        threads = _threads()
+        if len(threads) > 1:
+            return (f"importing {source.module} started threads ({', '.join(threads)}); a fork would "
+                    "copy the locks they hold")
     return None
 
 

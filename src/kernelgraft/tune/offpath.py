@@ -121,7 +121,7 @@ def _job(tuner: Any, op: Any, candidates: Sequence[Any], key: TuneKey, s: Settin
         pacer.before()  # the job's start (the device lock, the disk cache) in a quiet window too
         try:
             if _compile_pool.would_use(op, candidates, torch.device(job.device)):
-                _compile_pool.prestart()  # the workers import torch and Triton while the job prepares
+                _compile_pool.prestart([op])  # the workers import torch, Triton and the op while the job prepares
         except Exception:  # the pool starts again when the compile phase asks; the job goes on
             log.debug("starting the compile workers ahead failed", exc_info=True)
         pacer.after()

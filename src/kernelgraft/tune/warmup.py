@@ -32,6 +32,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode  # its class: what imports is its first use
 
 from .. import native as _native
+from ..op import registry as _registry
 from ..backends.triton.ahead import warm_process
 from . import compile_pool as _compile_pool
 
@@ -108,7 +109,8 @@ def _workers(where: torch.device) -> str | None:
         return "compile workers serve CUDA devices only"
     if _compile_pool.workers() < 2:
         return "fewer than two compile workers here (KERNELGRAFT_COMPILE_WORKERS, or cores)"
-    _compile_pool.prestart()  # returns at once: the workers start in the background
+    # returns at once: the workers start in the background, with the modules of the ops defined so far
+    _compile_pool.prestart(_registry.all_ops())
     return None
 
 
