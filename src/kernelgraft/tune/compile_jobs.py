@@ -164,10 +164,6 @@ def stand_in(desc: Any) -> Any:
 # ---------------------------------------------------------------- finding the op
 def import_source(source: Source) -> Any:
     """The module ``source`` names, imported here if it is not yet (a file by its path)."""
-    return _module(source)
-
-
-def _module(source: Source) -> Any:
     found = sys.modules.get(source.module)
     if found is not None:
         return found
@@ -185,7 +181,7 @@ def _module(source: Source) -> Any:
 def _find_op(job: Job) -> Any:
     from ..op import registry as _registry
 
-    _module(job.source)
+    import_source(job.source)
     op = _registry.lookup(job.op)
     if op is None:
         raise LookupError(f"importing {job.source.module} does not define op {job.op} (not a module-level op)")

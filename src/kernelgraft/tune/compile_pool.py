@@ -171,12 +171,7 @@ class CompilePool:
         env = dict(os.environ)
         env.pop("TRITON_INTERPRET", None)  # workers compile; Triton's interpreter would refuse to
         env[_IN_WORKER] = "1"  # a worker that tunes (an op whose module tunes on import) never nests a pool
-        try:  # the Triton cache this process uses, also when set in code rather than in the environment
-            from triton import knobs
-
-            env["TRITON_CACHE_DIR"] = str(knobs.cache.dir)
-        except Exception:  # an older Triton without knobs reads TRITON_CACHE_DIR as the workers do
-            pass
+        env.update(cache_env())  # the caches this process uses now (each job carries them again: Job.caches)
         paths = [p or os.getcwd() for p in sys.path]  # as multiprocessing's spawn passes sys.path
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
         return env
@@ -269,8 +264,9 @@ class CompilePool:
 
 def _retire(zygote: Zygote) -> None:
     """Close ``zygote``; the op modules it refused to fork after are not named to a zygote again."""
-    if zygote.refusal is not None:  # the module it names: "importing M started threads (...)"
-        _not_preloaded.update(s for s in zygote.preload if zygote.refusal.startswith(f"importing {s.module} "))
+    unsafe = zygote.refused_after()
+    if unsafe is not None:
+        _not_preloaded.add(unsafe)
     zygote.close()
 
 

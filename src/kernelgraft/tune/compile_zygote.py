@@ -52,6 +52,7 @@ __all__ = ["ENV", "PRELOAD", "Forked", "Zygote", "available"]
 log = logging.getLogger(__name__)
 ENV = "KERNELGRAFT_COMPILE_ZYGOTE"  # 0 / off: every worker is started on its own
 PRELOAD = "KERNELGRAFT_COMPILE_PRELOAD"  # JSON [[module, path or null], ...]: op modules imported before forking
+_IMPORTING = "importing {}"  # how a refusal after a preloaded module begins (Zygote.refused_after)
 MSG = struct.Struct("<cq")
 _ANSWER_S = 30.0  # a fork or a status takes milliseconds; a zygote silent for longer is broken
 _KEPT_CODES = 4096
@@ -151,6 +152,13 @@ class Zygote:
         self._lock = threading.Lock()
         self._state = "starting"  # then "ready", or "broken" for good
         self.imports_s: float | None = None  # from its start until it was ready to fork (its imports)
+
+    def refused_after(self) -> object | None:
+        """The preloaded op module (``compile_jobs.Source``) whose import made it refuse to fork;
+        None where it did not refuse, or refused for another reason."""
+        if self.refusal is None:
+            return None
+        return next((s for s in self.preload if self.refusal.startswith(_IMPORTING.format(s.module) + " ")), None)
 
     @property
     def pid(self) -> int:
@@ -302,14 +310,19 @@ def _refusal() -> str | None:
         warm_process()
     except Exception as exc:  # Triton missing or other: its workers compute it themselves
         log.debug("Triton not warmed: %s", exc)
+    return _unsafe("the imports") or _preload()
+
+
+def _unsafe(after: str) -> str | None:
+    """Why forking is unsafe now (``after`` says what ran: "the imports"), else None."""
     import torch
 
     if torch.cuda.is_initialized():
-        return "the imports initialised CUDA"
+        return f"{after} initialised CUDA"
     threads = _threads()
     if len(threads) > 1:
-        return f"the imports started threads ({', '.join(threads)}); a fork would copy the locks they hold"
-    return _preload()
+        return f"{after} started threads ({', '.join(threads)}); a fork would copy the locks they hold"
+    return None
 
 
 def _preload() -> str | None:
@@ -323,20 +336,15 @@ def _preload() -> str | None:
     except (ValueError, TypeError) as exc:  # nothing preloaded: the workers import at their first job
         log.warning("%s is not a list of [module, path]: %s", PRELOAD, exc)
         return None
-    import torch
-
     for source in named:
         try:
             compile_jobs.import_source(source)
         except Exception as exc:  # the workers import it at their first job, and say why it fails
             log.warning("op module %s not imported ahead: %s: %s", source.module, type(exc).__name__, exc)
             continue
-        if torch.cuda.is_initialized():
-            return f"importing {source.module} initialised CUDA"
-        threads = _threads()
-        if len(threads) > 1:
-            return (f"importing {source.module} started threads ({', '.join(threads)}); a fork would "
-                    "copy the locks they hold")
+        why = _unsafe(_IMPORTING.format(source.module))
+        if why is not None:
+            return why
     return None
 
 

@@ -76,19 +76,17 @@ def _first_fake_tensors() -> bool:
     return "torch._dynamo" not in sys.modules
 
 
-def _first_pass(op: Any, candidates: Sequence[Any], device: torch.device) -> list | None:
+def _first_pass(op: Any, candidates: Sequence[Any], pooled: bool) -> list | None:
     """The candidates of a first decision, when there is one to make: all but ``torch:compile``,
     whose gate (Inductor compiling the reference: seconds, and most of a new key's tuning) then
     runs in the second pass. None when it is not among the candidates, fewer than two are left, or
-    the compile workers compile the kernels: then one pass decides among them all, sooner than two
+    the compile workers compile the kernels (``pooled``): then one pass decides among them all, sooner than two
     would, as ``torch:compile``'s gate runs while the workers compile (``trials``: on the H200 a
     warmed rmsnorm key waited 1.5 s for the workers and its second pass took 2 s more)."""
     rest = [c for c in candidates if not is_torch_compile(c)]
     if len(rest) == len(candidates) or len(rest) < 2 or op.dispatcher.compile_state.error is not None:
         return None
-    if _compile_pool.would_use(op, rest, device):
-        return None
-    return rest
+    return None if pooled else rest
 
 
 def _land_first(tuner: Any, op: Any, first: list, job: Job, key: TuneKey, s: Settings,
@@ -117,10 +115,11 @@ def _job(tuner: Any, op: Any, candidates: Sequence[Any], key: TuneKey, s: Settin
         pacer = tuner.background.pacer(job)
         phases = _phases.Phases(pacer)
         phases.add("queued", (job.started or job.enqueued) - job.enqueued)
+        pooled = _compile_pool.would_use(op, candidates, torch.device(job.device))  # the workers compile
         waited = time.perf_counter()
         pacer.before()  # the job's start (the device lock, the disk cache) in a quiet window too
         try:
-            if _compile_pool.would_use(op, candidates, torch.device(job.device)):
+            if pooled:
                 _compile_pool.prestart([op])  # the workers import torch, Triton and the op while the job prepares
         except Exception:  # the pool starts again when the compile phase asks; the job goes on
             log.debug("starting the compile workers ahead failed", exc_info=True)
@@ -133,7 +132,7 @@ def _job(tuner: Any, op: Any, candidates: Sequence[Any], key: TuneKey, s: Settin
             # GIL), which must not run beside the call that queued the job: heavy until they have
             with _phases.phase("prepare", heavy=_first_fake_tensors()):
                 context.run(op.dispatcher.output_specs, job.args)
-            first = _first_pass(op, candidates, torch.device(job.device))
+            first = _first_pass(op, candidates, pooled)
             landed = None
             if first is not None:
                 landed = context.run(_land_first, tuner, op, first, job, key, settings, phases)
