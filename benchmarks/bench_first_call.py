@@ -11,6 +11,10 @@ the machine's unless ``--cold``.
 - ``reference_first_ms`` (the table's floor): the first call of the op's plain PyTorch reference
   in another fresh process warmed the same way, no kernelgraft call made: the first use of each
   torch kernel loads its module, which a first call served by the reference pays too;
+- ``import_floor_s`` (the reference's process, after its calls): a fresh process's first fake
+  tensors (``torch._dynamo``'s import) and Inductor's first compile of the reference, which a
+  process that never tuned pays once before its first decision lands (``kg.tune.warm()`` pays them
+  at start-up);
 - ``land_s``: from the first call until its decision lands (``kg.tune.wait``); targets <= 5 s for
   the norm, softmax and elementwise shapes, <= 15 s for the 36-candidate GEMM;
 - ``first_land_s``: when a first decision, made without ``torch:compile`` (whose gate is Inductor
@@ -31,7 +35,9 @@ report's paused time and units timed under load.
 
 ``--warm``: each case's process calls ``kg.tune.warm()`` after warming torch, as a server does at
 start-up (the first tuning's one-time imports, compile workers and native replay paid there); the
-first call and the landing then measure the new shape's own work.
+first call and the landing then measure the new shape's own work. The native replay is built once,
+before the cases, and copied into each warmed process's fresh cache directory (as a server finds
+its machine's build there): its tuning cache stays empty.
 
 Prints a short table of ratios last; writes JSON to ``$OUT/bench_first_call.json`` (``--out``).
 ``--smoke`` runs all of it on the CPU, in this process, with a fake timer and small shapes of
@@ -307,8 +313,29 @@ def reference_first(case: str, *, device: str, cases: dict) -> dict:
     t0 = time.perf_counter()
     op.reference(*args)
     _sync(device)
-    return {"case": case, "reference_first_ms": round(first_s * 1e3, 2),
-            "reference_second_ms": round((time.perf_counter() - t0) * 1e3, 3)}
+    out = {"case": case, "reference_first_ms": round(first_s * 1e3, 2),
+           "reference_second_ms": round((time.perf_counter() - t0) * 1e3, 3)}
+    if device == "cuda":
+        out["import_floor_s"] = _import_floor(op, args, device)
+    return out
+
+
+def _import_floor(op, args, device: str) -> dict:
+    """What a process that never tuned pays once before its first decision, kernelgraft aside: the
+    first fake tensors (output shapes are worked out on them; they import ``torch._dynamo``) and
+    Inductor's first compile of the reference (``torch:compile``'s gate: Inductor's imports and
+    that compile), timed here, after the reference's first calls."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    t0 = time.perf_counter()
+    with FakeTensorMode():
+        torch.empty(2, 3).sum(0)
+    fake_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    torch.compile(op.reference, dynamic=False)(*args)
+    _sync(device)
+    return {"fake_tensors": round(fake_s, 3), "inductor_reference": round(time.perf_counter() - t0, 3)}
 
 
 def _top(profiler: cProfile.Profile, n: int = 40, by: str = "cumulative") -> list[str]:
@@ -419,8 +446,28 @@ def _child(args) -> None:
     print("RESULT " + json.dumps(out, default=str), flush=True)
 
 
+_NATIVE_SEED: list[str | None] = [None]  # --warm: a cache directory holding one native replay build
+
+
+def _seed_native() -> None:
+    """Build the native replay once into a cache directory of its own; each warmed process gets a
+    copy (a server finds its machine's build in its cache; the tuning cache stays empty)."""
+    seed = tempfile.mkdtemp(prefix="kg-first-call-native-")
+    env = {**os.environ, "KERNELGRAFT_CACHE_DIR": seed}
+    proc = subprocess.run([sys.executable, "-c", "import kernelgraft as kg; print(kg.native.build())"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    print(f"native replay built once for the warmed processes: rc {proc.returncode} "
+          f"{(proc.stdout or proc.stderr).strip()[-300:]}", flush=True)
+    if proc.returncode == 0 and os.path.isdir(os.path.join(seed, "native")):
+        _NATIVE_SEED[0] = seed
+
+
 def _spawn(what: str, mode: str, serve_seconds: float, timeout: float, cold: bool = False) -> dict:
     cache = tempfile.mkdtemp(prefix="kg-first-call-")
+    if _NATIVE_SEED[0] is not None and WARM[0] and mode != "reference":
+        import shutil
+
+        shutil.copytree(os.path.join(_NATIVE_SEED[0], "native"), os.path.join(cache, "native"))
     env = {**os.environ, "KERNELGRAFT_CACHE_DIR": cache}
     if cold:  # Triton's compile cache empty too (kernelgraft's own caches live under its directory)
         env["TRITON_CACHE_DIR"] = os.path.join(cache, "triton")
@@ -470,9 +517,14 @@ def smoke_timer(trial, settings) -> float:
     return 1.0 + sum(map(ord, trial.candidate.label)) % 7 / 10
 
 
+def _imports_text(floor: dict | None) -> str:
+    """A fresh process's fake tensors + Inductor's first compile, seconds (``import_floor_s``)."""
+    return "-" if not floor else f"{floor['fake_tensors']:.1f}+{floor['inductor_reference']:.1f}"
+
+
 def table(rows: list[dict], serve: dict | None) -> str:
     lines = [f"{'case':10} {'first ms':>9} {'floor ms':>9} {'1st land s':>10} {'land s':>8} {'target':>7} "
-             f"{'choice':>8} {'slower':>7}"]
+             f"{'choice':>8} {'slower':>7} {'imports s':>10}"]
     for r in rows:
         if "error" in r:
             lines.append(f"{r['case']:10} error: {str(r['error']).splitlines()[-1][:80] if r['error'] else ''}")
@@ -482,7 +534,8 @@ def table(rows: list[dict], serve: dict | None) -> str:
         first_land = r.get("first_land_s")
         lines.append(f"{r['case']:10} {r['first_ms']:9.1f} {'-' if floor is None else f'{floor:.1f}':>9} "
                      f"{'-' if first_land is None else f'{first_land:.2f}':>10} {r['land_s']:8.2f} {target:7.0f} "
-                     f"{r.get('choice', '-'):>8} {r.get('slower') or '-':>7}")
+                     f"{r.get('choice', '-'):>8} {r.get('slower') or '-':>7} "
+                     f"{_imports_text(r.get('import_floor_s')):>10}")
     if serve is not None:
         if "error" in serve:
             lines.append(f"serving during tuning: error: {str(serve['error'])[-200:]}")
@@ -500,6 +553,8 @@ def run(args) -> dict:
     else:
         names = args.cases.split(",") if args.cases else list(SMOKE_CASES if args.smoke else CASES)
     rows = []
+    if WARM[0] and not args.smoke and names:
+        _seed_native()
     for case in names:
         if args.smoke:
             with _fresh_state():
@@ -517,6 +572,8 @@ def run(args) -> dict:
         if "error" not in floor:
             row["reference_first_ms"], row["reference_second_ms"] = (floor["reference_first_ms"],
                                                                      floor["reference_second_ms"])
+            if "import_floor_s" in floor:
+                row["import_floor_s"] = floor["import_floor_s"]
         if "error" not in bg and "error" not in bl:
             row["choice"], row["slower"] = same_choice(bg, bl, TIE_MARGIN)
             if bg.get("first_served"):  # the first decision against blocking mode's, too

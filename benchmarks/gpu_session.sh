@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One batched run on the GPU machine: installs carried wheels, runs the selected sections with
 # time limits, and packs every result into $OUT/results.tar.gz (plus the log).
-#   bash benchmarks/gpu_session.sh SECTION...     sections: tests alltests alltests_old firstcall pool pretune1 pretune2 pretunecmp core cute hostcost hostcost_ab hostcost_same rmsnorm
+#   bash benchmarks/gpu_session.sh SECTION...     sections: tests alltests alltests_old firstcall pool diagzygote pretune1 pretune2 pretunecmp core cute hostcost hostcost_ab hostcost_same rmsnorm
 #                                                 examples libraries libserve tune tunequick ranks graft graftc graftck graftdc graftdk graftprofile graftdecode graftdecodecompile aot explore explore5 explore6 explore7 diagsoftmax native devices verify verify2 firstsec diagsmall diagload diagcopies diagdecode aotipre compete llmquick llm suitetests gputests cpp cppbuild llamaaoti diagsuite test_FILE
 # A "0:tests,aot|1:tune,rmsnorm" argument runs lanes side by side, each on its own GPU
 # (CUDA_VISIBLE_DEVICES) with its own kernelgraft cache; the next argument starts when all end.
@@ -52,6 +52,7 @@ run_section() {
            done ;;
     firstcall) step first_call 420 python3 benchmarks/bench_first_call.py --out "$R" ${FIRST_ARGS:-} ;;  # new shapes served while tuning runs off-path
     pool) step compile_pool 200 python3 benchmarks/bench_compile_pool.py --out "$R" ;;
+    diagzygote) step diag_compile_zygote 240 python3 benchmarks/diag_compile_zygote.py ${DIAG_ARGS:-} ;;  # the zygote after each example op module, workers with and without GPUs
     pretune1) step pretune_one 560 python3 benchmarks/bench_pretune_suite.py --phase one --out "$R" ${PRETUNE_ARGS:-} ;;  # the 74-shape LLM suite tuned ahead on one GPU (PRETUNE_ARGS="--max-keys N" for a part)
     pretune2) step pretune_two 560 python3 benchmarks/bench_pretune_suite.py --phase two --out "$R" ${PRETUNE_ARGS:-} ;;  # the same on two torchrun ranks (one GPU each where two are lent, else both on GPU 0)
     pretunecmp) step pretune_compare 60 python3 benchmarks/bench_pretune_suite.py --phase compare --out "$R" ${PRETUNE_ARGS:-} ;;  # wall times, the ratio, decisions alike (after pretune1 and pretune2 on one warm machine)  # the GEMM's compile phase, serial against the pool

@@ -3,7 +3,8 @@
 Real processes, real Triton and NVRTC cross-compiles for sm_90 (as tests/integration/test_compile_pool.py):
 forked workers compile what workers started on their own compile; they are the zygote's children;
 a dead worker is replaced; nothing outlives ``close()`` or the pool's process; where the zygote is
-turned off, dies or refuses, the workers start on their own."""
+turned off, dies or refuses, the workers start on their own, except where it refused after an op
+module's import: then they fork from a new zygote that does not import it."""
 
 from __future__ import annotations
 
@@ -239,24 +240,30 @@ def test_the_zygote_imports_the_op_modules_it_is_named_once_for_all_its_workers(
             assert zygote not in _imports(log) and set(_imports(log)) <= set(workers_) and _imports(log)
 
 
-def test_a_zygote_does_not_fork_after_an_op_module_starts_a_thread(tmp_path, monkeypatch, caplog):
-    """An op module whose import starts a thread leaves the zygote unsafe to fork: it refuses, the
-    workers start on their own and compile the jobs, and the pool names that module to no zygote
+def test_a_zygote_that_refuses_after_an_op_module_is_replaced_by_one_without_it(tmp_path, monkeypatch, caplog):
+    """An op module whose import starts a thread leaves the zygote unsafe to fork: it refuses, and
+    the workers fork from a new zygote that imports the other modules it was named (not each
+    importing torch and Triton on its own: seconds apiece); the pool names that module to no zygote
     again."""
     monkeypatch.setattr(pool_mod, "_not_preloaded", set())
     op, jobs, log = _preload_jobs(tmp_path, monkeypatch)
     stray = Source("_preload_threads")
     pool = CompilePool(2)
-    with caplog.at_level(logging.WARNING, logger="kernelgraft.tune.compile_zygote"):
+    with caplog.at_level(logging.INFO, logger="kernelgraft.tune"):
         try:
             pool.start((stray, *preload_for([op])))
-            outcomes = pool.run(jobs)
             refused = pool.zygote_pid
+            outcomes = pool.run(jobs + jobs)
+            replacement, workers_ = pool.zygote_pid, pool.pids
+            parents = [_parent(w) for w in workers_]  # while they run
         finally:
             pool.close()
     assert all(o.ok for o in outcomes), [o.detail for o in outcomes]
     assert "refused: importing _preload_threads started threads" in caplog.text
-    assert refused not in _imports(log)  # the workers imported the op themselves, not the zygote's forks
+    assert "a new zygote, which does not import _preload_threads" in caplog.text
+    assert replacement is not None and replacement != refused
+    assert parents and set(parents) == {replacement}  # forked from it, not started on their own
+    assert [p for p in _imports(log) if p != os.getpid()] == [replacement]  # the op's module: once, in the new zygote
     assert pool_mod._not_preloaded == {stray}
     again = CompilePool(2)
     try:
@@ -264,3 +271,28 @@ def test_a_zygote_does_not_fork_after_an_op_module_starts_a_thread(tmp_path, mon
         assert again._zygote is not None and again._zygote.preload == preload_for([op])
     finally:
         again.close()
+
+
+def test_waiting_for_the_zygote_replaces_one_that_refused_after_an_op_module(tmp_path, monkeypatch):
+    """``zygote_ready`` (what ``kg.tune.warm()`` waits for last) pays the refusal and the new
+    zygote's imports there, not at the first key's jobs."""
+    monkeypatch.setattr(pool_mod, "_not_preloaded", set())
+    op, _, _ = _preload_jobs(tmp_path, monkeypatch)
+    stray = Source("_preload_threads")
+    pool = CompilePool(2)
+    try:
+        pool.start((stray, *preload_for([op])))
+        refused = pool.zygote_pid
+        assert pool.zygote_ready()
+        assert pool.zygote_pid != refused and pool._zygote.preload == preload_for([op])
+        assert pool._zygote.imports_s is not None  # ready: its imports are done
+    finally:
+        pool.close()
+    assert pool_mod._not_preloaded == {stray}
+    alone = CompilePool(2)
+    try:  # the module it refused after is named to no zygote again
+        monkeypatch.setattr(pool_mod, "_not_preloaded", {stray})
+        alone.start((stray,))
+        assert alone._zygote.preload == () and alone.zygote_ready()
+    finally:
+        alone.close()

@@ -7,6 +7,9 @@ kernels run through Triton's interpreter. The tests hold the worker with events,
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import types
 import warnings
@@ -25,7 +28,7 @@ from kernelgraft.tune import (
 )
 
 from _tune_ops import FAKE_MS, launch_scale, make_scale  # noqa: E402
-from _paths import TESTS
+from _paths import ROOT, TESTS
 
 HOLD_S = 120  # what a held timer waits at most (a test that forgets to release fails, not hangs)
 
@@ -829,9 +832,10 @@ def test_a_job_starts_the_compile_workers_while_it_prepares(monkeypatch):
 
 
 def test_a_key_whose_kernels_the_workers_compile_lands_once(monkeypatch):
-    """Where the compile workers build the kernels, ``torch:compile``'s gate runs while they compile
-    (the next test), so the job decides among all the candidates in one pass; elsewhere it first
-    decides without ``torch:compile`` (a first decision), then with it."""
+    """Where the compile workers build the kernels and Inductor has compiled in the process before,
+    ``torch:compile``'s gate runs while they compile (the next test), so the job decides among all
+    the candidates in one pass; elsewhere it first decides without ``torch:compile`` (a first
+    decision: in a cold process Inductor's imports would come before it), then with it."""
     from kernelgraft.examples.rmsnorm import rmsnorm
     from kernelgraft.op.modes import Settings
     from kernelgraft.tune import compile_pool, offpath
@@ -857,10 +861,11 @@ def test_a_key_whose_kernels_the_workers_compile_lands_once(monkeypatch):
             return types.SimpleNamespace(source="tuned")
 
     everyone = [c.label for c in cands]
-    for use, want in ((True, [("whole", everyone)]),
-                      (False, [("first", [c for c in everyone if c != "torch:compile"]), ("whole", everyone)])):
+    two = [("first", [c for c in everyone if c != "torch:compile"]), ("whole", everyone)]
+    for use, warm, want in ((True, True, [("whole", everyone)]), (False, True, two), (True, False, two), (False, False, two)):
         calls.clear()
         monkeypatch.setattr(compile_pool, "would_use", lambda op, c, d, use=use: use)
+        monkeypatch.setattr(offpath, "_inductor_warm", lambda warm=warm: warm)
         run = offpath._job(Tuner(), rmsnorm, cands, None, Settings(mode="on"))
         run(Job("d", "f", "cpu", run, "rmsnorm", 0, args=(x, w, 1e-6)))
         assert calls == want
@@ -1060,3 +1065,22 @@ def test_a_jobs_first_fake_tensors_are_a_heavy_unit(monkeypatch):
             assert kg.tune.wait(HOLD_S)
         assert units == [("prepare", first)], units
     assert not offpath._first_fake_tensors()  # this process made fake tensors long ago
+
+
+def test_inductor_counts_as_warm_once_it_has_compiled_not_once_fake_tensors_imported_it():
+    """The one-pass landing keys on whether Inductor compiled in the process: its first fake
+    tensors import ``torch._dynamo`` and part of ``torch._inductor``, which is not yet a compile."""
+    code = ("import torch\n"
+            "from kernelgraft.tune import offpath\n"
+            "from torch._subclasses.fake_tensor import FakeTensorMode\n"
+            "seen = [offpath._inductor_warm()]\n"
+            "with FakeTensorMode():\n"
+            "    torch.empty(2, 3).sum(0)\n"
+            "seen.append(offpath._inductor_warm())\n"
+            "torch.compile(lambda x: x * 2 + 1)(torch.randn(8))\n"
+            "print(seen + [offpath._inductor_warm()])\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[False, False, True]"

@@ -64,11 +64,13 @@ def test_wait_false_returns_at_once_and_wait_joins():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_warm_on_cuda_starts_the_workers_and_warms_inductor():
     from kernelgraft import native as _native
-    from kernelgraft.tune import compile_pool as _pool
+    from kernelgraft.tune import compile_pool as _pool, compile_zygote
 
     w = kg.tune.warm()
     assert w.device.startswith("cuda") and {"fake_tensors", "torch_compile"} <= set(w.seconds), w
     if _pool.workers() >= 2:
         assert "compile_workers" in w.seconds and _pool.POOL.pool is not None and _pool.POOL.pool.running >= 2
+        if compile_zygote.available():  # the workers fork from a zygote that has imported
+            assert "compile_zygote" in w.seconds, w
     if _native.enabled() and _native.reason() is None:
         assert "native_replay" in w.seconds and _native.get() is not None

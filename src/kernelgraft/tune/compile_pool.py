@@ -49,7 +49,7 @@ from .compile_jobs import Job, NotDescribable, Outcome, Source, Target, cache_en
 from .compile_process import STARTUP_S, Worker
 from .compile_zygote import Zygote, available as _zygote_available
 
-__all__ = ["Ahead", "CompilePool", "Summary", "compile_ahead", "jobs_for", "source_of", "workers", "prestart", "preload_for",
+__all__ = ["Ahead", "CompilePool", "Summary", "compile_ahead", "jobs_for", "source_of", "workers", "prestart", "preload_for", "zygote_ready",
            "would_use", "run_jobs", "POOL", "MAX_WORKERS", "TOTALS"]
 
 log = logging.getLogger(__name__)
@@ -165,6 +165,7 @@ class CompilePool:
         self._all: list[Worker] = []
         self._lock = threading.Lock()
         self._zygote: Zygote | None = None
+        self._zygote_env: dict[str, str] = {}
         self.last_used = time.monotonic()
 
     def _env(self) -> dict[str, str]:
@@ -191,7 +192,7 @@ class CompilePool:
             env = self._env()
             zygote = self._zygote_for(env, preload) if len(self._all) < self.size else None
             while len(self._all) < self.size:
-                w = Worker(env, zygote)
+                w = Worker(env, zygote, self._replacement)
                 self._all.append(w)
                 drained.append(w)
             for w in drained:
@@ -205,11 +206,47 @@ class CompilePool:
             self._zygote = None
         if self._zygote is None and _zygote_available():
             named = tuple(dict.fromkeys(s for s in preload if s not in _not_preloaded))
+            self._zygote_env = env
             try:
                 self._zygote = Zygote(env, STARTUP_S, named)
             except OSError as exc:
                 log.warning("compile workers start on their own: the zygote did not start: %s", exc)
         return self._zygote
+
+    def _replacement(self, broken: Zygote) -> Zygote | None:
+        """The zygote a worker forks from where ``broken`` could not fork it: the pool's current one
+        where another worker replaced it already; where ``broken`` refused to fork after importing
+        a named op module, a new one that imports the others (the workers fork from it, having
+        imported torch and Triton once, rather than each importing them: seconds apiece); else None
+        (the worker starts on its own). Each replacement names fewer modules: it ends."""
+        with self._lock:
+            current = self._zygote
+            if current is not None and current is not broken:
+                return current
+            unsafe = broken.refused_after()
+            if current is None or unsafe is None:
+                return None
+            _retire(broken)  # its module joins _not_preloaded
+            named = tuple(s for s in broken.preload if s not in _not_preloaded)
+            log.info("compile workers fork from a new zygote, which does not import %s", unsafe.module)
+            try:
+                self._zygote = Zygote(self._zygote_env, STARTUP_S, named)
+            except OSError as exc:
+                self._zygote = None
+                log.warning("compile workers start on their own: the zygote did not start: %s", exc)
+            return self._zygote
+
+    def zygote_ready(self) -> bool:
+        """Wait until the pool's zygote can fork workers (its imports done; one that refused after
+        an op module replaced, as a worker's first job would): a process that warms up at start-up
+        pays that there, not at its first key. False where there is none, or none can fork."""
+        with self._lock:
+            zygote = self._zygote
+        while zygote is not None:
+            if zygote.wait_ready():
+                return True
+            zygote = self._replacement(zygote)
+        return False
 
     def run(self, jobs: Sequence[Job]) -> list[Outcome]:
         self.start()
@@ -341,6 +378,13 @@ def prestart(ops: Sequence[Any] = ()) -> None:
     size = workers()
     if size >= 2:
         POOL.get(size).start(preload_for(ops))
+
+
+def zygote_ready() -> bool:
+    """Wait until the process's compile workers can fork from a zygote (``CompilePool.zygote_ready``);
+    False where they would start on their own."""
+    size = workers()
+    return size >= 2 and POOL.get(size).zygote_ready()
 
 
 def preload_for(ops: Sequence[Any]) -> tuple[Source, ...]:

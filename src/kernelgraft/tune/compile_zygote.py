@@ -175,7 +175,9 @@ class Zygote:
 
     def _broken(self, why: str) -> None:
         if self._state != "broken":
-            log.warning("compile workers start on their own: the zygote %s", why)
+            # after an op module's import the pool starts a zygote without it (``CompilePool``)
+            then = "" if self.refused_after() is not None else "compile workers start on their own: "
+            log.warning("%sthe zygote %s", then, why)
         self._state = "broken"
         self._sock.close()
         if self._proc.poll() is None:
@@ -208,6 +210,11 @@ class Zygote:
             except (OSError, EOFError) as exc:  # a timeout too
                 self._broken(f"did not start: {type(exc).__name__}: {exc}")
         return self._state == "ready"
+
+    def wait_ready(self) -> bool:
+        """Wait for its imports (at most the start-up bound): whether it can fork."""
+        with self._lock:
+            return self._ready()
 
     def fork(self) -> tuple[Forked, BinaryIO, BinaryIO] | None:
         """A new worker: its process, the pipe its jobs go in, the pipe its answers come out of; None

@@ -76,17 +76,26 @@ def _first_fake_tensors() -> bool:
     return "torch._dynamo" not in sys.modules
 
 
+def _inductor_warm() -> bool:
+    """Whether Inductor has compiled in this process already (``kg.tune.warm()``, a model under
+    ``torch.compile``): then ``torch:compile``'s gate costs that key's own compile, not its imports."""
+    return "torch._inductor.scheduler" in sys.modules
+
+
 def _first_pass(op: Any, candidates: Sequence[Any], pooled: bool) -> list | None:
     """The candidates of a first decision, when there is one to make: all but ``torch:compile``,
     whose gate (Inductor compiling the reference: seconds, and most of a new key's tuning) then
     runs in the second pass. None when it is not among the candidates, fewer than two are left, or
-    the compile workers compile the kernels (``pooled``): then one pass decides among them all, sooner than two
-    would, as ``torch:compile``'s gate runs while the workers compile (``trials``: on the H200 a
-    warmed rmsnorm key waited 1.5 s for the workers and its second pass took 2 s more)."""
+    the compile workers compile the kernels (``pooled``) in a process where Inductor has compiled
+    before: then one pass decides among them all, sooner than two would, as ``torch:compile``'s
+    gate runs while the workers compile (on the H200 a warmed rmsnorm key waited 1.5 s for the
+    workers and its second pass took 2 s more). Where Inductor has not compiled yet, its first
+    gate imports it (about 4 s on the H200's host): the first decision lands without waiting for
+    that."""
     rest = [c for c in candidates if not is_torch_compile(c)]
     if len(rest) == len(candidates) or len(rest) < 2 or op.dispatcher.compile_state.error is not None:
         return None
-    return None if pooled else rest
+    return None if pooled and _inductor_warm() else rest
 
 
 def _land_first(tuner: Any, op: Any, first: list, job: Job, key: TuneKey, s: Settings,

@@ -4,7 +4,8 @@ The first key a process tunes pays, once, for more than that key: the first fake
 ``torch._dynamo`` (the output shapes are worked out on them), the first Triton launch hashes
 Triton's sources for its cache key, ``torch:compile``'s gate imports
 Inductor and starts its compile workers, kernelgraft's compile workers import torch and Triton,
-and the native replay may still have to be built. On the H200 those imports were most of the
+and the native replay may still have to be built. Last, on a GPU, it waits until the compile
+workers' zygote can fork them (``compile_zygote``). On the H200 those imports were most of the
 seconds until a first decision landed (a fresh process, cold disk: 8-9 s of 13.8 s for rmsnorm).
 A server calls ``warm()`` while it loads its model; the tuning of its first new shape then pays
 only that shape's own compiles and timings.
@@ -81,6 +82,8 @@ def warm(device: Any = None, *, compile_reference: bool = True, native: bool = T
         steps.append(("torch_compile", lambda: _torch_compile(where)))
     if native:
         steps.append(("native_replay", _native_replay))
+    if where.type == "cuda":
+        steps.append(("compile_zygote", _zygote))  # last: it imported meanwhile
 
     def run() -> None:
         for name, step in steps:
@@ -111,6 +114,16 @@ def _workers(where: torch.device) -> str | None:
         return "fewer than two compile workers here (KERNELGRAFT_COMPILE_WORKERS, or cores)"
     # returns at once: the workers start in the background, with the modules of the ops defined so far
     _compile_pool.prestart(_registry.all_ops())
+    return None
+
+
+def _zygote() -> str | None:
+    """Wait for the compile workers' zygote to be ready to fork them (one that refused after an op
+    module's import replaced by one without it), so the first key's jobs do not wait for it."""
+    if _compile_pool.workers() < 2:
+        return "fewer than two compile workers here"
+    if not _compile_pool.zygote_ready():
+        return "the compile workers start on their own (no zygote can fork them here; the log says why)"
     return None
 
 

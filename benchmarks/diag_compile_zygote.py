@@ -1,0 +1,73 @@
+"""Does the compile workers' zygote fork after importing an example op's module on this machine, and
+do the op's compile jobs compile in its workers?
+
+For each op: a pool of the default size whose zygote preloads the op's module; the first zygote's refusal
+(None: it forked), whether a zygote could fork in the end (``zygote_ready``, which replaces one that
+refused after the module), then the jobs of one bf16 shape compiled in the pool: compiled and failed,
+with each failure's text.
+
+    python benchmarks/diag_compile_zygote.py [--ops rmsnorm,softmax,swiglu,gemm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import time
+
+import torch
+
+SHAPES = {"rmsnorm": (1500, 5120), "softmax": (33, 50257), "swiglu": (300, 13824), "gemm": (777, 4096, 4096)}
+
+
+def _args(name: str, shape: tuple) -> tuple:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    r = lambda *s: torch.randn(*s, device="cuda", generator=g, dtype=torch.bfloat16)  # noqa: E731
+    if name == "rmsnorm":
+        return r(*shape), r(shape[1]), 1e-6
+    if name == "softmax":
+        return (r(*shape),)
+    if name == "swiglu":
+        return r(*shape), r(*shape)
+    m, n, k = shape
+    return r(m, k), r(k, n)
+
+
+def one(name: str) -> dict:
+    from kernelgraft.tune import compile_pool as cp
+    from kernelgraft.tune.compile_jobs import Target
+
+    op = getattr(importlib.import_module(f"kernelgraft.examples.{name}"), name)
+    pool = cp.CompilePool(cp.workers())
+    try:
+        t0 = time.perf_counter()
+        pool.start(cp.preload_for([op]))
+        first = pool._zygote
+        ready = pool.zygote_ready()
+        ready_s = time.perf_counter() - t0
+        args = _args(name, SHAPES[name])
+        outs = [torch.empty_like(o) if isinstance(o, torch.Tensor) else o for o in (op.reference(*args),)]
+        jobs = cp.jobs_for(op, op.candidates(*args), (*args, *outs), Target.of_device(args[0].device),
+                           cp.source_of(op))
+        t0 = time.perf_counter()
+        outcomes = pool.run(jobs)
+        return {"op": name, "workers": pool.size, "first_zygote_refusal": first.refusal if first else None,
+                "zygote_ready": ready, "ready_s": round(ready_s, 2),
+                "zygote_preloads": [s.module for s in pool._zygote.preload] if pool._zygote else None,
+                "jobs": len(jobs), "compiled": sum(o.ok for o in outcomes), "seconds": round(time.perf_counter() - t0, 2),
+                "failures": [f"{j.impl}{list(j.config)}: {o.detail[:300]}" for j, o in zip(jobs, outcomes) if not o.ok]}
+    finally:
+        pool.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ops", default="rmsnorm,softmax,swiglu,gemm")
+    args = parser.parse_args()
+    for name in args.ops.split(","):
+        print(json.dumps(one(name)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
