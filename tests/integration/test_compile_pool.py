@@ -190,7 +190,8 @@ def test_worker_count(monkeypatch):
 @pytest.mark.gpu
 def test_gpu_tuning_compiles_in_the_pool_and_the_gate_compiles_nothing(tmp_path, monkeypatch):
     """The GEMM example's key on the GPU: the pool compiles its Triton and CUDA candidates; the
-    gate's first launch of each Triton candidate is a Triton cache hit, also where the process's
+    gate's first launch of each Triton candidate is a Triton cache hit, and builds no C launcher
+    (a Triton that builds one per kernel finds the workers' builds), also where the process's
     Triton cache moved after the workers started."""
     from triton import knobs
 
@@ -206,6 +207,22 @@ def test_gpu_tuning_compiles_in_the_pool_and_the_gate_compiles_nothing(tmp_path,
     monkeypatch.setenv("KERNELGRAFT_CACHE_DIR", str(tmp_path / "kg"))
     events = []
     monkeypatch.setattr(knobs.compilation, "listener", lambda **kw: events.append(kw["cache_hit"]))
+    import triton.backends.nvidia.driver as nvidia
+    import triton.runtime.build as triton_build
+
+    host_builds, built_here = [], []  # C launchers built by this process, and the kernels they launch
+    real_build = triton_build._build
+    monkeypatch.setattr(triton_build, "_build", lambda name, *a, **k: host_builds.append(name) or real_build(name, *a, **k))
+    if hasattr(nvidia, "make_launcher"):  # a Triton that builds one per kernel: the workers built the candidates'
+        real_init = nvidia.CudaLauncher.__init__
+
+        def init(self, src, metadata):
+            before = len(host_builds)
+            real_init(self, src, metadata)
+            if len(host_builds) > before:
+                built_here.append(getattr(getattr(src, "fn", None), "__name__", "?"))
+
+        monkeypatch.setattr(nvidia.CudaLauncher, "__init__", init)
     a = torch.randn(777, 512, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(512, 384, device="cuda", dtype=torch.bfloat16)
     before = dict(pool_mod.TOTALS)
@@ -214,4 +231,5 @@ def test_gpu_tuning_compiles_in_the_pool_and_the_gate_compiles_nothing(tmp_path,
     assert decision is not None and decision.winner is not None
     assert pool_mod.TOTALS["compiled"] - before["compiled"] >= 30
     assert events and all(events), f"{events.count(False)} Triton compiles in the tuning process"
+    assert "_gemm_kernel" not in built_here, f"{built_here.count('_gemm_kernel')} candidates' launchers built here"
     torch.testing.assert_close(gemm(a, b).float(), (a.float() @ b.float()), rtol=2e-2, atol=2e-1)
