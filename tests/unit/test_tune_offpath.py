@@ -1084,3 +1084,69 @@ def test_inductor_counts_as_warm_once_it_has_compiled_not_once_fake_tensors_impo
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == "[False, False, True]"
+
+
+def test_a_job_queued_by_a_call_starts_after_that_call_returned(monkeypatch):
+    """The call that queues a key's job runs the reference meanwhile; the job (whose first tuning
+    imports for seconds, on the GIL) starts once that call's plan returned, or after a bound when
+    it never does. A job not queued by a call does not wait."""
+    from kernelgraft.examples.rmsnorm import rmsnorm
+    from kernelgraft.op import provisional
+    from kernelgraft.op.modes import Settings
+    from kernelgraft.op.select import Pending
+    from kernelgraft.tune import compile_pool, offpath
+    from kernelgraft.tune.background import Job
+
+    monkeypatch.setattr(compile_pool, "would_use", lambda *a: False)
+    x, w = torch.randn(4, 64), torch.randn(64)
+    cands = [c for c in rmsnorm.candidates(x, w, 1e-6) if c.label != "torch:compile"]
+    order: list[str] = []
+
+    class Tuner:
+        background = kg.tune.TUNER.background
+        stats = {"background_tuned": 0}
+
+        def resolve(self, *a):
+            order.append("tuned")
+
+    # the call's side: the plan kept while the key is pending marks it served when it returns
+    landing = Pending()
+    release = threading.Event()
+
+    def reference_plan(args):
+        release.wait(30)
+        order.append("served")
+        return "out"
+
+    waiting = provisional.pending(reference_plan, {}, ("k",), landing, lambda args, key: None)
+    run = offpath._job(Tuner(), rmsnorm, cands, None, Settings(mode="on"), queued_by_a_call=True)
+    job = Job("d", "f", "cpu", run, "rmsnorm", 0, args=(x, w, 1e-6), pending=landing)
+    call = threading.Thread(target=waiting, args=((x, w, 1e-6),))
+    tune = threading.Thread(target=run, args=(job,))
+    call.start()
+    tune.start()
+    tune.join(0.2)
+    assert order == [] and tune.is_alive()  # the job waits while the call is in its plan
+    release.set()
+    call.join(30)
+    tune.join(30)
+    assert order == ["served", "tuned"] and landing.served
+
+    # a call whose plan raises has returned too
+    raised = Pending()
+    failing = provisional.pending(lambda args: 1 / 0, {}, ("k",), raised, lambda args, key: None)
+    with pytest.raises(ZeroDivisionError):
+        failing((x,))
+    assert raised.served
+    # never served (the call failed before its plan ran): the job starts after the bound
+    monkeypatch.setattr(offpath, "FIRST_CALL_WAIT_S", 0.05)
+    order.clear()
+    job = Job("d", "f", "cpu", run, "rmsnorm", 0, args=(x, w, 1e-6), pending=Pending())
+    run(job)
+    assert order == ["tuned"] and not job.pending.served
+    # not queued by a call: no wait for one
+    monkeypatch.setattr(offpath, "FIRST_CALL_WAIT_S", 3600.0)
+    order.clear()
+    direct = offpath._job(Tuner(), rmsnorm, cands, None, Settings(mode="on"))
+    direct(Job("d", "f", "cpu", direct, "rmsnorm", 0, args=(x, w, 1e-6)))
+    assert order == ["tuned"]

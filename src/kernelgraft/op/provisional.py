@@ -34,13 +34,18 @@ def expiring(plan: Plan, table: dict[tuple, Plan], key: tuple, until: float,
 def pending(plan: Plan, table: dict[tuple, Plan], key: tuple, landing: Pending,
             replan: Callable[[tuple, tuple], Any]) -> Plan:
     """``plan`` kept in ``table`` until ``landing`` lands (a decision made off the caller's path):
-    each call reads one flag; the first call after the landing takes it out and plans again,
+    each call reads one flag (and, until the landing, sets ``served`` when it returns: the job
+    waits for the call that queued it, ``tune.offpath``); the first call after the landing takes
+    it out and plans again,
     which finds the decision in place. The landing is atomic for the op: the decision is stored
     before the flag is set, so no call can replan and miss it."""
 
     def waiting(args: tuple) -> Any:
         if not landing.landed:
-            return plan(args)
+            try:
+                return plan(args)
+            finally:
+                landing.served = True
         if table.get(key) is waiting:
             table.pop(key, None)
         return replan(args, key)

@@ -44,10 +44,11 @@ class Pending:
     ``land()`` plans again and asks the chooser, which then has the decision. One object per
     tuning job, shared by every plan and thread that waits on that key."""
 
-    __slots__ = ("landed",)
+    __slots__ = ("landed", "served")
 
     def __init__(self) -> None:
         self.landed = False
+        self.served = False  # a call waiting on it has returned (the job's heavy start waits for one)
 
     def land(self) -> None:
         """The decision is in place (or the job was dropped): the waiting plans make way."""

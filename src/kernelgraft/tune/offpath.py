@@ -62,7 +62,8 @@ def serve(tuner: Any, op: Any, candidates: Sequence[Any], args: tuple, key: Tune
         return tuner.pick(op, found, usable)
     first = next(tensors_of(args))
     pending = tuner.background.submit(key.digest, key.fingerprint, first.device, args,
-                                      _job(tuner, op, candidates, key, s), f"{op.name} ({key.summary()})")
+                                      _job(tuner, op, candidates, key, s, queued_by_a_call=True),
+                                      f"{op.name} ({key.summary()})")
     if pending is None:  # not queued (the background counts it): ask again after a while
         _select.provisional(time.monotonic() + SKIP_RETRY_S)
     else:
@@ -74,6 +75,21 @@ def _first_fake_tensors() -> bool:
     """Whether this process has yet to make fake tensors: their first use imports
     ``torch._dynamo`` and much of torch with it."""
     return "torch._dynamo" not in sys.modules
+
+
+FIRST_CALL_WAIT_S = 2.0  # the most a job waits for the call that queued it to return
+
+
+def _after_the_first_call(job: Job) -> None:
+    """Return once the call that queued ``job`` has been served (its plan returned: ``Pending.served``),
+    or after ``FIRST_CALL_WAIT_S``. That call runs the reference while the job would start: a
+    process's first tuning imports for seconds (fake tensors, the compile workers' start) and
+    would take the GIL from it; a probe of a few milliseconds (``pace``) can miss a call that
+    has just begun. Then the job paces itself as any tuning does."""
+    deadline = time.monotonic() + FIRST_CALL_WAIT_S
+    pending = job.pending
+    while not (pending.served or pending.landed) and time.monotonic() < deadline:
+        time.sleep(0.002)
 
 
 def _inductor_warm() -> bool:
@@ -114,9 +130,11 @@ def _land_first(tuner: Any, op: Any, first: list, job: Job, key: TuneKey, s: Set
     return decision
 
 
-def _job(tuner: Any, op: Any, candidates: Sequence[Any], key: TuneKey, s: Settings) -> Any:
+def _job(tuner: Any, op: Any, candidates: Sequence[Any], key: TuneKey, s: Settings,
+         queued_by_a_call: bool = False) -> Any:
     """What the worker runs for the key: the tuning a call would make, on the copied inputs, in
-    the caller's context (its ``kg.tune`` settings), paced, without a progress bar."""
+    the caller's context (its ``kg.tune`` settings), paced, without a progress bar; after the
+    call that queued it returned (``queued_by_a_call``: ``_after_the_first_call``)."""
     context = contextvars.copy_context()
     settings = dataclasses.replace(s, progress=False, blocking=True)
 
@@ -124,6 +142,10 @@ def _job(tuner: Any, op: Any, candidates: Sequence[Any], key: TuneKey, s: Settin
         pacer = tuner.background.pacer(job)
         phases = _phases.Phases(pacer)
         phases.add("queued", (job.started or job.enqueued) - job.enqueued)
+        if queued_by_a_call:
+            waited = time.perf_counter()
+            _after_the_first_call(job)
+            phases.paused_s += time.perf_counter() - waited
         pooled = _compile_pool.would_use(op, candidates, torch.device(job.device))  # the workers compile
         waited = time.perf_counter()
         pacer.before()  # the job's start (the device lock, the disk cache) in a quiet window too
