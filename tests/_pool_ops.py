@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 import torch
 import triton
 import triton.language as tl
@@ -56,3 +59,38 @@ def launch_die(x, out, *, BLOCK):
 @kg.op("tpool::die", impls=[kg.triton(launch_die, configs=[{"BLOCK": 64}, {"BLOCK": 128}])])
 def die(x: torch.Tensor) -> torch.Tensor:
     return x.clone()
+
+
+# A meeting of compile workers: each compile of ``tpool::meet`` waits (at most ``MEET_S``) until
+# that many distinct worker processes have reached one. A worker compiles one job at a time, so a
+# test that sends a pool of N workers N meet jobs knows every worker took one: a worker that never
+# got a job leaves the others waiting, and their jobs fail saying so.
+MEET = "KERNELGRAFT_TEST_MEET"  # "<count>:<directory>"; unset: no waiting
+MEET_S = 120.0
+
+
+def meet_here() -> None:
+    """Leave this process's pid in the meeting's directory and wait for the others' (a bound, not a
+    measurement: what is asserted is who came)."""
+    text = os.environ.get(MEET)
+    if not text:
+        return
+    count, where = text.split(":", 1)
+    with open(os.path.join(where, str(os.getpid())), "w"):
+        pass
+    deadline = time.monotonic() + MEET_S
+    while len(here := os.listdir(where)) < int(count):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only worker(s) {sorted(here)} of {count} met in {MEET_S:.0f} s: "
+                               "the others never took a job")
+        time.sleep(0.01)
+
+
+def launch_meet(x, y, alpha, out, *, BLOCK, num_warps=4):
+    meet_here()
+    launch_axpy(x, y, alpha, out, BLOCK=BLOCK, num_warps=num_warps)
+
+
+@kg.op("tpool::meet", impls=[kg.triton(launch_meet, configs=[{"BLOCK": 64}, {"BLOCK": 512}])])
+def meet(x: torch.Tensor, y: torch.Tensor, alpha: float) -> torch.Tensor:
+    return alpha * x + y

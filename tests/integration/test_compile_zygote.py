@@ -34,6 +34,7 @@ pytestmark = pytest.mark.skipif(not compile_zygote.available(), reason="no fork 
 
 
 def _jobs():
+    """The test's jobs, for the caches set now (each job carries them: ``compile_jobs.cache_env``)."""
     torch.manual_seed(0)
     x = torch.randn(1001)[1:]
     y = torch.randn(1000)
@@ -42,8 +43,23 @@ def _jobs():
     axpy = jobs_for(_pool_ops.axpy, _pool_ops.axpy.candidates(x, y, 0.75), (x, y, 0.75, out), Target(90),
                     source_of(_pool_ops.axpy))
     die = jobs_for(_pool_ops.die, _pool_ops.die.candidates(y)[:1], (y, out), Target(90), source_of(_pool_ops.die))
-    assert sorted(j.impl for j in axpy) == [0, 0, 1, 1] and len(die) == 1
-    return axpy, die
+    meet = jobs_for(_pool_ops.meet, _pool_ops.meet.candidates(x, y, 0.75), (x, y, 0.75, out), Target(90),
+                    source_of(_pool_ops.meet))
+    assert sorted(j.impl for j in axpy) == [0, 0, 1, 1] and len(die) == 1 and len(meet) == 2
+    return axpy, die, meet
+
+
+def _meeting(monkeypatch, where):
+    """Where the compiles of tpool::meet wait until two workers came (``_pool_ops.meet_here``): sent
+    two meet jobs, a pool of two workers compiles one on each, whatever else either compiles."""
+    where.mkdir()
+    monkeypatch.setenv(_pool_ops.MEET, f"2:{where}")  # before the pool starts: its workers inherit it
+    return where
+
+
+def _met(where) -> set[int]:
+    """The pids of the workers that compiled a meet job there."""
+    return {int(p.name) for p in where.iterdir()}
 
 
 def _parent(pid: int) -> int:
@@ -74,33 +90,41 @@ def _comparable(outcomes):
 
 
 def test_forked_workers_compile_as_started_ones_are_replaced_and_leave_nothing(tmp_path, monkeypatch):
-    axpy, die = _jobs()
+    # a replacement forks at its first job, and the surviving worker may compile every job left
+    # before the death is noticed: so each run sends, after the dying job, one meet job per worker
+    # (each waits for the other's), and the replacement provably takes one
     # workers started on their own (the zygote turned off): the reference outcomes
     monkeypatch.setenv(compile_zygote.ENV, "0")
     _fresh_caches(monkeypatch, tmp_path / "started")
+    met = _meeting(monkeypatch, tmp_path / "met-started")
+    axpy, die, meet = _jobs()
     pool = CompilePool(2)
     try:
-        started = pool.run(die + axpy)
+        started = pool.run(die + meet + axpy)
         assert pool.zygote_pid is None
         assert {_parent(p) for p in pool.pids} == {os.getpid()}
+        assert _met(met) == set(pool.pids)
     finally:
         pool.close()
     monkeypatch.delenv(compile_zygote.ENV)
 
     _fresh_caches(monkeypatch, tmp_path / "forked")
+    met = _meeting(monkeypatch, tmp_path / "met")
+    axpy, die, meet = _jobs()
     pool = CompilePool(2)
     try:
-        forked = pool.run(die + axpy)  # the dying job takes its worker with it: replaced, the run goes on
+        forked = pool.run(die + meet + axpy)  # the dying job takes its worker with it: replaced, the run goes on
+        assert all(o.ok for o in forked[1:]), [o.detail for o in forked]
         zygote = pool.zygote_pid
         assert zygote is not None
         first = pool.pids
         assert len(first) == 2 and {_parent(p) for p in first} == {zygote}  # forks of the zygote
+        assert _met(met) == set(first)  # the surviving worker and the replacement each compiled
         # its start until it could fork (what a cold pool waits for) is recorded once it forked; its
         # size is the benchmark's to print, not a test's to bound
         assert isinstance(pool.zygote_imports_s, float) and pool.zygote_imports_s >= 0
         assert _comparable(forked) == _comparable(started)
         assert not forked[0].ok and forked[0].detail == "the compile worker exited (3)"
-        assert all(o.ok for o in forked[1:]), [o.detail for o in forked]
 
         # a worker killed between runs is replaced by a new fork; the next key compiles on both
         victim = first[0]
@@ -108,9 +132,13 @@ def test_forked_workers_compile_as_started_ones_are_replaced_and_leave_nothing(t
         os.kill(victim, signal.SIGKILL)
         assert _exited([fd], timeout=60) == [True]
         _fresh_caches(monkeypatch, tmp_path / "again")
-        again = pool.run(axpy)
+        axpy, _, meet = _jobs()
+        for p in met.iterdir():  # a new meeting, in the directory the zygote's forks were told
+            p.unlink()
+        again = pool.run(meet + axpy)
         assert all(o.ok for o in again), [o.detail for o in again]
         assert victim not in pool.pids and len(pool.pids) == 2
+        assert _met(met) == set(pool.pids)
         assert {_parent(p) for p in pool.pids} == {zygote} and pool.zygote_pid == zygote
         # the zygote lowered its priority before its imports: its forks yield the CPU to serving too
         mine = os.getpriority(os.PRIO_PROCESS, 0)
@@ -159,8 +187,8 @@ def test_the_zygote_and_its_workers_end_with_the_pools_process():
 
 
 def _run_started_on_their_own(monkeypatch, tmp_path, break_zygote) -> list:
-    axpy, _ = _jobs()
     _fresh_caches(monkeypatch, tmp_path)
+    axpy, _, _ = _jobs()
     pool = CompilePool(2)
     try:
         break_zygote(pool)
