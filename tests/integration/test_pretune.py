@@ -298,3 +298,17 @@ def test_gpu_pretuned_llama_serves_its_shapes_without_tuning():
         assert kg.tune.stats().get("tuned", 0) == tuned  # every shape was decided ahead
     finally:
         kg.ungraft(model)
+
+
+def test_a_pretune_names_its_ops_to_the_compile_workers_before_planning():
+    """The zygote the compile workers fork from imports the modules of the ops a pretune names (so
+    no worker imports them at its first job): the calls' ops, the target ops, else every op defined
+    so far (a model's sites are found after the workers start)."""
+    from kernelgraft.op import registry
+    from kernelgraft.tune import api
+
+    ops = [P.scale, P.scale2]
+    assert len(ops) == 2
+    assert api._named_ops(None, [(ops[1], lambda: ()), (ops[0], lambda: ())]) == [ops[1], ops[0]]
+    assert api._named_ops(ops[0], None) == [ops[0]] and api._named_ops(ops, None) == ops
+    assert api._named_ops(torch.nn.Linear(2, 2), None) == registry.all_ops()

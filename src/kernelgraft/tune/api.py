@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ..errors import SpecError
-from ..op import select as _select
+from ..op import registry as _registry, select as _select
 from . import dist as _dist
 from ..op.modes import settings
 from .pretune import (
@@ -70,7 +70,7 @@ def pretune(target: Any = None, *args: Any, ranges: Ranges | None = None, exampl
     if dev.type == "cuda":
         from .compile_pool import prestart
 
-        prestart()  # the workers import while the calls are planned
+        prestart(_named_ops(target, calls))  # the workers import while the calls are planned
     sites, left_out = 0, []
     if calls is not None:
         calls = [(_ops(op)[0], a if callable(a) else (lambda a=a: tuple(a))) for op, a in calls]
@@ -103,6 +103,17 @@ def pretune(target: Any = None, *args: Any, ranges: Ranges | None = None, exampl
 
 def _is_op(value: Any) -> bool:
     return hasattr(value, "signature") and hasattr(value, "dispatcher") and hasattr(value, "impls")
+
+
+def _named_ops(target: Any, calls: Any) -> list:
+    """The ops a pretune names before its calls are planned (the compile workers' zygote imports
+    their modules once): those of ``calls``, the target op or ops, else every op defined so far
+    (a model's sites are found later)."""
+    if calls is not None:
+        return [op for op, _ in calls if _is_op(op)]
+    if _is_op(target) or (isinstance(target, (list, tuple)) and all(_is_op(t) for t in target)):
+        return list(target) if isinstance(target, (list, tuple)) else [target]
+    return _registry.all_ops()
 
 
 def _ops(target: Any) -> list:
