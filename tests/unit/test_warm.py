@@ -74,3 +74,23 @@ def test_warm_on_cuda_starts_the_workers_and_warms_inductor():
             assert "compile_zygote" in w.seconds, w
     if _native.enabled() and _native.reason() is None:
         assert "native_replay" in w.seconds and _native.get() is not None
+
+
+def test_warming_triton_locates_libcuda_once_for_the_process(monkeypatch):
+    """Triton's first launcher runs ``ldconfig -p`` to find libcuda (cached per process): warming
+    does it, so a first launch, and a compile worker forked after the warm-up, does not. Where
+    libcuda is missing (this CPU machine) warming goes on."""
+    import triton.backends.nvidia.driver as nvidia
+
+    from kernelgraft.backends.triton.ahead import warm_process
+
+    asked = []
+    monkeypatch.setattr(nvidia, "libcuda_dirs", lambda: asked.append(1) or ["/usr/lib/x86_64-linux-gnu"])
+    warm_process()
+    assert asked == [1]
+
+    def missing():
+        raise AssertionError("libcuda.so cannot found!")
+
+    monkeypatch.setattr(nvidia, "libcuda_dirs", missing)
+    warm_process()  # recorded in the debug log, not raised

@@ -117,8 +117,9 @@ def _build_launchers(kernels: Sequence[Any]) -> None:
 
 def warm_process() -> None:
     """Compute now what a process's first Triton compile computes once: Triton's own cache key (a
-    hash of its sources and its library, half a second of CPU) and the modules its JIT imports on
-    first use. A process that forks compile workers calls it, so each worker starts with them."""
+    hash of its sources and its library, half a second of CPU), the modules its JIT imports on
+    first use and where libcuda is (``ldconfig -p``, run by the first launcher Triton builds or
+    loads). A process that forks compile workers calls it, so each worker starts with them."""
     import importlib
 
     from triton.runtime.cache import triton_key
@@ -128,3 +129,9 @@ def warm_process() -> None:
         importlib.import_module("triton.experimental.gluon")
     except ImportError:  # a Triton without Gluon imports nothing more at its first compile
         pass
+    try:
+        from triton.backends.nvidia.driver import libcuda_dirs
+
+        libcuda_dirs()  # cached for the process (and the workers it forks)
+    except Exception as exc:  # noqa: BLE001 - no libcuda here (a CPU machine): the first launch says so
+        log.debug("libcuda not located ahead: %s: %s", type(exc).__name__, exc)
