@@ -233,3 +233,41 @@ def test_gpu_tuning_compiles_in_the_pool_and_the_gate_compiles_nothing(tmp_path,
     assert events and all(events), f"{events.count(False)} Triton compiles in the tuning process"
     assert "_gemm_kernel" not in built_here, f"{built_here.count('_gemm_kernel')} candidates' launchers built here"
     torch.testing.assert_close(gemm(a, b).float(), (a.float() @ b.float()), rtol=2e-2, atol=2e-1)
+
+
+def test_triton_compiles_in_a_kernels_gate_count_in_the_tuning_record(tmp_path):
+    """The tuning report says how many Triton kernels its gates compiled in the tuning process
+    (``compiled_here``): a compile inside ``counted()`` counts, a cache hit does not, a compile
+    outside it (Inductor's, in ``torch:compile``'s gate) does not, and a listener that was there
+    before still gets every event (a subprocess: this one runs Triton's interpreter)."""
+    script = textwrap.dedent(f"""
+        import json, sys, torch, warnings
+        warnings.filterwarnings("ignore")
+        sys.path.insert(0, {str(HERE)!r})
+        from triton import knobs
+        import _pool_ops
+        from kernelgraft.tune import phases, triton_compiles
+        from kernelgraft.tune.compile_jobs import Target, compile_only_triton
+        before = []
+        knobs.compilation.listener = lambda **kw: before.append(kw["cache_hit"])
+        triton_compiles.watch()
+        triton_compiles.watch()  # once
+        torch.manual_seed(0)
+        x, y, out = torch.randn(1000), torch.randn(1000), torch.empty(1000)
+        rec = phases.Phases()
+        with rec.recording():
+            with compile_only_triton(Target(90)), triton_compiles.counted():
+                _pool_ops.launch_axpy(x, y, 0.75, out, BLOCK=128)  # compiled: counts
+            with compile_only_triton(Target(90)), triton_compiles.counted():
+                _pool_ops.launch_axpy(x, y, 0.75, out, BLOCK=128)  # Triton's cache: does not
+            with compile_only_triton(Target(90)):
+                _pool_ops.launch_axpy(x, y, 0.75, out, BLOCK=256, num_warps=2)  # outside counted()
+        print(json.dumps({{"counted": rec.totals().get("compiled_here"), "before": before}}))
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {"counted": 1.0, "before": [False, True, False]}

@@ -950,6 +950,10 @@ def test_the_report_says_what_the_workers_compiled(monkeypatch):
     assert (totals["ahead_jobs"], totals["ahead_compiled"], totals["ahead_failed"]) == (n + 1, n, 1)
     said = str(KeyReport("x", "d", "tuned", None, 1.0, totals))
     assert f"{n} of {n + 1} candidates compiled ahead (1 failed, compiled in their gates)" in said
+    assert "compiled_here" not in totals  # the interpreter compiles nothing: no count, no words
+    assert "Triton kernels compiled in the gates" not in said
+    said = str(KeyReport("x", "d", "tuned", None, 1.0, {**totals, "compiled_here": 3.0}))
+    assert "3 Triton kernels compiled in the gates" in said
 
 
 # ---------------------------------------------------------------- planning with the shapes deferred

@@ -72,6 +72,8 @@ class KeyReport:
                 parts.append(f"{int(self.phases.get('ahead_compiled', 0))} of {int(self.phases['ahead_jobs'])} "
                              f"candidates compiled ahead" + (f" ({failed} failed, compiled in their gates)"
                                                              if failed else ""))
+            if self.phases.get("compiled_here"):  # Triton kernels the gates compiled (triton_compiles)
+                parts.append(f"{int(self.phases['compiled_here'])} Triton kernels compiled in the gates")
             if self.phases.get("first_landing"):  # a first decision, without torch:compile, served meanwhile
                 parts.append(f"a first decision landed {self.phases['first_landing']:.2f} s after the job was queued")
             head += f" ({self.tune_s:.2f} s: " + ", ".join(parts) + ")"

@@ -30,6 +30,7 @@ the allocator.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -45,6 +46,7 @@ from ..timing import on_device
 from .compile_pool import Ahead, Summary, compile_ahead, would_use
 from .gate import classify_error, expected, guarded, judge
 from .phases import clock, count, phase
+from . import triton_compiles as _triton_compiles
 from .timing import CaptureRefused, Trial, cuda_timer
 
 __all__ = ["Result", "run_trials"]
@@ -101,6 +103,7 @@ def run_trials(
     ]
     device = tensors[0].device if tensors else torch.device("cpu")
     timer = settings.timer or cuda_timer
+    _triton_compiles.watch()  # once per process: compiles in the gates count (``compiled_here``)
     mutated = [i for i, p in enumerate(op.signature.params) if p.mutated]
     with phase("prepare"):  # the oracle's run; every unit of work below is a phase (see _phases)
         reference = expected(op, args)
@@ -139,7 +142,9 @@ def run_trials(
             continue
         else:
             # compiles here where the pool did not (heavy: it waits for a pause in serving)
-            with phase("gate", cand, heavy=_compiles_here(op, cand, built)):
+            # a kernel's Triton compiles here count in the report (Inductor's, for torch:*, do not)
+            counting = contextlib.nullcontext() if _compete.is_torch(cand) else _triton_compiles.counted()
+            with phase("gate", cand, heavy=_compiles_here(op, cand, built)), counting:
                 result = _gate(op, cand, own, outs, restore if mutated else None, reference, device)
         if isinstance(result, Trial):
             result.cold = bool(settings.cold_l2)
