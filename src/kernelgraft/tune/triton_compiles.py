@@ -14,7 +14,6 @@ there before.
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -23,7 +22,6 @@ from .phases import count
 
 __all__ = ["watch", "counted"]
 
-log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _installed: list[Any] = []  # the listener installed here, once
 _local = threading.local()  # .on: this thread is inside counted()

@@ -45,25 +45,27 @@ class _CompileOnlyDriver:
 
 
 @contextlib.contextmanager
-def compile_only_triton(target: Any) -> Iterator[None]:
+def compile_only_triton(target: Any) -> Iterator[list[Any]]:
     """Inside: ``kernel[grid](...)`` compiles for ``target`` (``.capability``, ``.warp_size``,
-    ``.arch``) through Triton's JIT and launches nothing. Process-wide while it lasts (compile
-    workers, tools): not for a serving process."""
+    ``.arch``) through Triton's JIT and launches nothing; the block gets the list of the kernels
+    compiled so far (Triton's ``CompiledKernel``). Process-wide while it lasts (compile workers,
+    tools): not for a serving process."""
     from triton.runtime.driver import driver
     from triton.runtime.jit import JITFunction, KernelInterface
 
     original = KernelInterface.__getitem__
     only = _CompileOnlyDriver(target)
     used: list[Any] = []
+    compiled: list[Any] = []
 
     def getitem(kernel: Any, grid: Any) -> Any:
         def warm(*args: Any, **kwargs: Any) -> None:
             if not isinstance(kernel, JITFunction):  # autotune/heuristics wrappers would time configs
                 raise TypeError(f"{type(kernel).__name__} launches are not compiled ahead")
             used.append(kernel)
-            compiled = kernel.run(*args, grid=grid, warmup=True, **kwargs)
-            if compiled is not None:
-                COMPILED.append(compiled)
+            built = kernel.run(*args, grid=grid, warmup=True, **kwargs)
+            if built is not None:
+                compiled.append(built)
 
         return warm
 
@@ -71,7 +73,7 @@ def compile_only_triton(target: Any) -> Iterator[None]:
     driver.set_active(only)
     KernelInterface.__getitem__ = getitem
     try:
-        yield
+        yield compiled
     finally:
         KernelInterface.__getitem__ = original
         for kernel in used:  # the compiled code is on disk: a long-lived worker keeps none of it
@@ -82,17 +84,10 @@ def compile_only_triton(target: Any) -> Iterator[None]:
             driver._active = None  # lazily created again on the next real use
 
 
-COMPILED: list[Any] = []  # the kernels compile_only_triton compiled, until compile_ahead takes them
-
-
 def compile_ahead(spec: Any, config: Any, args: Sequence[Any], target: Any) -> tuple:
-    del COMPILED[:]
-    try:
-        with compile_only_triton(target):
-            spec.launch(*args, **config.as_dict())
-        _build_launchers(COMPILED)
-    finally:
-        del COMPILED[:]
+    with compile_only_triton(target) as compiled:
+        spec.launch(*args, **config.as_dict())
+    _build_launchers(compiled)
     return ()
 
 
