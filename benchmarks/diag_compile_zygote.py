@@ -1,10 +1,10 @@
 """Does the compile workers' zygote fork after importing an example op's module on this machine, and
 do the op's compile jobs compile in its workers?
 
-For each op: a pool of the default size whose zygote preloads the op's module; the first zygote's refusal
-(None: it forked), whether a zygote could fork in the end (``zygote_ready``, which replaces one that
-refused after the module), then the jobs of one bf16 shape compiled in the pool: compiled and failed,
-with each failure's text.
+For each op: a pool of the default size whose zygote preloads the op's module; whether the zygote
+could fork (``zygote_ready``) and its refusal if not, the op module it left out and why (its import
+left a fork unsafe: the zygote then forks the workers without it), the modules its workers have,
+then the jobs of one bf16 shape compiled in the pool: compiled and failed, with each failure's text.
 
     python benchmarks/diag_compile_zygote.py [--ops rmsnorm,softmax,swiglu,gemm]
 """
@@ -43,7 +43,7 @@ def one(name: str) -> dict:
     try:
         t0 = time.perf_counter()
         pool.start(cp.preload_for([op]))
-        first = pool._zygote
+        zygote = pool._zygote
         ready = pool.zygote_ready()
         ready_s = time.perf_counter() - t0
         args = _args(name, SHAPES[name])
@@ -52,9 +52,10 @@ def one(name: str) -> dict:
                            cp.source_of(op))
         t0 = time.perf_counter()
         outcomes = pool.run(jobs)
-        return {"op": name, "workers": pool.size, "first_zygote_refusal": first.refusal if first else None,
+        return {"op": name, "workers": pool.size, "zygote_refusal": zygote.refusal if zygote else None,
                 "zygote_ready": ready, "ready_s": round(ready_s, 2),
-                "zygote_preloads": [s.module for s in pool._zygote.preload] if pool._zygote else None,
+                "zygote_left_out": {s.module: why for s, why in zygote.left_out.items()} if zygote else None,
+                "zygote_preloads": [s.module for s in zygote.preload] if zygote and zygote.preloaded else [],
                 "jobs": len(jobs), "compiled": sum(o.ok for o in outcomes), "seconds": round(time.perf_counter() - t0, 2),
                 "failures": [f"{j.impl}{list(j.config)}: {o.detail[:300]}" for j, o in zip(jobs, outcomes) if not o.ok]}
     finally:

@@ -3,8 +3,9 @@
 Real processes, real Triton and NVRTC cross-compiles for sm_90 (as tests/integration/test_compile_pool.py):
 forked workers compile what workers started on their own compile; they are the zygote's children;
 a dead worker is replaced; nothing outlives ``close()`` or the pool's process; where the zygote is
-turned off, dies or refuses, the workers start on their own, except where it refused after an op
-module's import: then they fork from a new zygote that does not import it."""
+turned off, dies or refuses, the workers start on their own. Op modules named to the zygote are
+imported in a trial child, which forks the workers where they leave a fork safe; where one does not,
+the zygote forks them itself, without the modules, having imported torch and Triton once."""
 
 from __future__ import annotations
 
@@ -151,17 +152,20 @@ def test_forked_workers_compile_as_started_ones_are_replaced_and_leave_nothing(t
     assert pool.running == 0 and pool.zygote_pid is None
 
 
-def test_the_zygote_and_its_workers_end_with_the_pools_process():
+@pytest.mark.parametrize("preload", [False, True])
+def test_the_zygote_and_its_workers_end_with_the_pools_process(preload):
+    # preload: the op's module is named; the zygote's trial child imports it and forks the workers
     script = textwrap.dedent(f"""
         import json, sys
         sys.path.insert(0, {str(TESTS)!r})
         import torch, _pool_ops
         from kernelgraft.tune.compile_jobs import Target
-        from kernelgraft.tune.compile_pool import CompilePool, jobs_for, source_of
+        from kernelgraft.tune.compile_pool import CompilePool, jobs_for, preload_for, source_of
         x, y, out = torch.randn(1000), torch.randn(1000), torch.empty(1000)
         cands = [c for c in _pool_ops.axpy.candidates(x, y, 0.5) if c.impl.backend == "triton"]
         jobs = jobs_for(_pool_ops.axpy, cands, (x, y, 0.5, out), Target(90), source_of(_pool_ops.axpy))
         pool = CompilePool(2)
+        pool.start(preload_for([_pool_ops.axpy]) if {preload!r} else ())
         outcomes = pool.run(jobs)
         print(json.dumps({{"ok": [o.ok for o in outcomes], "zygote": pool.zygote_pid, "workers": pool.pids}}),
               flush=True)
@@ -174,16 +178,19 @@ def test_the_zygote_and_its_workers_end_with_the_pools_process():
     try:
         seen = json.loads(proc.stdout.readline())
         assert seen["ok"] == [True, True] and seen["zygote"] and len(seen["workers"]) == 2
-        pids = [seen["zygote"], *seen["workers"]]
+        started = _parent(seen["zygote"]) if preload else seen["zygote"]  # the process the pool started
+        pids = [started, seen["zygote"], *seen["workers"]] if preload else [started, *seen["workers"]]
         fds = _pidfds(pids)  # opened while they run: a pid reused later cannot fool the check
-        assert [_parent(p) for p in pids] == [proc.pid, seen["zygote"], seen["zygote"]]
+        parents = [proc.pid, started, seen["zygote"], seen["zygote"]] if preload else [proc.pid, started, started]
+        assert [_parent(p) for p in pids] == parents
     finally:
         proc.kill()
         proc.wait()
         proc.stdin.close()
         proc.stdout.close()
-    # EOF on the zygote's socket and on each worker's request pipe ends them
-    assert _exited(fds, timeout=120) == [True, True, True]
+    # EOF on the zygote's socket and on each worker's request pipe ends them (the process the pool
+    # started exits with the trial child that served)
+    assert _exited(fds, timeout=120) == [True] * len(pids)
 
 
 def _run_started_on_their_own(monkeypatch, tmp_path, break_zygote) -> list:
@@ -247,9 +254,10 @@ def _imports(log) -> list[int]:
 
 
 def test_the_zygote_imports_the_op_modules_it_is_named_once_for_all_its_workers(tmp_path, monkeypatch):
-    """Named the op's module, the zygote imports it before forking: its workers compile the op's
-    jobs without importing it again (each worker paid that import at its first job before). The
-    control: a zygote named nothing leaves the import to each worker."""
+    """Named the op's module, the zygote imports it before forking (in its trial child, which then
+    forks the workers): its workers compile the op's jobs without importing it again (each worker
+    paid that import at its first job before). The control: a zygote named nothing forks the
+    workers itself and leaves the import to each worker."""
     op, jobs, log = _preload_jobs(tmp_path, monkeypatch)
     for named in (True, False):
         log.unlink(missing_ok=True)
@@ -257,22 +265,27 @@ def test_the_zygote_imports_the_op_modules_it_is_named_once_for_all_its_workers(
         try:
             pool.start(preload_for([op]) if named else ())
             outcomes = pool.run(jobs + jobs)  # both workers get jobs
-            zygote, workers_ = pool.zygote_pid, pool.pids
+            zygote, workers_, started = pool.zygote_pid, pool.pids, pool._zygote._proc.pid
+            preloaded = pool._zygote.preloaded
+            parents = [_parent(p) for p in (zygote, *workers_)]  # while they run
         finally:
             pool.close()
         assert all(o.ok for o in outcomes), [o.detail for o in outcomes]
         assert zygote is not None and len(workers_) == 2
+        assert parents == [started if named else os.getpid(), zygote, zygote]
+        assert (zygote != started) == named == preloaded
         if named:
-            assert _imports(log) == [zygote]  # once, in the zygote; no worker imported it
+            assert _imports(log) == [zygote]  # once, in the zygote's trial child; no worker imported it
         else:
             assert zygote not in _imports(log) and set(_imports(log)) <= set(workers_) and _imports(log)
 
 
-def test_a_zygote_that_refuses_after_an_op_module_is_replaced_by_one_without_it(tmp_path, monkeypatch, caplog):
-    """An op module whose import starts a thread leaves the zygote unsafe to fork: it refuses, and
-    the workers fork from a new zygote that imports the other modules it was named (not each
-    importing torch and Triton on its own: seconds apiece); the pool names that module to no zygote
-    again."""
+def test_an_op_module_whose_import_starts_a_thread_costs_the_zygote_only_that_import(tmp_path, monkeypatch,
+                                                                                   caplog):
+    """An op module whose import starts a thread leaves a process unsafe to fork: the zygote's trial
+    child, which imported it, ends, and the zygote itself (torch and Triton imported once, no second
+    zygote) forks the workers without the named modules, each worker importing the op's at its first
+    job; the log says which module was left out, and the pool names it to no zygote again."""
     monkeypatch.setattr(pool_mod, "_not_preloaded", set())
     op, jobs, log = _preload_jobs(tmp_path, monkeypatch)
     stray = Source("_preload_threads")
@@ -280,18 +293,20 @@ def test_a_zygote_that_refuses_after_an_op_module_is_replaced_by_one_without_it(
     with caplog.at_level(logging.INFO, logger="kernelgraft.tune"):
         try:
             pool.start((stray, *preload_for([op])))
-            refused = pool.zygote_pid
+            zygote = pool._zygote
             outcomes = pool.run(jobs + jobs)
-            replacement, workers_ = pool.zygote_pid, pool.pids
-            parents = [_parent(w) for w in workers_]  # while they run
+            assert pool._zygote is zygote  # the one zygote the pool started
+            server, workers_ = pool.zygote_pid, pool.pids
+            parents = [_parent(p) for p in (server, *workers_)]  # while they run
         finally:
             pool.close()
     assert all(o.ok for o in outcomes), [o.detail for o in outcomes]
-    assert "refused: importing _preload_threads started threads" in caplog.text
-    assert "a new zygote, which does not import _preload_threads" in caplog.text
-    assert replacement is not None and replacement != refused
-    assert parents and set(parents) == {replacement}  # forked from it, not started on their own
-    assert [p for p in _imports(log) if p != os.getpid()] == [replacement]  # the op's module: once, in the new zygote
+    assert server == zygote._proc.pid and parents == [os.getpid(), server, server]  # one lineage
+    assert list(zygote.left_out) == [stray]
+    assert "without the op modules it was named (_preload_threads, _preload_ops)" in caplog.text
+    assert "importing _preload_threads started threads" in caplog.text
+    imported = [p for p in _imports(log) if p != os.getpid()]
+    assert imported and set(imported) <= set(workers_)  # the op's module: in the workers, not the zygote
     assert pool_mod._not_preloaded == {stray}
     again = CompilePool(2)
     try:
@@ -301,26 +316,57 @@ def test_a_zygote_that_refuses_after_an_op_module_is_replaced_by_one_without_it(
         again.close()
 
 
-def test_waiting_for_the_zygote_replaces_one_that_refused_after_an_op_module(tmp_path, monkeypatch):
-    """``zygote_ready`` (what ``kg.tune.warm()`` waits for last) pays the refusal and the new
-    zygote's imports there, not at the first key's jobs."""
+@pytest.mark.parametrize("module, why", [("_preload_threads", "importing _preload_threads started threads"),
+                                         ("_preload_exits", "importing _preload_exits ended the process "
+                                                            "importing it (exit code 7)")])
+def test_waiting_for_the_zygote_learns_the_op_module_it_left_out(tmp_path, monkeypatch, module, why):
+    """``zygote_ready`` (what ``kg.tune.warm()`` waits for last) waits for the trial too: then the
+    zygote the pool started can fork, and the module it left out (its import started a thread, or
+    ended the trial child) is known and named to no zygote again."""
     monkeypatch.setattr(pool_mod, "_not_preloaded", set())
-    op, _, _ = _preload_jobs(tmp_path, monkeypatch)
-    stray = Source("_preload_threads")
+    op, _, log = _preload_jobs(tmp_path, monkeypatch)
+    stray = Source(module)
     pool = CompilePool(2)
     try:
         pool.start((stray, *preload_for([op])))
-        refused = pool.zygote_pid
+        started = pool._zygote
         assert pool.zygote_ready()
-        assert pool.zygote_pid != refused and pool._zygote.preload == preload_for([op])
-        assert pool._zygote.imports_s is not None  # ready: its imports are done
+        assert pool._zygote is started and pool.zygote_pid == started._proc.pid  # it serves itself
+        assert not started.preloaded
+        assert started.imports_s is not None  # ready: its imports are done
+        assert list(started.left_out) == [stray] and started.left_out[stray].startswith(why)
+        assert pool_mod._not_preloaded == {stray}  # known once ready
     finally:
         pool.close()
-    assert pool_mod._not_preloaded == {stray}
+    assert [p for p in _imports(log) if p != os.getpid()] == []  # the trial ended before the op's module
     alone = CompilePool(2)
-    try:  # the module it refused after is named to no zygote again
-        monkeypatch.setattr(pool_mod, "_not_preloaded", {stray})
+    try:  # the module it left out is named to no zygote again
         alone.start((stray,))
-        assert alone._zygote.preload == () and alone.zygote_ready()
+        assert alone._zygote.preload == () and alone.zygote_ready() and alone._zygote.left_out == {}
     finally:
         alone.close()
+
+
+@pytest.mark.parametrize("end", ["close", "kill"])
+def test_a_trial_stuck_in_an_op_modules_import_ends_with_the_zygote(tmp_path, monkeypatch, end):
+    """The trial child never outlives the zygote: closing the pool (EOF on the zygote's socket) or
+    killing the zygote (the child's parent-death signal) ends a child whose import never returns."""
+    log = tmp_path / "imports.log"
+    monkeypatch.setenv("KERNELGRAFT_TEST_PRELOAD_LOG", str(log))
+    pool = CompilePool(2)
+    try:
+        pool.start((Source("_preload_stuck"),))
+        started = pool.zygote_pid
+        for _ in range(1200):  # its imports first, then the trial (a bound, not a measurement)
+            if _imports(log):
+                break
+            select.select([], [], [], 0.1)
+        assert _imports(log), "no trial child started importing _preload_stuck in 120 s"
+        (trial,) = _imports(log)
+        assert _parent(trial) == started
+        fds = _pidfds([started, trial])
+        if end == "kill":
+            os.kill(started, signal.SIGKILL)
+    finally:
+        pool.close()
+    assert _exited(fds, timeout=60) == [True, True]

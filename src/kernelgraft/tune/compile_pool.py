@@ -59,7 +59,7 @@ _ENV = "KERNELGRAFT_COMPILE_WORKERS"
 _IN_WORKER = "KERNELGRAFT_COMPILE_WORKER"
 _said: set[str] = set()
 _unimportable: set[str] = set()  # fingerprints of ops a worker's import did not define
-_not_preloaded: set[Source] = set()  # op modules after whose import a zygote refused to fork
+_not_preloaded: set[Source] = set()  # op modules whose import left a zygote unsafe to fork
 # Totals over this process's keys (what compiling ahead cost and saved, for reports and benchmarks).
 TOTALS = {"keys": 0, "jobs": 0, "compiled": 0, "failed": 0, "seconds": 0.0, "worker_seconds": 0.0}
 
@@ -165,7 +165,6 @@ class CompilePool:
         self._all: list[Worker] = []
         self._lock = threading.Lock()
         self._zygote: Zygote | None = None
-        self._zygote_env: dict[str, str] = {}
         self.last_used = time.monotonic()
 
     def _env(self) -> dict[str, str]:
@@ -192,7 +191,7 @@ class CompilePool:
             env = self._env()
             zygote = self._zygote_for(env, preload) if len(self._all) < self.size else None
             while len(self._all) < self.size:
-                w = Worker(env, zygote, self._replacement)
+                w = Worker(env, zygote)
                 self._all.append(w)
                 drained.append(w)
             for w in drained:
@@ -206,47 +205,23 @@ class CompilePool:
             self._zygote = None
         if self._zygote is None and _zygote_available():
             named = tuple(dict.fromkeys(s for s in preload if s not in _not_preloaded))
-            self._zygote_env = env
             try:
                 self._zygote = Zygote(env, STARTUP_S, named)
             except OSError as exc:
                 log.warning("compile workers start on their own: the zygote did not start: %s", exc)
         return self._zygote
 
-    def _replacement(self, broken: Zygote) -> Zygote | None:
-        """The zygote a worker forks from where ``broken`` could not fork it: the pool's current one
-        where another worker replaced it already; where ``broken`` refused to fork after importing
-        a named op module, a new one that imports the others (the workers fork from it, having
-        imported torch and Triton once, rather than each importing them: seconds apiece); else None
-        (the worker starts on its own). Each replacement names fewer modules: it ends."""
-        with self._lock:
-            current = self._zygote
-            if current is not None and current is not broken:
-                return current
-            unsafe = broken.refused_after()
-            if current is None or unsafe is None:
-                return None
-            _retire(broken)  # its module joins _not_preloaded
-            named = tuple(s for s in broken.preload if s not in _not_preloaded)
-            log.info("compile workers fork from a new zygote, which does not import %s", unsafe.module)
-            try:
-                self._zygote = Zygote(self._zygote_env, STARTUP_S, named)
-            except OSError as exc:
-                self._zygote = None
-                log.warning("compile workers start on their own: the zygote did not start: %s", exc)
-            return self._zygote
-
     def zygote_ready(self) -> bool:
-        """Wait until the pool's zygote can fork workers (its imports done; one that refused after
-        an op module replaced, as a worker's first job would): a process that warms up at start-up
-        pays that there, not at its first key. False where there is none, or none can fork."""
+        """Wait until the pool's zygote can fork workers (its imports done, the named op modules'
+        too, or those it leaves out found): a process that warms up at start-up pays that there,
+        not at its first key. False where there is none, or it cannot fork."""
         with self._lock:
             zygote = self._zygote
-        while zygote is not None:
-            if zygote.wait_ready():
-                return True
-            zygote = self._replacement(zygote)
-        return False
+        if zygote is None:
+            return False
+        ready = zygote.wait_ready()
+        _not_preloaded.update(zygote.left_out)
+        return ready
 
     def run(self, jobs: Sequence[Job]) -> list[Outcome]:
         self.start()
@@ -290,7 +265,9 @@ class CompilePool:
 
     @property
     def zygote_pid(self) -> int | None:
-        """The pid of the process the workers fork from; None where they start on their own."""
+        """The pid of the process the workers fork from (until the zygote is ready, the process the
+        pool started: the same, unless a child of it imported the named op modules); None where
+        they start on their own."""
         return self._zygote.pid if self._zygote is not None else None
 
     @property
@@ -300,10 +277,8 @@ class CompilePool:
 
 
 def _retire(zygote: Zygote) -> None:
-    """Close ``zygote``; the op modules it refused to fork after are not named to a zygote again."""
-    unsafe = zygote.refused_after()
-    if unsafe is not None:
-        _not_preloaded.add(unsafe)
+    """Close ``zygote``; the op modules it left out are not named to a zygote again."""
+    _not_preloaded.update(zygote.left_out)
     zygote.close()
 
 

@@ -14,7 +14,6 @@ import select
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 from .compile_jobs import Job, Outcome
@@ -55,16 +54,11 @@ class _Started:
 
 class Worker:
     """One worker process: forked by the pool's zygote at its first job where there is one (the
-    imports are done: it answers at once), else started on its own at once (it imports meanwhile).
-    Where the zygote cannot fork, ``replacement(zygote)`` names the one to fork from instead (the
-    pool's: one that refused after an op module's import is replaced by one without that module),
-    or None: the worker starts on its own."""
+    imports are done: it answers at once), else started on its own at once (it imports meanwhile)."""
 
-    def __init__(self, env: dict[str, str], zygote: Zygote | None,
-                 replacement: Callable[[Zygote], Zygote | None] | None = None) -> None:
+    def __init__(self, env: dict[str, str], zygote: Zygote | None) -> None:
         self._env = env
         self._zygote = zygote
-        self._replacement = replacement
         self.proc: _Started | Forked | None = None
         self.ready = False
         if zygote is None:
@@ -75,16 +69,12 @@ class Worker:
         self.proc, self._stdin, self._stdout = started, started.proc.stdin, started.proc.stdout
 
     def _launch(self) -> None:
-        if self.proc is not None:
-            return
-        zygote = self._zygote
-        while zygote is not None:
-            forked = zygote.fork()
-            if forked is not None:
+        if self.proc is None:
+            forked = self._zygote.fork() if self._zygote is not None else None
+            if forked is None:  # no zygote, or it cannot fork: a worker of its own
+                self._start()
+            else:
                 self.proc, self._stdin, self._stdout = forked
-                return
-            zygote = self._replacement(zygote) if self._replacement is not None else None
-        self._start()  # no zygote, or none can fork: a worker of its own
 
     @property
     def pid(self) -> int | None:

@@ -2,36 +2,40 @@
 
 Started workers each import torch and Triton (seconds of CPU each, and a pool of 15 importing at
 once shares the cores: most of a cold pool's wall time). The zygote is
-``python -m kernelgraft.tune.compile_zygote``, started like a worker (same environment, plus
-``OMP_NUM_THREADS=1``: torch's import would otherwise start its OpenMP pool, a thread, and workers
-only compile); it imports what a worker imports (``compile_worker.imports``), computes what each worker's first
-Triton compile would (``warm_process``), never touches CUDA,
-and refuses to serve (the pool then starts workers of their own) when the import left a second
-thread: a fork copies only the forking thread, and whatever lock another thread held stays held
-in the child for ever.
+``python -m kernelgraft.tune.compile_zygote_serve`` (its side of things is there), started like a
+worker (same environment, plus ``OMP_NUM_THREADS=1``: torch's import would otherwise start its
+OpenMP pool, a thread, and workers only compile); it imports what a worker imports, never touches
+CUDA, and refuses to serve (the pool then starts workers of their own) when the import left a
+second thread: a fork copies only the forking thread, and whatever lock another thread held stays
+held in the child for ever.
 
 Where the pool names op modules (``PRELOAD``: the modules of the ops ``kg.tune.warm()`` found
 registered, or of the op whose tuning started the pool), the zygote imports them too, after that
-check, so every worker it forks has them (an example module importing CuTe DSL and cuTile takes
-about a second, which each worker would otherwise pay at its first job). A module that fails to
-import is left to the workers (whose job then reports why); one whose import starts a thread or
-initialises CUDA makes the zygote refuse to fork, and the pool does not name it again.
+check, in a child it forks for the trial, so every worker forked from that child has them (an
+example module importing CuTe DSL and cuTile takes about a second, which each worker would
+otherwise pay at its first job). A module that fails to import is left to the workers (whose job
+then reports why). One whose import starts a thread or initialises CUDA ends the trial: the zygote
+serves without the named modules, having imported torch and Triton once all the same, says which
+module it left out (``left_out``), and the pool does not name it again.
 
-It then serves requests on a Unix socket (its stdin), one at a time, 9-byte messages ``<kind><int64>``:
+It serves requests on a Unix socket (its stdin), one at a time, 9-byte messages ``<kind><int64>``.
+First, from the zygote: ``M`` (a module left out; the value is the length of the JSON
+``{"module": index in PRELOAD or -1, "why": text}`` that follows), ``I`` with the pid of the process
+that serves (the zygote or its trial child: the workers' parent), then ``R`` (ready, the value the
+time in microseconds), or ``E`` (refused: the length of the reason that follows). Then, from the pool:
   ``F`` with two file descriptors (the worker's request pipe, read end; its answer pipe, write
   end): it forks; the child runs ``compile_worker.serve`` on those pipes; the zygote answers ``P``
   with the child's pid and a pidfd of it (opened before the child can be reaped, so it names that
   very process however soon it exits), or ``E`` with an errno;
   ``W`` with a pid: the exit code of that child, once it exited (``C``), or ``U`` when unknown.
-The zygote reaps its children as they exit (SIGCHLD) and keeps their codes for ``W``. It exits at
-EOF on its socket: when the pool closes it or the pool's process dies. A worker exits at EOF on its
-request pipe, whose write end only the pool holds: no process outlives the pool's process.
+The serving process reaps its children as they exit and keeps their codes for ``W``. It exits at
+EOF on its socket: when the pool closes it or the pool's process dies; the process the pool started
+exits with it (a trial child dies with that one). A worker exits at EOF on its request pipe, whose
+write end only the pool holds: no process outlives the pool's process.
 """
 
 from __future__ import annotations
 
-import errno
-import gc
 import json
 import logging
 import os
@@ -45,17 +49,14 @@ import threading
 import time
 from typing import BinaryIO
 
-from . import compile_worker
-
-__all__ = ["ENV", "PRELOAD", "Forked", "Zygote", "available"]
+__all__ = ["ENV", "PRELOAD", "MSG", "Forked", "Zygote", "available", "message", "read_message"]
 
 log = logging.getLogger(__name__)
 ENV = "KERNELGRAFT_COMPILE_ZYGOTE"  # 0 / off: every worker is started on its own
 PRELOAD = "KERNELGRAFT_COMPILE_PRELOAD"  # JSON [[module, path or null], ...]: op modules imported before forking
-_IMPORTING = "importing {}"  # how a refusal after a preloaded module begins (Zygote.refused_after)
 MSG = struct.Struct("<cq")
+_TEXT_MAX = 4096  # the longest text after an E or M
 _ANSWER_S = 30.0  # a fork or a status takes milliseconds; a zygote silent for longer is broken
-_KEPT_CODES = 4096
 
 
 def available() -> bool:
@@ -66,7 +67,7 @@ def available() -> bool:
                                           (socket, "send_fds"), (socket, "recv_fds")))
 
 
-def _read(sock: socket.socket) -> tuple[bytes, int, list[int]]:
+def read_message(sock: socket.socket) -> tuple[bytes, int, list[int]]:
     """One message and the descriptors that came with it; EOFError when the other side closed."""
     data, fds, _flags, _addr = socket.recv_fds(sock, MSG.size, 2)
     while data and len(data) < MSG.size:
@@ -80,6 +81,22 @@ def _read(sock: socket.socket) -> tuple[bytes, int, list[int]]:
         raise EOFError
     kind, value = MSG.unpack(data)
     return kind, value, fds
+
+
+def message(kind: bytes, text: str) -> bytes:
+    """A message whose value is the length of the text that follows it (``E``, ``M``)."""
+    data = text.encode()[:_TEXT_MAX]
+    return MSG.pack(kind, len(data)) + data
+
+
+def _text(sock: socket.socket, length: int) -> str:
+    data, length = b"", max(0, min(length, _TEXT_MAX))
+    while len(data) < length:
+        more = sock.recv(length - len(data))
+        if not more:
+            raise EOFError
+        data += more
+    return data.decode(errors="replace")
 
 
 # -- the pool's side ------------------------------------------------------------------------------
@@ -138,10 +155,12 @@ class Zygote:
         if self.preload:
             env[PRELOAD] = json.dumps([[s.module, s.path] for s in self.preload])
         self.refusal: str | None = None  # why it refused to fork, when it did
+        self.left_out: dict = {}  # named module whose import made forking unsafe (Source) -> why
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self._proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=theirs.fileno(),
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+            self._proc = subprocess.Popen([sys.executable, "-m", f"{__package__}.compile_zygote_serve"],
+                                          stdin=theirs.fileno(), stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL, env=env)
         except BaseException:
             ours.close()
             raise
@@ -151,22 +170,24 @@ class Zygote:
         self._startup_s = startup_s
         self._lock = threading.Lock()
         self._state = "starting"  # then "ready", or "broken" for good
+        self._server: int | None = None  # the pid of the process that forks (said before "ready")
         self.imports_s: float | None = None  # from its start until it was ready to fork (its imports)
-
-    def refused_after(self) -> object | None:
-        """The preloaded op module (``compile_jobs.Source``) whose import made it refuse to fork;
-        None where it did not refuse, or refused for another reason."""
-        if self.refusal is None:
-            return None
-        return next((s for s in self.preload if self.refusal.startswith(_IMPORTING.format(s.module) + " ")), None)
 
     @property
     def pid(self) -> int:
-        return self._proc.pid
+        """The pid of the process that forks the workers, once it said so; until then the pid of
+        the process the pool started (the same, unless a trial child imported the named modules)."""
+        return self._server if self._server is not None else self._proc.pid
+
+    @property
+    def preloaded(self) -> bool:
+        """Whether the workers it forks have the op modules it was named (its trial child imported
+        them, and forks them); False where it left them out, or is not ready yet."""
+        return self._state == "ready" and self._server is not None and self._server != self._proc.pid
 
     @property
     def alive(self) -> bool:
-        return self._proc.poll() is None
+        return self._proc.poll() is None  # it exits with the child that serves, which dies with it
 
     @property
     def serving(self) -> bool:
@@ -175,13 +196,11 @@ class Zygote:
 
     def _broken(self, why: str) -> None:
         if self._state != "broken":
-            # after an op module's import the pool starts a zygote without it (``CompilePool``)
-            then = "" if self.refused_after() is not None else "compile workers start on their own: "
-            log.warning("%sthe zygote %s", then, why)
+            log.warning("compile workers start on their own: the zygote %s", why)
         self._state = "broken"
         self._sock.close()
         if self._proc.poll() is None:
-            self._proc.kill()
+            self._proc.kill()  # a trial child, serving or not, dies with it
         self._proc.wait()
 
     def _ask(self, kind: bytes, value: int, fds: list[int], timeout: float) -> tuple[bytes, int, list[int]]:
@@ -190,25 +209,41 @@ class Zygote:
             socket.send_fds(self._sock, [MSG.pack(kind, value)], fds)
         else:
             self._sock.sendall(MSG.pack(kind, value))
-        return _read(self._sock)
+        return read_message(self._sock)
+
+    def _leave_out(self, text: str) -> None:
+        try:
+            said = json.loads(text)
+            index, why = int(said["module"]), str(said["why"])
+        except (ValueError, TypeError, KeyError) as exc:
+            raise EOFError(f"a garbled M: {text[:200]!r}") from exc
+        if 0 <= index < len(self.preload):
+            self.left_out[self.preload[index]] = why
+        log.info("the compile zygote forks its workers without the op modules it was named (%s), each "
+                 "worker importing its op's at its first job: %s", ", ".join(s.module for s in self.preload), why)
 
     def _ready(self) -> bool:
-        if self._state == "starting":
-            try:
-                self._sock.settimeout(self._startup_s)
-                kind, value, fds = _read(self._sock)
+        deadline = time.monotonic() + self._startup_s
+        try:
+            while self._state == "starting":
+                self._sock.settimeout(max(0.001, deadline - time.monotonic()))
+                kind, value, fds = read_message(self._sock)
                 for fd in fds:
                     os.close(fd)
                 if kind == b"R":
                     self._state = "ready"
                     self.imports_s = max(0.0, value / 1e6 - self._started)
+                elif kind == b"I":
+                    self._server = value
+                elif kind == b"M":
+                    self._leave_out(_text(self._sock, value))
                 elif kind == b"E":
-                    self.refusal = self._sock.recv(max(0, min(value, 4096))).decode(errors="replace")
+                    self.refusal = _text(self._sock, value)
                     self._broken("refused: " + self.refusal)
                 else:
                     self._broken(f"said {kind!r}")
-            except (OSError, EOFError) as exc:  # a timeout too
-                self._broken(f"did not start: {type(exc).__name__}: {exc}")
+        except (OSError, EOFError) as exc:  # a timeout too
+            self._broken(f"did not start: {type(exc).__name__}: {exc}")
         return self._state == "ready"
 
     def wait_ready(self) -> bool:
@@ -269,180 +304,3 @@ class Zygote:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
-
-
-# -- the zygote's side ----------------------------------------------------------------------------
-
-_codes: dict[int, int] = {}  # exit codes of reaped children, until the pool asks
-
-
-def _reap(_signum: int, _frame: object) -> None:
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        _codes[pid] = os.waitstatus_to_exitcode(status)
-        while len(_codes) > _KEPT_CODES:  # codes nobody asks for (workers killed at close)
-            _codes.pop(next(iter(_codes)))
-
-
-def _threads() -> list[str]:
-    try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
-        return [t.name for t in threading.enumerate()]
-    names = []
-    for tid in tasks:
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                names.append(f.read().strip())
-        except OSError:
-            names.append(tid)
-    return names
-
-
-def _refusal() -> str | None:
-    """Why this process must not fork workers; None when it may (the imports are done then)."""
-    try:
-        os.close(os.pidfd_open(os.getpid()))
-    except OSError as exc:  # a kernel older than 5.3
-        return f"pidfd_open: {exc}"
-    compile_worker.imports()
-    try:  # a cache every worker would otherwise compute at its first job
-        from ..backends.triton.ahead import warm_process
-
-        warm_process()
-    except Exception as exc:  # Triton missing or other: its workers compute it themselves
-        log.debug("Triton not warmed: %s", exc)
-    return _unsafe("the imports") or _preload()
-
-
-def _unsafe(after: str) -> str | None:
-    """Why forking is unsafe now (``after`` says what ran: "the imports"), else None."""
-    import torch
-
-    if torch.cuda.is_initialized():
-        return f"{after} initialised CUDA"
-    threads = _threads()
-    if len(threads) > 1:
-        return f"{after} started threads ({', '.join(threads)}); a fork would copy the locks they hold"
-    return None
-
-
-def _preload() -> str | None:
-    """Import the op modules the pool named (``PRELOAD``); why forking is unsafe after one of
-    them, else None."""
-    from . import compile_jobs
-
-    try:
-        named = [compile_jobs.Source(str(m), p if isinstance(p, str) else None)
-                 for m, p in json.loads(os.environ.get(PRELOAD) or "[]")]
-    except (ValueError, TypeError) as exc:  # nothing preloaded: the workers import at their first job
-        log.warning("%s is not a list of [module, path]: %s", PRELOAD, exc)
-        return None
-    for source in named:
-        try:
-            compile_jobs.import_source(source)
-        except Exception as exc:  # the workers import it at their first job, and say why it fails
-            log.warning("op module %s not imported ahead: %s: %s", source.module, type(exc).__name__, exc)
-            continue
-        why = _unsafe(_IMPORTING.format(source.module))
-        if why is not None:
-            return why
-    return None
-
-
-def _child(sock: socket.socket, requests: int, answers: int) -> None:
-    code = 1
-    try:
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the compilers it runs are its to wait for
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
-        sock.close()
-        code = compile_worker.serve(os.fdopen(requests, "rb"), os.fdopen(answers, "wb"))
-    finally:
-        os._exit(code)  # never the zygote's exit handlers, never back into its loop
-
-
-def _fork(sock: socket.socket, fds: list[int]) -> None:
-    if len(fds) != 2:
-        for fd in fds:
-            os.close(fd)
-        sock.sendall(MSG.pack(b"E", errno.EINVAL))
-        return
-    requests, answers = fds
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # unreaped until its pidfd is open
-    try:
-        try:
-            pid = os.fork()
-        except OSError as exc:
-            sock.sendall(MSG.pack(b"E", exc.errno or errno.EAGAIN))
-            return
-        if pid == 0:
-            _child(sock, requests, answers)
-        try:
-            pidfd = os.pidfd_open(pid)
-        except OSError as exc:
-            os.kill(pid, signal.SIGKILL)  # not reaped yet: the pid is still this child's
-            sock.sendall(MSG.pack(b"E", exc.errno or errno.EINVAL))
-            return
-        try:
-            socket.send_fds(sock, [MSG.pack(b"P", pid)], [pidfd])
-        finally:
-            os.close(pidfd)
-    finally:
-        os.close(requests)
-        os.close(answers)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
-
-
-def _exit_code(pid: int) -> bytes:
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
-    try:
-        code = _codes.pop(pid, None)
-        if code is None:
-            try:
-                got, status = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                got = status = 0
-            if got:
-                code = os.waitstatus_to_exitcode(status)
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
-    return MSG.pack(b"C", code) if code is not None else MSG.pack(b"U", 0)
-
-
-def main() -> int:
-    sock = socket.socket(fileno=os.dup(0))
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)  # the children get pipes of their own, never this socket
-    os.close(null)
-    os.dup2(2, 1)  # prints from imported modules go to stderr, as in a worker
-    sys.stdout = sys.stderr
-    refusal = _refusal()  # the imports, then whether a fork is safe
-    if refusal is not None:
-        text = refusal.encode()[:4096]
-        sock.sendall(MSG.pack(b"E", len(text)) + text)
-        return 1
-    signal.signal(signal.SIGCHLD, _reap)
-    gc.freeze()  # the imported objects stay out of the children's collections: their pages stay shared
-    sock.sendall(MSG.pack(b"R", int(time.time() * 1e6)))  # when it was ready (the parent knows when it started)
-    while True:
-        try:
-            kind, value, fds = _read(sock)
-            if kind == b"F":
-                _fork(sock, fds)
-                continue
-            for fd in fds:
-                os.close(fd)
-            if kind != b"W":
-                return 2
-            sock.sendall(_exit_code(value))
-        except (EOFError, OSError):  # the pool closed the socket, or its process is gone
-            return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -118,8 +118,8 @@ def _workers(where: torch.device) -> str | None:
 
 
 def _zygote() -> str | None:
-    """Wait for the compile workers' zygote to be ready to fork them (one that refused after an op
-    module's import replaced by one without it), so the first key's jobs do not wait for it."""
+    """Wait for the compile workers' zygote to be ready to fork them (its imports, the op modules
+    it was named included), so the first key's jobs do not wait for it."""
     if _compile_pool.workers() < 2:
         return "fewer than two compile workers here"
     if not _compile_pool.zygote_ready():
