@@ -283,9 +283,10 @@ def test_the_zygote_imports_the_op_modules_it_is_named_once_for_all_its_workers(
 def test_an_op_module_whose_import_starts_a_thread_costs_the_zygote_only_that_import(tmp_path, monkeypatch,
                                                                                    caplog):
     """An op module whose import starts a thread leaves a process unsafe to fork: the zygote's trial
-    child, which imported it, ends, and the zygote itself (torch and Triton imported once, no second
-    zygote) forks the workers without the named modules, each worker importing the op's at its first
-    job; the log says which module was left out, and the pool names it to no zygote again."""
+    child, which imported it, ends, and a second trial child of the same zygote (torch and Triton
+    imported once, no second zygote) imports the other named module and forks the workers, which
+    compile without importing it again; the log says which module was left out, and the pool names
+    it to no zygote again."""
     monkeypatch.setattr(pool_mod, "_not_preloaded", set())
     op, jobs, log = _preload_jobs(tmp_path, monkeypatch)
     stray = Source("_preload_threads")
@@ -296,17 +297,17 @@ def test_an_op_module_whose_import_starts_a_thread_costs_the_zygote_only_that_im
             zygote = pool._zygote
             outcomes = pool.run(jobs + jobs)
             assert pool._zygote is zygote  # the one zygote the pool started
-            server, workers_ = pool.zygote_pid, pool.pids
+            server, workers_, preloaded = pool.zygote_pid, pool.pids, zygote.preloaded
             parents = [_parent(p) for p in (server, *workers_)]  # while they run
         finally:
             pool.close()
     assert all(o.ok for o in outcomes), [o.detail for o in outcomes]
-    assert server == zygote._proc.pid and parents == [os.getpid(), server, server]  # one lineage
-    assert list(zygote.left_out) == [stray]
-    assert "without the op modules it was named (_preload_threads, _preload_ops)" in caplog.text
+    started = zygote._proc.pid
+    assert server != started and parents == [started, server, server]  # one lineage: zygote, trial, workers
+    assert preloaded and list(zygote.left_out) == [stray]
+    assert "leaves _preload_threads to its workers" in caplog.text
     assert "importing _preload_threads started threads" in caplog.text
-    imported = [p for p in _imports(log) if p != os.getpid()]
-    assert imported and set(imported) <= set(workers_)  # the op's module: in the workers, not the zygote
+    assert [p for p in _imports(log) if p != os.getpid()] == [server]  # the op's module: once, in the trial
     assert pool_mod._not_preloaded == {stray}
     again = CompilePool(2)
     try:
@@ -320,9 +321,10 @@ def test_an_op_module_whose_import_starts_a_thread_costs_the_zygote_only_that_im
                                          ("_preload_exits", "importing _preload_exits ended the process "
                                                             "importing it (exit code 7)")])
 def test_waiting_for_the_zygote_learns_the_op_module_it_left_out(tmp_path, monkeypatch, module, why):
-    """``zygote_ready`` (what ``kg.tune.warm()`` waits for last) waits for the trial too: then the
-    zygote the pool started can fork, and the module it left out (its import started a thread, or
-    ended the trial child) is known and named to no zygote again."""
+    """``zygote_ready`` (what ``kg.tune.warm()`` waits for last) waits for the trials too: then the
+    zygote the pool started can fork (from a second trial child, which imported the op's module),
+    and the module it left out (its import started a thread, or ended the first trial child) is
+    known and named to no zygote again."""
     monkeypatch.setattr(pool_mod, "_not_preloaded", set())
     op, _, log = _preload_jobs(tmp_path, monkeypatch)
     stray = Source(module)
@@ -331,20 +333,43 @@ def test_waiting_for_the_zygote_learns_the_op_module_it_left_out(tmp_path, monke
         pool.start((stray, *preload_for([op])))
         started = pool._zygote
         assert pool.zygote_ready()
-        assert pool._zygote is started and pool.zygote_pid == started._proc.pid  # it serves itself
-        assert not started.preloaded
+        server = pool.zygote_pid
+        assert pool._zygote is started and server != started._proc.pid and _parent(server) == started._proc.pid
+        assert started.preloaded
         assert started.imports_s is not None  # ready: its imports are done
         assert list(started.left_out) == [stray] and started.left_out[stray].startswith(why)
         assert pool_mod._not_preloaded == {stray}  # known once ready
     finally:
         pool.close()
-    assert [p for p in _imports(log) if p != os.getpid()] == []  # the trial ended before the op's module
+    assert [p for p in _imports(log) if p != os.getpid()] == [server]  # the second trial only
     alone = CompilePool(2)
     try:  # the module it left out is named to no zygote again
         alone.start((stray,))
         assert alone._zygote.preload == () and alone.zygote_ready() and alone._zygote.left_out == {}
     finally:
         alone.close()
+
+
+def test_a_zygote_whose_every_named_module_is_unsafe_forks_the_workers_itself(tmp_path, monkeypatch):
+    """Each trial leaves out the module that made it unsafe (one starts a thread, one ends the
+    process importing it); with none left, the zygote forks the workers itself, which compile."""
+    monkeypatch.setattr(pool_mod, "_not_preloaded", set())
+    _, jobs, _ = _preload_jobs(tmp_path, monkeypatch)
+    strays = (Source("_preload_threads"), Source("_preload_exits"))
+    pool = CompilePool(2)
+    try:
+        pool.start(strays)
+        started = pool._zygote
+        assert pool.zygote_ready()
+        assert pool.zygote_pid == started._proc.pid and not started.preloaded
+        assert set(started.left_out) == set(strays)
+        outcomes = pool.run(jobs + jobs)
+        parents = [_parent(p) for p in pool.pids]
+    finally:
+        pool.close()
+    assert all(o.ok for o in outcomes), [o.detail for o in outcomes]
+    assert parents == [started._proc.pid] * 2
+    assert pool_mod._not_preloaded == set(strays)
 
 
 @pytest.mark.parametrize("end", ["close", "kill"])

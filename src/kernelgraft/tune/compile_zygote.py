@@ -15,8 +15,9 @@ check, in a child it forks for the trial, so every worker forked from that child
 example module importing CuTe DSL and cuTile takes about a second, which each worker would
 otherwise pay at its first job). A module that fails to import is left to the workers (whose job
 then reports why). One whose import starts a thread or initialises CUDA ends the trial: the zygote
-serves without the named modules, having imported torch and Triton once all the same, says which
-module it left out (``left_out``), and the pool does not name it again.
+says which module it left out (``left_out``; the pool does not name it again) and a new trial
+child imports the others; after a few trials it serves without the named modules, having imported
+torch and Triton once all the same.
 
 It serves requests on a Unix socket (its stdin), one at a time, 9-byte messages ``<kind><int64>``.
 First, from the zygote: ``M`` (a module left out; the value is the length of the JSON
@@ -181,8 +182,9 @@ class Zygote:
 
     @property
     def preloaded(self) -> bool:
-        """Whether the workers it forks have the op modules it was named (its trial child imported
-        them, and forks them); False where it left them out, or is not ready yet."""
+        """Whether the workers it forks have the op modules it was named, but those in ``left_out``
+        (a trial child imported them, and forks them); False where it serves without them, or is
+        not ready yet."""
         return self._state == "ready" and self._server is not None and self._server != self._proc.pid
 
     @property
@@ -217,10 +219,11 @@ class Zygote:
             index, why = int(said["module"]), str(said["why"])
         except (ValueError, TypeError, KeyError) as exc:
             raise EOFError(f"a garbled M: {text[:200]!r}") from exc
-        if 0 <= index < len(self.preload):
-            self.left_out[self.preload[index]] = why
-        log.info("the compile zygote forks its workers without the op modules it was named (%s), each "
-                 "worker importing its op's at its first job: %s", ", ".join(s.module for s in self.preload), why)
+        module = self.preload[index] if 0 <= index < len(self.preload) else None
+        if module is not None:
+            self.left_out[module] = why
+        log.info("the compile zygote leaves %s to its workers, each importing it at its first job: %s",
+                 module.module if module is not None else "the op modules it was named", why)
 
     def _ready(self) -> bool:
         deadline = time.monotonic() + self._startup_s

@@ -10,9 +10,9 @@ Named op modules (``compile_zygote.PRELOAD``), it imports them in a trial: a for
 them one after the other, checking after each that a fork is still safe. Where each is, that child
 serves (its forks have every module) and this process only waits for it and exits with it; where
 one is not (on a GPU machine, importing CuTe DSL or cuTile starts a CUDA driver thread), the child
-says which over a pipe and exits, and this process serves without the named modules, after telling
-the pool which one it left out (``M``): the refusal costs that child's imports, not a second import
-of torch and Triton. The trial child, and so the serving child, dies with this process
+says which over a pipe and exits, this process tells the pool which one it left out (``M``), and a
+new trial imports the others (``_TRIALS`` at most; then this process serves without the named
+modules): a refusal costs a child's imports, not a second import of torch and Triton. The trial child, and so the serving child, dies with this process
 (``PR_SET_PDEATHSIG``): the pool watches, kills and waits for this one only.
 
 The serving process says its pid (``I``), then that it is ready (``R``), and answers ``F`` and
@@ -41,6 +41,7 @@ __all__ = ["main"]
 
 log = logging.getLogger(__name__)
 _KEPT_CODES = 4096
+_TRIALS = 3  # trial children at most: each after the last one left a module out
 _PR_SET_PDEATHSIG = 1
 _codes: dict[int, int] = {}  # exit codes of reaped children, until the pool asks
 
@@ -189,10 +190,29 @@ def _outcome(report: int, sock: socket.socket) -> dict | None:
             watch = [report]  # a request already (the child serves): its verdict is on the pipe
 
 
-def _trial(sock: socket.socket, named: list) -> int | None:
+def _trials(sock: socket.socket, named: list) -> int | None:
+    """Trials until one child serves (its exit code, this process's) or none may: each new trial
+    leaves out the module the last one found unsafe (or ended in); None where this process serves,
+    without the named modules."""
+    indices = list(range(len(named)))  # the pool's indices of the modules still tried
+    for _ in range(_TRIALS):
+        if not indices:
+            return None
+        served, failed = _trial(sock, [named[i] for i in indices])
+        if served is not None:
+            return served
+        if failed is None:  # no trial can go better (no fork): serve without them
+            return None
+        _left_out(sock, indices[failed[0]], failed[1])
+        del indices[failed[0]]
+    return None
+
+
+def _trial(sock: socket.socket, named: list) -> tuple[int | None, tuple[int, str] | None]:
     """Fork a child that imports ``named`` and serves if that left forking safe: then wait for it
-    and return its exit code; else (one made it unsafe, the child ended, or no fork) tell the pool
-    which module is left out and return None: this process serves, without the named modules."""
+    and return its exit code first. Else the index in ``named`` of the module that made it unsafe
+    (or that the child was importing when it ended) and why, second; neither where no trial can go
+    better (no fork: the pool is told)."""
     report_r, report_w = os.pipe()
     me = os.getpid()
     try:
@@ -201,7 +221,7 @@ def _trial(sock: socket.socket, named: list) -> int | None:
         os.close(report_r)
         os.close(report_w)
         _left_out(sock, -1, f"no child to import the op modules in: {exc}")
-        return None
+        return None, None
     if pid == 0:
         _trial_child(sock, named, report_r, report_w, me)
     os.close(report_w)
@@ -212,18 +232,16 @@ def _trial(sock: socket.socket, named: list) -> int | None:
     if got is None:  # the pool is gone: nothing to serve
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-        return 0
+        return 0, None
     if "ok" in got:  # it serves: its exit is this process's
         sock.close()
-        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), None
     code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     if "unsafe" in got:
-        _left_out(sock, got["unsafe"], got["why"])
-    else:
-        i = got.get("trying", -1)
-        module = named[i].module if 0 <= i < len(named) else "the op modules"
-        _left_out(sock, i, f"importing {module} ended the process importing it (exit code {code})")
-    return None
+        return None, (int(got["unsafe"]), str(got["why"]))
+    i = int(got.get("trying", 0))
+    i = i if 0 <= i < len(named) else 0
+    return None, (i, f"importing {named[i].module} ended the process importing it (exit code {code})")
 
 
 def _left_out(sock: socket.socket, index: int, why: str) -> None:
@@ -326,8 +344,8 @@ def main() -> int:
         return 1
     named = _named()
     if named:
-        code = _trial(sock, named)
-        if code is not None:  # its child served
+        code = _trials(sock, named)
+        if code is not None:  # a trial's child served
             return code if code >= 0 else 128 - code
     return _serve(sock)
 
