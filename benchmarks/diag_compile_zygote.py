@@ -7,6 +7,11 @@ left a fork unsafe: the zygote then forks the workers without it), the modules i
 then the jobs of one bf16 shape compiled in the pool: compiled and failed, with each failure's text.
 
     python benchmarks/diag_compile_zygote.py [--ops rmsnorm,softmax,swiglu,gemm]
+    python benchmarks/diag_compile_zygote.py --imports cuda.tile,cutlass.cute
+
+``--imports``: for each module, a fresh process set up as the zygote is (a worker's imports,
+``OMP_NUM_THREADS=1``) imports it alone: its import time, and the threads it left or whether it
+initialised CUDA (what makes a zygote unsafe to fork after it).
 """
 
 from __future__ import annotations
@@ -14,6 +19,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
+import subprocess
+import sys
 import time
 
 import torch
@@ -62,10 +70,42 @@ def one(name: str) -> dict:
         pool.close()
 
 
+_PROBE = """
+import importlib, json, os, sys, time
+from kernelgraft.tune import compile_worker
+from kernelgraft.tune.compile_zygote_serve import _threads
+from kernelgraft.backends.triton.ahead import warm_process
+compile_worker.imports(); warm_process()
+before = _threads(); t0 = time.perf_counter()
+try:
+    importlib.import_module(sys.argv[1]); error = None
+except Exception as exc:
+    error = f"{type(exc).__name__}: {exc}"
+import torch
+print(json.dumps({"module": sys.argv[1], "import_s": round(time.perf_counter() - t0, 2), "error": error,
+                  "threads_before": before, "threads_after": _threads(),
+                  "cuda_initialized": torch.cuda.is_initialized()}))
+"""
+
+
+def imports(module: str) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-c", _PROBE, module], env=env, capture_output=True, text=True,
+                          timeout=120)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    return json.loads(lines[-1]) if lines else {"module": module, "rc": done.returncode,
+                                                 "stderr": done.stderr[-600:]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ops", default="rmsnorm,softmax,swiglu,gemm")
+    parser.add_argument("--imports", default="", help="modules, each imported alone in a zygote-like process")
     args = parser.parse_args()
+    if args.imports:
+        for module in args.imports.split(","):
+            print(json.dumps(imports(module)), flush=True)
+        return
     for name in args.ops.split(","):
         print(json.dumps(one(name)), flush=True)
 

@@ -94,3 +94,56 @@ def test_warming_triton_locates_libcuda_once_for_the_process(monkeypatch):
 
     monkeypatch.setattr(nvidia, "libcuda_dirs", missing)
     warm_process()  # recorded in the debug log, not raised
+
+
+def test_warming_launches_asks_each_backend_of_the_candidates_once(monkeypatch):
+    """The off-path job warms, while the workers compile, what the first launch of each candidate's
+    backend computes once (``warm_launches``): once per backend, whatever the candidates' count;
+    a backend that fails to warm leaves the rest warmed (its first gate says what is wrong)."""
+    from types import SimpleNamespace
+
+    from kernelgraft import backends
+    from kernelgraft.tune import compile_jobs
+
+    asked = []
+
+    class Warms:
+        def __init__(self, name, fails=False):
+            self.name, self.fails = name, fails
+
+        def warm_launches(self, device):
+            asked.append((self.name, device))
+            if self.fails:
+                raise RuntimeError("no ptxas here")
+
+    found = {"a": Warms("a", fails=True), "b": Warms("b"), "c": object()}
+    monkeypatch.setattr(backends, "get", lambda name: found[name])
+    cands = [SimpleNamespace(impl=SimpleNamespace(backend=n)) for n in ("a", "b", "a", "c", "b")]
+    where = torch.device("cuda", 1)
+    compile_jobs.warm_launches(cands, where)
+    assert asked == [("a", where), ("b", where)]
+
+
+def test_warming_triton_launches_off_a_gpu_computes_nothing(monkeypatch):
+    """On the CPU (the interpreter compiles nothing) Triton's warm-up for launches does no work:
+    neither Triton's cache key nor a backend."""
+    import triton.runtime.cache as cache
+
+    from kernelgraft.backends.triton import ahead
+
+    monkeypatch.setattr(cache, "triton_key", lambda: (_ for _ in ()).throw(AssertionError("computed")))
+    ahead.warm_launches(torch.device("cpu"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_warming_triton_launches_on_a_gpu_computes_the_backend_hash():
+    """On a GPU, the warm-up computes what Triton's first compile or cache load computes once per
+    process: ptxas's version (a subprocess) and libdevice's hash, both cached in Triton."""
+    from triton.backends.nvidia import compiler
+
+    from kernelgraft.backends.triton import ahead
+
+    ahead.warm_launches(torch.device("cuda"))
+    assert compiler.get_ptxas_version.cache_info().currsize >= 1
+    assert compiler.file_hash.cache_info().currsize >= 1

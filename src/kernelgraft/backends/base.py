@@ -65,6 +65,11 @@ class CompilesAhead(Protocol):
     def adopt(self, artifact: Any) -> None:
         """Take in one artifact ``compile_ahead`` returned in a worker (only if it returns any)."""
 
+    def warm_launches(self, device: torch.device) -> None:
+        """Optional: compute now, in the process that launches, what its first launch of a
+        candidate compiled ahead computes once per process (the tuner calls it while the workers
+        compile, so the first gate does not pay it)."""
+
 
 class AotPath(Protocol):
     """What ``kernelgraft aot`` needs from a backend, per (candidate, signature): ``record`` runs the

@@ -19,10 +19,11 @@ import contextlib
 import dataclasses
 import importlib
 import importlib.util
+import logging
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -31,7 +32,9 @@ from .. import backends
 from ..cache import root as _root
 from ..backends.triton.ahead import compile_only_triton  # here too: tools and tests import it from here
 
-__all__ = ["Target", "Source", "Job", "Outcome", "compiles_ahead", "describe", "stand_in", "run_job",
+log = logging.getLogger(__name__)
+
+__all__ = ["Target", "Source", "Job", "Outcome", "compiles_ahead", "warm_launches", "describe", "stand_in", "run_job",
            "compile_only_triton", "cache_env", "import_source"]
 
 
@@ -192,6 +195,19 @@ def _find_op(job: Job) -> Any:
 
 
 # ---------------------------------------------------------------- per backend
+def warm_launches(candidates: Sequence[Any], device: torch.device) -> None:
+    """Each backend of ``candidates`` that compiles ahead computes now what its first launch in
+    this process computes once (``CompilesAhead.warm_launches``): the tuner calls it while the
+    workers compile. Best effort: a failure here is the first gate's to report."""
+    for name in dict.fromkeys(c.impl.backend for c in candidates):
+        try:
+            warm = getattr(backends.get(name), "warm_launches", None)
+            if callable(warm):
+                warm(device)
+        except Exception as exc:  # noqa: BLE001 - an optimisation; the gate compiles and says why
+            log.debug("%s launches not warmed: %s: %s", name, type(exc).__name__, exc)
+
+
 def compiles_ahead(backend: str) -> bool:
     """Whether the backend of that name compiles in a worker (it has ``compile_ahead``)."""
     try:

@@ -29,7 +29,7 @@ import torch
 
 from ..op import select as _select
 from ..op.compete import is_torch_compile, servable
-from . import compile_pool as _compile_pool, dist as _dist, phases as _phases
+from . import compile_jobs as _compile_jobs, compile_pool as _compile_pool, dist as _dist, phases as _phases
 from .background import Job
 from .inputs import tensors_of
 from .key import TuneKey
@@ -163,6 +163,9 @@ def _job(tuner: Any, op: Any, candidates: Sequence[Any], key: TuneKey, s: Settin
             # GIL), which must not run beside the call that queued the job: heavy until they have
             with _phases.phase("prepare", heavy=_first_fake_tensors()):
                 context.run(op.dispatcher.output_specs, job.args)
+            if pooled:  # while the workers compile: the first gate would pay it (a second, cold)
+                with _phases.phase("prepare", heavy=True):
+                    _compile_jobs.warm_launches(candidates, torch.device(job.device))
             first = _first_pass(op, candidates, pooled)
             landed = None
             if first is not None:

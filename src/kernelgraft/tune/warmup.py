@@ -34,7 +34,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # its class: what impo
 
 from .. import native as _native
 from ..op import registry as _registry
-from ..backends.triton.ahead import warm_process
+from ..backends.triton.ahead import warm_launches, warm_process
 from . import compile_pool as _compile_pool
 
 __all__ = ["Warm", "warm"]
@@ -76,7 +76,7 @@ def warm(device: Any = None, *, compile_reference: bool = True, native: bool = T
     steps: list[tuple[str, Callable[[], str | None]]] = [
         ("compile_workers", lambda: _workers(where)),
         ("fake_tensors", _fake_tensors),
-        ("triton", _triton),
+        ("triton", lambda: _triton(where)),
     ]
     if compile_reference:
         steps.append(("torch_compile", lambda: _torch_compile(where)))
@@ -134,10 +134,12 @@ def _fake_tensors() -> str | None:
     return None
 
 
-def _triton() -> str | None:
+def _triton(where: torch.device) -> str | None:
     """What a process's first Triton launch computes once: Triton's cache key (a hash of its sources
-    and library, about half a second) and the modules its JIT imports on first use."""
+    and library, about half a second) and the modules its JIT imports on first use; on a GPU also
+    the backend's and default options' hashes (``ptxas --version``, libdevice)."""
     warm_process()
+    warm_launches(where)
     return None
 
 

@@ -18,9 +18,11 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import torch
+
 log = logging.getLogger(__name__)
 
-__all__ = ["compile_only_triton", "compile_ahead", "warm_process"]
+__all__ = ["compile_only_triton", "compile_ahead", "warm_process", "warm_launches"]
 
 
 class _CompileOnlyDriver:
@@ -130,3 +132,24 @@ def warm_process() -> None:
         libcuda_dirs()  # cached for the process (and the workers it forks)
     except Exception as exc:  # noqa: BLE001 - no libcuda here (a CPU machine): the first launch says so
         log.debug("libcuda not located ahead: %s: %s", type(exc).__name__, exc)
+
+
+def warm_launches(device: torch.device) -> None:
+    """In the process that launches on ``device`` (CUDA initialised there), what its first Triton
+    kernel computes once even where the kernel was compiled ahead and comes from the cache:
+    ``warm_process``, plus the backend's hash (``ptxas --version``, a subprocess) and the default
+    options' (a hash of libdevice). The first gate of a cold process paid about a second of that on
+    the H200 while the compile workers were still compiling."""
+    if device.type != "cuda":
+        return  # the interpreter compiles nothing
+    warm_process()
+    try:
+        from triton.compiler.compiler import make_backend
+        from triton.runtime.driver import driver
+
+        with torch.cuda.device(device):
+            backend = make_backend(driver.active.get_current_target())
+        backend.hash()
+        backend.parse_options({}).hash()
+    except Exception as exc:  # noqa: BLE001 - an optimisation: the first compile computes them
+        log.debug("Triton's backend hash not computed ahead: %s: %s", type(exc).__name__, exc)

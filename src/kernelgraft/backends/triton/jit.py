@@ -88,3 +88,8 @@ class TritonBackend:
 
         return compile_ahead(spec, config, args, target)
 
+    def warm_launches(self, device: torch.device) -> None:
+        from .ahead import warm_launches
+
+        warm_launches(device)
+
