@@ -2,7 +2,7 @@
 # One batched run on the GPU machine: installs carried wheels, runs the selected sections with
 # time limits, and packs every result into $OUT/results.tar.gz (plus the log).
 #   bash benchmarks/gpu_session.sh SECTION...     sections: tests alltests alltests_old firstcall pool diagzygote pretune1 pretune2 pretunecmp core cute hostcost hostcost_ab hostcost_same rmsnorm
-#                                                 examples libraries libserve tune tunequick ranks graft graftc graftck graftdc graftdk graftprofile graftdecode graftdecodecompile aot explore explore5 explore6 explore7 diagsoftmax native devices verify verify2 firstsec diagsmall diagload diagcopies diagdecode aotipre compete llmquick llm suitetests gputests cpp cppbuild llamaaoti diagsuite test_FILE
+#                                                 examples libraries libserve tune tunequick ranks graft graftc graftck graftdc graftdk graftprofile graftdecode graftdecodecompile aot explore explore5 explore6 explore7 diagsoftmax diagtriton native devices verify verify2 firstsec diagsmall diagload diagcopies diagdecode aotipre compete llmquick llm suitetests gputests cpp cppbuild llamaaoti diagsuite test_FILE
 # A "0:tests,aot|1:tune,rmsnorm" argument runs lanes side by side, each on its own GPU
 # (CUDA_VISIBLE_DEVICES) with its own kernelgraft cache; the next argument starts when all end.
 set -uo pipefail
@@ -67,6 +67,8 @@ run_section() {
     explore5) step explore_round5 200 python3 research/explore_softmax_stream.py ;;
     explore6) step explore_round6 200 python3 research/explore_softmax_regs.py ;;
     explore7) step explore_round7 200 python3 research/explore_softmax_tma.py ;;
+    diagtriton) step diag_triton_state_fresh 90 python3 research/diag_triton_state.py --inductor-cache /tmp/ind_diag
+                step diag_triton_state_hit 90 python3 research/diag_triton_state.py --inductor-cache /tmp/ind_diag ;;  # what Inductor's first compile changes in Triton's cache key
     diagsoftmax) step diag_softmax_choice 150 python3 research/diag_softmax_choice.py ;;
     native) step native_build 240 python3 -c "from kernelgraft import _native; m = _native.load(); print('native replay:', m.__file__ if m else _native.reason())"
             step test_native 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/integration/test_native.py -rs --tb=short ;;

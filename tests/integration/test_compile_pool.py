@@ -235,6 +235,34 @@ def test_gpu_tuning_compiles_in_the_pool_and_the_gate_compiles_nothing(tmp_path,
     torch.testing.assert_close(gemm(a, b).float(), (a.float() @ b.float()), rtol=2e-2, atol=2e-1)
 
 
+@pytest.mark.gpu
+def test_gpu_inductor_compiling_beside_the_workers_leaves_their_kernels_where_the_gates_look(tmp_path):
+    """A fresh process with Triton's cache unset: the softmax key's ``torch:compile`` gate (Inductor's
+    first real compile there, which sets ``TRITON_CACHE_DIR``) runs while the workers compile the
+    kernels. Triton's cache is settled where Inductor puts it before any job is made, so every
+    kernel's gate finds its kernel: none compiles in the tuning process (16 did before, on the H200)."""
+    script = textwrap.dedent("""
+        import json, os, torch
+        import kernelgraft as kg
+        from kernelgraft.examples.softmax import softmax
+        x = torch.randn(48, 20000, device="cuda", dtype=torch.bfloat16)
+        d = kg.tune.pretune(softmax, x, force=True, progress=False)
+        print(json.dumps({"phases": d.phases, "triton_cache": os.environ.get("TRITON_CACHE_DIR"),
+                          "ranked": [str(e.get("label", e)) for e in d.ranking][:20]}))
+    """)
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
+               KERNELGRAFT_CACHE_DIR=str(tmp_path / "kg"), KERNELGRAFT_COMPILE_WORKERS="8")
+    for name in ("TRITON_CACHE_DIR", "TRITON_INTERPRET"):
+        env.pop(name, None)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    phases = got["phases"]
+    assert phases.get("ahead_compiled", 0) >= 10, got
+    assert not phases.get("compiled_here"), f"{phases.get('compiled_here')} Triton kernels compiled in the gates: {got}"
+    assert got["triton_cache"] and got["triton_cache"].startswith(str(tmp_path / "inductor")), got
+
+
 def test_triton_compiles_in_a_kernels_gate_count_in_the_tuning_record(tmp_path):
     """The tuning report says how many Triton kernels its gates compiled in the tuning process
     (``compiled_here``): a compile inside ``counted()`` counts, a cache hit does not, a compile

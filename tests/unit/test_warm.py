@@ -147,3 +147,43 @@ def test_warming_triton_launches_on_a_gpu_computes_the_backend_hash():
     ahead.warm_launches(torch.device("cuda"))
     assert compiler.get_ptxas_version.cache_info().currsize >= 1
     assert compiler.file_hash.cache_info().currsize >= 1
+
+
+def test_triton_cache_is_settled_where_inductor_would_move_it(monkeypatch, tmp_path):
+    """Before a tuning whose ``torch:compile`` candidate compiles, Triton's cache goes where
+    Inductor's first compile in the process would put it (``TRITON_CACHE_DIR`` unset: Inductor's
+    own ``triton/<device>`` folder), so the workers compile into the cache the gates read after
+    Inductor ran. A cache set by the variable, or in code, stays; a CPU tuning changes nothing."""
+    from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
+    from triton import knobs
+
+    from kernelgraft.tune.compile_jobs import cache_env, settle_inductor_triton_cache
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    settle_inductor_triton_cache(torch.device("cpu"))
+    assert "TRITON_CACHE_DIR" not in os.environ
+    settle_inductor_triton_cache(torch.device("cuda", 1))
+    assert os.environ["TRITON_CACHE_DIR"] == triton_cache_dir(1) and triton_cache_dir(1).startswith(str(tmp_path))
+    assert dict(cache_env())["TRITON_CACHE_DIR"] == triton_cache_dir(1) == str(knobs.cache.dir)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "mine"))
+    settle_inductor_triton_cache(torch.device("cuda", 0))
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "mine")
+    monkeypatch.delenv("TRITON_CACHE_DIR")
+    monkeypatch.setitem(vars(knobs.cache), "dir", str(tmp_path / "in-code"))
+    settle_inductor_triton_cache(torch.device("cuda", 0))
+    assert "TRITON_CACHE_DIR" not in os.environ
+
+
+def test_a_summary_whose_caches_moved_is_compiled_again(monkeypatch, tmp_path):
+    """``moved``: the caches the jobs compiled into are not the ones this process reads now (as
+    when Inductor sets ``TRITON_CACHE_DIR`` while the workers compile): the tuner compiles ahead
+    again rather than each gate compiling its kernel here. Nothing done, or nothing moved: not."""
+    from kernelgraft.tune.compile_jobs import cache_env
+    from kernelgraft.tune.compile_pool import Summary, moved
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "before"))
+    summary = Summary(jobs=3, compiled=3, caches=cache_env())
+    assert not moved(summary) and not moved(None) and not moved(Summary())
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "after"))
+    assert moved(summary)

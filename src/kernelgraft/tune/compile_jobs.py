@@ -35,7 +35,7 @@ from ..backends.triton.ahead import compile_only_triton  # here too: tools and t
 log = logging.getLogger(__name__)
 
 __all__ = ["Target", "Source", "Job", "Outcome", "compiles_ahead", "warm_launches", "describe", "stand_in", "run_job",
-           "compile_only_triton", "cache_env", "import_source"]
+           "compile_only_triton", "cache_env", "settle_inductor_triton_cache", "import_source"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +107,29 @@ def cache_env() -> tuple[tuple[str, str], ...]:
         if os.environ.get("TRITON_CACHE_DIR"):
             env.append(("TRITON_CACHE_DIR", os.environ["TRITON_CACHE_DIR"]))
     return tuple(env)
+
+
+def settle_inductor_triton_cache(device: torch.device) -> None:
+    """Where ``TRITON_CACHE_DIR`` is unset, set it now as Inductor sets it at its first compile in a
+    process (its own cache's ``triton/<device>`` folder), for a tuning whose ``torch:compile``
+    candidate is about to compile: otherwise Inductor moves Triton's cache while the workers
+    compile the kernels into the one it left, and each kernel's gate compiles it again (16 kernels,
+    3 s of a softmax key on the H200). An Inductor cache hit sets nothing, so a warmed process is no
+    exception. Nothing where Triton's cache is set already, in code or by the variable."""
+    if device.type != "cuda" or os.environ.get("TRITON_CACHE_DIR"):
+        return
+    try:
+        from triton import knobs
+
+        if "dir" in vars(knobs.cache):  # set in code (Triton's own override): it wins over the variable
+            return
+    except ImportError:  # a Triton without knobs: the variable decides, as for Inductor
+        pass
+    try:
+        from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
+    except ImportError:  # an Inductor without it: its first compile settles the directory itself
+        return
+    os.environ["TRITON_CACHE_DIR"] = triton_cache_dir(device.index if device.index is not None else 0)
 
 
 @contextlib.contextmanager

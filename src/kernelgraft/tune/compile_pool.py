@@ -149,6 +149,7 @@ class Summary:
     worker_seconds: float = 0.0  # compile time summed over the jobs
     failures: list[str] = dataclasses.field(default_factory=list)
     built: set[tuple[int, tuple]] = dataclasses.field(default_factory=set)  # (impl, config) of each job done
+    caches: tuple = ()  # the caches the jobs compiled into (``cache_env()`` when they were made)
 
     def built_for(self, candidate: Any) -> bool:
         """Whether a worker compiled ``candidate`` for this key (its launch here finds it in the
@@ -380,7 +381,16 @@ def compile_ahead(op: Any, candidates: Sequence[Any], args: Sequence[Any], devic
     jobs = jobs_for(op, candidates, args, Target.of_device(device), source)
     if len(jobs) < 2:
         return None
-    return run_jobs(jobs, workers())
+    summary = run_jobs(jobs, workers())
+    summary.caches = jobs[0].caches
+    return summary
+
+
+def moved(summary: Summary | None) -> bool:
+    """Whether the caches this process's launches read moved since ``summary``'s jobs were made
+    (Inductor, compiling meanwhile, set ``TRITON_CACHE_DIR``): what they compiled is not where the
+    gates look, and compiling ahead again beats each gate compiling its kernel here."""
+    return summary is not None and summary.jobs > 0 and summary.caches != cache_env()
 
 
 class Ahead:

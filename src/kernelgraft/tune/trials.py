@@ -43,7 +43,8 @@ from ..verify import oracle as _verify
 from ..errors import out_of_memory
 from ..op import compete as _compete
 from ..timing import on_device
-from .compile_pool import Ahead, Summary, compile_ahead, would_use
+from .compile_jobs import settle_inductor_triton_cache
+from .compile_pool import Ahead, Summary, compile_ahead, moved, would_use
 from .gate import classify_error, expected, guarded, judge
 from .phases import clock, count, phase
 from . import triton_compiles as _triton_compiles
@@ -120,6 +121,8 @@ def run_trials(
     started = clock()  # stands still while a tuning off the caller's path is paused
     early: dict[int, Result | Trial] = {}
     inductor = _inductor(op, candidates, device)
+    if any(_compete.is_torch_compile(c) for c in candidates):
+        settle_inductor_triton_cache(device)  # before any job is made: Inductor would move it mid-way
     built: Summary | None = None  # what the worker pool compiled for this key
     with phase("compile"):  # the candidates' compiles, in worker processes, before any is gated
         if inductor is None:
@@ -131,6 +134,9 @@ def run_trials(
             early[id(inductor)] = _gate(op, inductor, own, outs, restore if mutated else None, reference, device)
         with phase("compile"):
             built = ahead.result()
+            if moved(built):  # Inductor moved Triton's cache meanwhile (see settle_inductor_triton_cache)
+                log.info("%s: the compile caches moved while the workers compiled; compiling ahead again", op.name)
+                built = compile_ahead(op, candidates, (*own, *outs), device)
     _count_ahead(built)
     for n, cand in enumerate(candidates):
         if on_progress is not None:

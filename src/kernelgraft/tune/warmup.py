@@ -35,7 +35,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # its class: what impo
 from .. import native as _native
 from ..op import registry as _registry
 from ..backends.triton.ahead import warm_launches, warm_process
-from . import compile_pool as _compile_pool
+from . import compile_jobs as _compile_jobs, compile_pool as _compile_pool
 
 __all__ = ["Warm", "warm"]
 
@@ -73,6 +73,8 @@ def warm(device: Any = None, *, compile_reference: bool = True, native: bool = T
     else the CPU (where only the imports apply). Returns a ``Warm`` (done, unless ``wait=False``)."""
     where = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     record = Warm(str(where))
+    if compile_reference:  # Triton's cache, where Inductor's first real compile would move it
+        _compile_jobs.settle_inductor_triton_cache(where)
     steps: list[tuple[str, Callable[[], str | None]]] = [
         ("compile_workers", lambda: _workers(where)),
         ("fake_tensors", _fake_tensors),
