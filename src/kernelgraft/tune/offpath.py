@@ -146,7 +146,8 @@ def _job(tuner: Any, op: Any, candidates: Sequence[Any], key: TuneKey, s: Settin
             waited = time.perf_counter()
             _after_the_first_call(job)
             phases.paused_s += time.perf_counter() - waited
-        if any(is_torch_compile(c) for c in candidates):  # both passes' jobs compile where the gates will look
+        if op.dispatcher.compile_state.error is None and any(is_torch_compile(c) for c in candidates):
+            # both passes' jobs compile where the gates will look, Inductor having compiled
             _compile_jobs.settle_inductor_triton_cache(torch.device(job.device))
         pooled = _compile_pool.would_use(op, candidates, torch.device(job.device))  # the workers compile
         waited = time.perf_counter()

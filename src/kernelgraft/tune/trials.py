@@ -121,7 +121,7 @@ def run_trials(
     started = clock()  # stands still while a tuning off the caller's path is paused
     early: dict[int, Result | Trial] = {}
     inductor = _inductor(op, candidates, device)
-    if any(_compete.is_torch_compile(c) for c in candidates):
+    if op.dispatcher.compile_state.error is None and any(_compete.is_torch_compile(c) for c in candidates):
         settle_inductor_triton_cache(device)  # before any job is made: Inductor would move it mid-way
     built: Summary | None = None  # what the worker pool compiled for this key
     with phase("compile"):  # the candidates' compiles, in worker processes, before any is gated
