@@ -185,5 +185,6 @@ def test_a_summary_whose_caches_moved_is_compiled_again(monkeypatch, tmp_path):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "before"))
     summary = Summary(jobs=3, compiled=3, caches=cache_env())
     assert not moved(summary) and not moved(None) and not moved(Summary())
+    assert not moved(Summary(jobs=3, compiled=3))  # caches not recorded: nothing to compare
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "after"))
     assert moved(summary)

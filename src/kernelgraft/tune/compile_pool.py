@@ -390,7 +390,7 @@ def moved(summary: Summary | None) -> bool:
     """Whether the caches this process's launches read moved since ``summary``'s jobs were made
     (Inductor, compiling meanwhile, set ``TRITON_CACHE_DIR``): what they compiled is not where the
     gates look, and compiling ahead again beats each gate compiling its kernel here."""
-    return summary is not None and summary.jobs > 0 and summary.caches != cache_env()
+    return summary is not None and summary.jobs > 0 and bool(summary.caches) and summary.caches != cache_env()
 
 
 class Ahead:
