@@ -34,6 +34,7 @@ from .background import Job
 from .inputs import tensors_of
 from .key import TuneKey
 from .meanwhile import meanwhile
+from .trials import settle_for_inductor
 from ..op.modes import Settings
 
 __all__ = ["off_path", "serve", "SKIP_RETRY_S"]
@@ -146,9 +147,9 @@ def _job(tuner: Any, op: Any, candidates: Sequence[Any], key: TuneKey, s: Settin
             waited = time.perf_counter()
             _after_the_first_call(job)
             phases.paused_s += time.perf_counter() - waited
-        if op.dispatcher.compile_state.error is None and any(is_torch_compile(c) for c in candidates):
-            # both passes' jobs compile where the gates will look, Inductor having compiled
-            _compile_jobs.settle_inductor_triton_cache(torch.device(job.device))
+        # before the first pass, which leaves torch:compile to the second: both passes' jobs
+        # compile where the gates will look once Inductor has compiled
+        settle_for_inductor(op, candidates, torch.device(job.device))
         pooled = _compile_pool.would_use(op, candidates, torch.device(job.device))  # the workers compile
         waited = time.perf_counter()
         pacer.before()  # the job's start (the device lock, the disk cache) in a quiet window too

@@ -50,7 +50,7 @@ from .phases import clock, count, phase
 from . import triton_compiles as _triton_compiles
 from .timing import CaptureRefused, Trial, cuda_timer
 
-__all__ = ["Result", "run_trials"]
+__all__ = ["Result", "run_trials", "settle_for_inductor"]
 
 log = logging.getLogger(__name__)
 WARM_MS = 30.0  # GPU busy time before the first timing, every key (see the module docstring)
@@ -121,8 +121,7 @@ def run_trials(
     started = clock()  # stands still while a tuning off the caller's path is paused
     early: dict[int, Result | Trial] = {}
     inductor = _inductor(op, candidates, device)
-    if op.dispatcher.compile_state.error is None and any(_compete.is_torch_compile(c) for c in candidates):
-        settle_inductor_triton_cache(device)  # before any job is made: Inductor would move it mid-way
+    settle_for_inductor(op, candidates, device)  # before any job is made: Inductor would move it mid-way
     built: Summary | None = None  # what the worker pool compiled for this key
     with phase("compile"):  # the candidates' compiles, in worker processes, before any is gated
         if inductor is None:
@@ -278,6 +277,14 @@ def _refine(trials: list[Trial], times: dict[int, tuple], timer: Any, settings: 
             outcome = _time(t, timer, settings)
             if not isinstance(outcome, Result):
                 times[id(t)] = min(times[id(t)], outcome, key=lambda o: o[0])
+
+
+def settle_for_inductor(op: Any, candidates: Sequence[Any], device: torch.device) -> None:
+    """Settle Triton's cache where Inductor will move it (``settle_inductor_triton_cache``) when
+    ``candidates`` hold a ``torch:compile`` that will compile (Dynamo has not refused the op's
+    reference before)."""
+    if op.dispatcher.compile_state.error is None and any(_compete.is_torch_compile(c) for c in candidates):
+        settle_inductor_triton_cache(device)
 
 
 def _inductor(op: Any, candidates: Sequence[Any], device: torch.device) -> Any:

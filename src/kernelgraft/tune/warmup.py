@@ -140,8 +140,10 @@ def _triton(where: torch.device) -> str | None:
     """What a process's first Triton launch computes once: Triton's cache key (a hash of its sources
     and library, about half a second) and the modules its JIT imports on first use; on a GPU also
     the backend's and default options' hashes (``ptxas --version``, libdevice)."""
-    warm_process()
-    warm_launches(where)
+    if where.type == "cuda":
+        warm_launches(where)  # warm_process, then the backend's hashes
+    else:
+        warm_process()
     return None
 
 
