@@ -33,6 +33,11 @@ without (the mean of before and after); target >= 0.90. ``tuning_left``: whether
 still running when the window closed (else part of the window had nothing to slow it), and its
 report's paused time and units timed under load.
 
+``--also-two-pass``: each case runs a second background process in which a key whose kernels
+the compile workers build still decides first without ``torch:compile``, then with it, as a cold
+process did before one pass was made the rule there (``two_pass`` in each row, beside the
+default's numbers: the A/B of that rule, in one run).
+
 ``--warm``: each case's process calls ``kg.tune.warm()`` after warming torch, as a server does at
 start-up (the first tuning's one-time imports, compile workers and native replay paid there); the
 first call and the landing then measure the new shape's own work. The native replay is built once,
@@ -44,7 +49,7 @@ Prints a short table of ratios last; writes JSON to ``$OUT/bench_first_call.json
 ``add_relu`` and ``rmsnorm`` (the CPU test does, so the script does not rot).
 
     python benchmarks/bench_first_call.py [--cases gemm_777,rmsnorm] [--serve-seconds 5] [--cold] [--profile]
-        [--profile-landing] [--sample-landing] [--warm] [--out DIR]
+        [--profile-landing] [--sample-landing] [--warm] [--also-two-pass] [--out DIR]
 """
 
 from __future__ import annotations
@@ -441,6 +446,11 @@ def _child(args) -> None:
         out = serving(device="cuda", seconds=args.serve_seconds, cases=CASES, serve_case="rmsnorm",
                       tune_case="gemm_777", tune_options={})
     else:
+        if args.two_pass:  # the A/B's other side: a first pass without torch:compile, pooled or not
+            from kernelgraft.tune import offpath
+
+            one_pass = offpath._first_pass
+            offpath._first_pass = lambda op, candidates, pooled: one_pass(op, candidates, False)
         out = first_call(args.child, device="cuda", background=args.mode == "background", cases=CASES,
                          tune_options={})
     print("RESULT " + json.dumps(out, default=str), flush=True)
@@ -462,7 +472,8 @@ def _seed_native() -> None:
         _NATIVE_SEED[0] = seed
 
 
-def _spawn(what: str, mode: str, serve_seconds: float, timeout: float, cold: bool = False) -> dict:
+def _spawn(what: str, mode: str, serve_seconds: float, timeout: float, cold: bool = False,
+           two_pass: bool = False) -> dict:
     cache = tempfile.mkdtemp(prefix="kg-first-call-")
     if _NATIVE_SEED[0] is not None and WARM[0] and mode != "reference":
         import shutil
@@ -475,7 +486,7 @@ def _spawn(what: str, mode: str, serve_seconds: float, timeout: float, cold: boo
     cmd = [sys.executable, os.path.abspath(__file__), "--child", what, "--mode", mode,
            "--serve-seconds", str(serve_seconds)] + (["--profile"] if PROFILE[0] else []) + (
            ["--profile-landing"] if PROFILE[1] else []) + (["--sample-landing"] if PROFILE[2] else []) + (
-           ["--warm"] if WARM[0] and mode != "reference" else [])
+           ["--warm"] if WARM[0] and mode != "reference" else []) + (["--two-pass"] if two_pass else [])
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
@@ -536,6 +547,14 @@ def table(rows: list[dict], serve: dict | None) -> str:
                      f"{'-' if first_land is None else f'{first_land:.2f}':>10} {r['land_s']:8.2f} {target:7.0f} "
                      f"{r.get('choice', '-'):>8} {r.get('slower') or '-':>7} "
                      f"{_imports_text(r.get('import_floor_s')):>10}")
+        two = r.get("two_pass")
+        if two and "error" not in two:
+            first_land = two.get("first_land_s")
+            lines.append(f"{'  2-pass':10} {two['first_ms']:9.1f} {'':>9} "
+                         f"{'-' if first_land is None else f'{first_land:.2f}':>10} {two['land_s']:8.2f} {'':>7} "
+                         f"{two.get('choice', '-'):>8} {two.get('slower') or '-':>7}")
+        elif two:
+            lines.append(f"{'  2-pass':10} error: {str(two['error']).splitlines()[-1][:80] if two['error'] else ''}")
     if serve is not None:
         if "error" in serve:
             lines.append(f"serving during tuning: error: {str(serve['error'])[-200:]}")
@@ -581,6 +600,12 @@ def run(args) -> dict:
             row["blocking_first_ms"], row["blocking_served"] = bl["first_ms"], bl["served"]
         elif "error" in bl:
             row["blocking_error"] = bl["error"]
+        if args.also_two_pass and not args.smoke:
+            two = _spawn(case, "background", args.serve_seconds, args.timeout, args.cold, two_pass=True)
+            row["two_pass"] = {k: two.get(k) for k in ("error", "first_ms", "first_land_s", "land_s", "served",
+                                                       "first_served", "phases") if k in two}
+            if "error" not in two and "error" not in bl:
+                row["two_pass"]["choice"], row["two_pass"]["slower"] = same_choice(two, bl, TIE_MARGIN)
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k not in ("report", "ranking")}, default=str), flush=True)
     serve = None
@@ -614,6 +639,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--warm", action="store_true",
                         help="each case's process calls kg.tune.warm() first (imports, compile workers, the native "
                              "replay), as a server does at start-up; the reference's floor process does not")
+    parser.add_argument("--also-two-pass", action="store_true",
+                        help="per case, a second background process that lands a first decision without torch:compile")
+    parser.add_argument("--two-pass", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="background", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

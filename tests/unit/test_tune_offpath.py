@@ -832,10 +832,10 @@ def test_a_job_starts_the_compile_workers_while_it_prepares(monkeypatch):
 
 
 def test_a_key_whose_kernels_the_workers_compile_lands_once(monkeypatch):
-    """Where the compile workers build the kernels and Inductor has compiled in the process before,
-    ``torch:compile``'s gate runs while they compile (the next test), so the job decides among all
-    the candidates in one pass; elsewhere it first decides without ``torch:compile`` (a first
-    decision: in a cold process Inductor's imports would come before it), then with it."""
+    """Where the compile workers build the kernels, ``torch:compile``'s gate runs while they start
+    and compile (the next test), so the job decides among all the candidates in one pass, in a
+    cold process as in a warmed one; where the kernels compile in their gates it first decides
+    without ``torch:compile`` (a first decision that does not wait for Inductor), then with it."""
     from kernelgraft.examples.rmsnorm import rmsnorm
     from kernelgraft.op.modes import Settings
     from kernelgraft.tune import compile_pool, offpath
@@ -862,10 +862,9 @@ def test_a_key_whose_kernels_the_workers_compile_lands_once(monkeypatch):
 
     everyone = [c.label for c in cands]
     two = [("first", [c for c in everyone if c != "torch:compile"]), ("whole", everyone)]
-    for use, warm, want in ((True, True, [("whole", everyone)]), (False, True, two), (True, False, two), (False, False, two)):
+    for use, want in ((True, [("whole", everyone)]), (False, two)):
         calls.clear()
         monkeypatch.setattr(compile_pool, "would_use", lambda op, c, d, use=use: use)
-        monkeypatch.setattr(offpath, "_inductor_warm", lambda warm=warm: warm)
         run = offpath._job(Tuner(), rmsnorm, cands, None, Settings(mode="on"))
         run(Job("d", "f", "cpu", run, "rmsnorm", 0, args=(x, w, 1e-6)))
         assert calls == want
@@ -1071,23 +1070,58 @@ def test_a_jobs_first_fake_tensors_are_a_heavy_unit(monkeypatch):
     assert not offpath._first_fake_tensors()  # this process made fake tensors long ago
 
 
-def test_inductor_counts_as_warm_once_it_has_compiled_not_once_fake_tensors_imported_it():
-    """The one-pass landing keys on whether Inductor compiled in the process: its first fake
-    tensors import ``torch._dynamo`` and part of ``torch._inductor``, which is not yet a compile."""
-    code = ("import torch\n"
-            "from kernelgraft.tune import offpath\n"
-            "from torch._subclasses.fake_tensor import FakeTensorMode\n"
-            "seen = [offpath._inductor_warm()]\n"
-            "with FakeTensorMode():\n"
-            "    torch.empty(2, 3).sum(0)\n"
-            "seen.append(offpath._inductor_warm())\n"
-            "torch.compile(lambda x: x * 2 + 1)(torch.randn(8))\n"
-            "print(seen + [offpath._inductor_warm()])\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    env.pop("TRITON_INTERPRET", None)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip().splitlines()[-1] == "[False, False, True]"
+def test_a_job_whose_kernels_the_workers_compile_warms_their_launches_beside_the_output_shapes(monkeypatch):
+    """What a process's first launch of a kernel computes once (``compile_jobs.warm_launches``: a
+    subprocess and file hashes, a second on the H200) runs on a thread of its own while the job
+    works out the output shapes (a cold process's first fake tensors: seconds of imports), and is
+    done before any candidate is tuned; a job whose kernels compile in their gates warms nothing."""
+    from kernelgraft.examples.rmsnorm import rmsnorm
+    from kernelgraft.op.modes import Settings
+    from kernelgraft.tune import compile_jobs, compile_pool, offpath
+    from kernelgraft.tune.background import Job
+
+    x, w = torch.randn(4, 64), torch.randn(64)
+    cands = [c for c in rmsnorm.candidates(x, w, 1e-6) if c.label != "torch:compile"]
+    monkeypatch.setattr(compile_pool, "prestart", lambda ops=(): None)
+    main = threading.get_ident()
+    specs_started, warmed, seen = threading.Event(), threading.Event(), {}
+
+    def warm_launches(candidates, device):
+        seen["thread"] = threading.get_ident()
+        seen["overlapped"] = specs_started.wait(HOLD_S)  # the output shapes are being worked out
+        warmed.set()
+
+    specs = rmsnorm.dispatcher.output_specs
+
+    def output_specs(args):
+        specs_started.set()
+        seen["warmed_meanwhile"] = warmed.wait(HOLD_S)
+        return specs(args)
+
+    monkeypatch.setattr(compile_jobs, "warm_launches", warm_launches)
+    monkeypatch.setattr(rmsnorm.dispatcher, "output_specs", output_specs)
+
+    class Tuner:
+        background = kg.tune.TUNER.background
+        stats = {"background_tuned": 0}
+
+        def resolve(self, *a):
+            seen["done_before_tuning"] = warmed.is_set()
+
+    monkeypatch.setattr(compile_pool, "would_use", lambda op, c, d: True)
+    run = offpath._job(Tuner(), rmsnorm, cands, None, Settings(mode="on"))
+    run(Job("d", "f", "cpu", run, "rmsnorm", 0, args=(x, w, 1e-6)))
+    assert seen == {"thread": seen["thread"], "overlapped": True, "warmed_meanwhile": True,
+                    "done_before_tuning": True}
+    assert seen["thread"] != main
+
+    seen.clear()
+    warmed.clear()
+    monkeypatch.setattr(compile_pool, "would_use", lambda op, c, d: False)
+    monkeypatch.setattr(rmsnorm.dispatcher, "output_specs", specs)
+    run = offpath._job(Tuner(), rmsnorm, cands, None, Settings(mode="on"))
+    run(Job("d", "f", "cpu", run, "rmsnorm", 0, args=(x, w, 1e-6)))
+    assert seen == {"done_before_tuning": False}
 
 
 def test_a_job_queued_by_a_call_starts_after_that_call_returned(monkeypatch):

@@ -21,6 +21,7 @@ import contextvars
 import dataclasses
 import logging
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -93,26 +94,21 @@ def _after_the_first_call(job: Job) -> None:
         time.sleep(0.002)
 
 
-def _inductor_warm() -> bool:
-    """Whether Inductor has compiled in this process already (``kg.tune.warm()``, a model under
-    ``torch.compile``): then ``torch:compile``'s gate costs that key's own compile, not its imports."""
-    return "torch._inductor.scheduler" in sys.modules
-
-
 def _first_pass(op: Any, candidates: Sequence[Any], pooled: bool) -> list | None:
     """The candidates of a first decision, when there is one to make: all but ``torch:compile``,
     whose gate (Inductor compiling the reference: seconds, and most of a new key's tuning) then
     runs in the second pass. None when it is not among the candidates, fewer than two are left, or
-    the compile workers compile the kernels (``pooled``) in a process where Inductor has compiled
-    before: then one pass decides among them all, sooner than two would, as ``torch:compile``'s
-    gate runs while the workers compile (on the H200 a warmed rmsnorm key waited 1.5 s for the
-    workers and its second pass took 2 s more). Where Inductor has not compiled yet, its first
-    gate imports it (about 4 s on the H200's host): the first decision lands without waiting for
-    that."""
+    the compile workers compile the kernels (``pooled``): then ``torch:compile``'s gate runs while
+    the workers start and compile, and one pass decides among them all sooner than two would. In
+    a warmed process the workers are the wait (on the H200 a warmed rmsnorm key waited 1.5 s for
+    them and a second pass took 2 s more); in a cold one, Inductor's imports and first compile
+    (about 4 s on the H200's host) are, and the workers' own start (about 5 s) overlaps them
+    instead of coming before them. Where the kernels compile here, in their gates, a first
+    decision lands without waiting for Inductor."""
     rest = [c for c in candidates if not is_torch_compile(c)]
     if len(rest) == len(candidates) or len(rest) < 2 or op.dispatcher.compile_state.error is not None:
         return None
-    return None if pooled and _inductor_warm() else rest
+    return None if pooled else rest
 
 
 def _land_first(tuner: Any, op: Any, first: list, job: Job, key: TuneKey, s: Settings,
@@ -129,6 +125,15 @@ def _land_first(tuner: Any, op: Any, first: list, job: Job, key: TuneKey, s: Set
     phases.add("first_landing", time.perf_counter() - job.enqueued)
     waiting.land()
     return decision
+
+
+def _warming(candidates: Sequence[Any], device: torch.device) -> threading.Thread:
+    """A thread computing what the candidates' first launches in this process compute once
+    (``compile_jobs.warm_launches``: best effort, it never raises), started."""
+    thread = threading.Thread(target=_compile_jobs.warm_launches, args=(candidates, device),
+                              name="kernelgraft-warm-launches", daemon=True)
+    thread.start()
+    return thread
 
 
 def _job(tuner: Any, op: Any, candidates: Sequence[Any], key: TuneKey, s: Settings,
@@ -165,11 +170,15 @@ def _job(tuner: Any, op: Any, candidates: Sequence[Any], key: TuneKey, s: Settin
             # that do not fit raise the caller's InputError here, before anything is tuned. A paced
             # unit: a process's first fake tensors import much of torch (seconds of Python on the
             # GIL), which must not run beside the call that queued the job: heavy until they have
-            with _phases.phase("prepare", heavy=_first_fake_tensors()):
-                context.run(op.dispatcher.output_specs, job.args)
-            if pooled:  # while the workers compile: the first gate would pay it (a second, cold)
-                with _phases.phase("prepare", heavy=True):
-                    _compile_jobs.warm_launches(candidates, torch.device(job.device))
+            with _phases.phase("prepare", heavy=_first_fake_tensors() or pooled):
+                # while the workers compile, what the first gate would pay (a second, cold: a
+                # subprocess and file hashes, mostly off the GIL), beside the fake tensors' imports
+                warming = _warming(candidates, torch.device(job.device)) if pooled else None
+                try:
+                    context.run(op.dispatcher.output_specs, job.args)
+                finally:
+                    if warming is not None:
+                        warming.join()
             first = _first_pass(op, candidates, pooled)
             landed = None
             if first is not None:
