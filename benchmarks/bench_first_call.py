@@ -38,6 +38,9 @@ the compile workers build still decides first without ``torch:compile``, then wi
 process did before one pass was made the rule there (``two_pass`` in each row, beside the
 default's numbers: the A/B of that rule, in one run).
 
+``--repeat N``: each case's background process runs N times (``again`` in each row: the later
+runs' numbers, each against the one blocking-mode process), for the spread between fresh processes.
+
 ``--warm``: each case's process calls ``kg.tune.warm()`` after warming torch, as a server does at
 start-up (the first tuning's one-time imports, compile workers and native replay paid there); the
 first call and the landing then measure the new shape's own work. The native replay is built once,
@@ -49,7 +52,7 @@ Prints a short table of ratios last; writes JSON to ``$OUT/bench_first_call.json
 ``add_relu`` and ``rmsnorm`` (the CPU test does, so the script does not rot).
 
     python benchmarks/bench_first_call.py [--cases gemm_777,rmsnorm] [--serve-seconds 5] [--cold] [--profile]
-        [--profile-landing] [--sample-landing] [--warm] [--also-two-pass] [--out DIR]
+        [--profile-landing] [--sample-landing] [--warm] [--also-two-pass] [--repeat N] [--out DIR]
 """
 
 from __future__ import annotations
@@ -547,14 +550,9 @@ def table(rows: list[dict], serve: dict | None) -> str:
                      f"{'-' if first_land is None else f'{first_land:.2f}':>10} {r['land_s']:8.2f} {target:7.0f} "
                      f"{r.get('choice', '-'):>8} {r.get('slower') or '-':>7} "
                      f"{_imports_text(r.get('import_floor_s')):>10}")
-        two = r.get("two_pass")
-        if two and "error" not in two:
-            first_land = two.get("first_land_s")
-            lines.append(f"{'  2-pass':10} {two['first_ms']:9.1f} {'':>9} "
-                         f"{'-' if first_land is None else f'{first_land:.2f}':>10} {two['land_s']:8.2f} {'':>7} "
-                         f"{two.get('choice', '-'):>8} {two.get('slower') or '-':>7}")
-        elif two:
-            lines.append(f"{'  2-pass':10} error: {str(two['error']).splitlines()[-1][:80] if two['error'] else ''}")
+        lines += [_brief_line("  again", again) for again in r.get("again", [])]
+        if r.get("two_pass"):
+            lines.append(_brief_line("  2-pass", r["two_pass"]))
     if serve is not None:
         if "error" in serve:
             lines.append(f"serving during tuning: error: {str(serve['error'])[-200:]}")
@@ -562,6 +560,23 @@ def table(rows: list[dict], serve: dict | None) -> str:
             lines.append(f"serving during tuning: {serve['serve_ratio']:.3f} of the calls/s without "
                          f"(target >= {SERVE_TARGET}); tuning still running at the end: {bool(serve['tuning_left'])}")
     return "\n".join(lines)
+
+
+def _brief(bg: dict, bl: dict, margin: float) -> dict:
+    """Another background process's numbers (``two_pass``, ``again``), against blocking mode's."""
+    out = {k: bg.get(k) for k in ("error", "first_ms", "first_land_s", "land_s", "served", "first_served",
+                                   "phases") if k in bg}
+    if "error" not in bg and "error" not in bl:
+        out["choice"], out["slower"] = same_choice(bg, bl, margin)
+    return out
+
+
+def _brief_line(name: str, two: dict) -> str:
+    if "error" in two:
+        return f"{name:10} error: {str(two['error']).splitlines()[-1][:80] if two['error'] else ''}"
+    first_land = two.get("first_land_s")
+    return (f"{name:10} {two['first_ms']:9.1f} {'':>9} {'-' if first_land is None else f'{first_land:.2f}':>10} "
+            f"{two['land_s']:8.2f} {'':>7} {two.get('choice', '-'):>8} {two.get('slower') or '-':>7}")
 
 
 def run(args) -> dict:
@@ -602,10 +617,10 @@ def run(args) -> dict:
             row["blocking_error"] = bl["error"]
         if args.also_two_pass and not args.smoke:
             two = _spawn(case, "background", args.serve_seconds, args.timeout, args.cold, two_pass=True)
-            row["two_pass"] = {k: two.get(k) for k in ("error", "first_ms", "first_land_s", "land_s", "served",
-                                                       "first_served", "phases") if k in two}
-            if "error" not in two and "error" not in bl:
-                row["two_pass"]["choice"], row["two_pass"]["slower"] = same_choice(two, bl, TIE_MARGIN)
+            row["two_pass"] = _brief(two, bl, TIE_MARGIN)
+        if args.repeat > 1 and not args.smoke:
+            row["again"] = [_brief(_spawn(case, "background", args.serve_seconds, args.timeout, args.cold), bl,
+                                   TIE_MARGIN) for _ in range(args.repeat - 1)]
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k not in ("report", "ranking")}, default=str), flush=True)
     serve = None
@@ -642,6 +657,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--also-two-pass", action="store_true",
                         help="per case, a second background process that lands a first decision without torch:compile")
     parser.add_argument("--two-pass", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--repeat", type=int, default=1, help="background processes per case (the spread)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="background", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

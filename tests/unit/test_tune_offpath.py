@@ -1100,6 +1100,9 @@ def test_a_job_whose_kernels_the_workers_compile_warms_their_launches_beside_the
 
     monkeypatch.setattr(compile_jobs, "warm_launches", warm_launches)
     monkeypatch.setattr(rmsnorm.dispatcher, "output_specs", output_specs)
+    # Inductor's compile workers start in the same unit, before the output shapes are worked out
+    monkeypatch.setattr(offpath, "start_for_inductor",
+                        lambda op, c, d: seen.setdefault("inductor_before_specs", not specs_started.is_set()))
 
     class Tuner:
         background = kg.tune.TUNER.background
@@ -1112,16 +1115,17 @@ def test_a_job_whose_kernels_the_workers_compile_warms_their_launches_beside_the
     run = offpath._job(Tuner(), rmsnorm, cands, None, Settings(mode="on"))
     run(Job("d", "f", "cpu", run, "rmsnorm", 0, args=(x, w, 1e-6)))
     assert seen == {"thread": seen["thread"], "overlapped": True, "warmed_meanwhile": True,
-                    "done_before_tuning": True}
+                    "done_before_tuning": True, "inductor_before_specs": True}
     assert seen["thread"] != main
 
     seen.clear()
     warmed.clear()
+    specs_started.clear()
     monkeypatch.setattr(compile_pool, "would_use", lambda op, c, d: False)
     monkeypatch.setattr(rmsnorm.dispatcher, "output_specs", specs)
     run = offpath._job(Tuner(), rmsnorm, cands, None, Settings(mode="on"))
     run(Job("d", "f", "cpu", run, "rmsnorm", 0, args=(x, w, 1e-6)))
-    assert seen == {"done_before_tuning": False}
+    assert seen == {"done_before_tuning": False, "inductor_before_specs": True}
 
 
 def test_a_job_queued_by_a_call_starts_after_that_call_returned(monkeypatch):

@@ -175,6 +175,45 @@ def test_triton_cache_is_settled_where_inductor_would_move_it(monkeypatch, tmp_p
     assert "TRITON_CACHE_DIR" not in os.environ
 
 
+def test_inductor_compile_workers_start_ahead_for_a_tuning_whose_torch_compile_will_compile(monkeypatch):
+    """A tuning whose ``torch:compile`` candidate will compile on a GPU starts Inductor's compile
+    workers when it starts (``maybe_warm_pool``, as Inductor's first compile would, seconds later);
+    a CPU tuning, one without ``torch:compile`` or one whose reference Dynamo refused starts none.
+    A failure to start them is Inductor's to meet at its compile, not the tuning's."""
+    import torch._inductor.async_compile as async_compile
+
+    from kernelgraft.examples.rmsnorm import rmsnorm
+    from kernelgraft.tune.compile_jobs import start_inductor_workers
+    from kernelgraft.tune.trials import start_for_inductor
+
+    started = []
+    monkeypatch.setattr(async_compile, "maybe_warm_pool", lambda: started.append(True))
+    start_inductor_workers(torch.device("cpu"))
+    assert started == []
+    start_inductor_workers(torch.device("cuda", 0))
+    assert started == [True]
+
+    x, w = torch.randn(4, 64), torch.randn(64)
+    with kg.tune("on", compete=True):
+        cands = rmsnorm.candidates(x, w, 1e-6)
+    assert "torch:compile" in [c.label for c in cands]
+    started.clear()
+    start_for_inductor(rmsnorm, [c for c in cands if c.label != "torch:compile"], torch.device("cuda", 0))
+    start_for_inductor(rmsnorm, cands, torch.device("cpu"))
+    assert started == []
+    start_for_inductor(rmsnorm, cands, torch.device("cuda", 0))
+    assert started == [True]
+    monkeypatch.setattr(rmsnorm.dispatcher.compile_state, "error", "Dynamo refused it")
+    start_for_inductor(rmsnorm, cands, torch.device("cuda", 0))
+    assert started == [True]
+
+    def refused():
+        raise RuntimeError("Inductor async compile process pools are disabled in daemonic processes")
+
+    monkeypatch.setattr(async_compile, "maybe_warm_pool", refused)
+    start_inductor_workers(torch.device("cuda", 0))  # not raised
+
+
 def test_a_summary_whose_caches_moved_is_compiled_again(monkeypatch, tmp_path):
     """``moved``: the caches the jobs compiled into are not the ones this process reads now (as
     when Inductor sets ``TRITON_CACHE_DIR`` while the workers compile): the tuner compiles ahead

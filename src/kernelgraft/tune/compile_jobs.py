@@ -35,7 +35,8 @@ from ..backends.triton.ahead import compile_only_triton  # here too: tools and t
 log = logging.getLogger(__name__)
 
 __all__ = ["Target", "Source", "Job", "Outcome", "compiles_ahead", "warm_launches", "describe", "stand_in", "run_job",
-           "compile_only_triton", "cache_env", "settle_inductor_triton_cache", "import_source"]
+           "compile_only_triton", "cache_env", "settle_inductor_triton_cache", "start_inductor_workers",
+           "import_source"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +131,27 @@ def settle_inductor_triton_cache(device: torch.device) -> None:
     except ImportError:  # an Inductor without it: its first compile settles the directory itself
         return
     os.environ["TRITON_CACHE_DIR"] = triton_cache_dir(device.index if device.index is not None else 0)
+
+
+def start_inductor_workers(device: torch.device) -> None:
+    """Start Inductor's compile workers now, as its first compile in a process would
+    (``torch._inductor.async_compile.maybe_warm_pool``: a sidecar process that imports torch, then
+    its pool of workers), for a tuning whose ``torch:compile`` candidate is about to compile on
+    ``device``. Started at the compile, they are seldom ready before Inductor compiles the
+    reference's Triton kernels, which it then compiles one by one in this process, on the GIL;
+    started seconds sooner, beside the tuning's own preparation, they compile them. Inductor's own
+    switches hold (``TORCH_WARM_POOL=0``, one compile thread); nothing off CUDA (Inductor wakes its
+    workers for GPU inputs only), nothing twice."""
+    if device.type != "cuda":
+        return
+    try:
+        from torch._inductor.async_compile import maybe_warm_pool
+    except ImportError:  # an Inductor without it: its first compile starts them
+        return
+    try:
+        maybe_warm_pool()
+    except Exception as exc:  # noqa: BLE001 - an optimisation: Inductor starts them, or compiles here
+        log.debug("Inductor's compile workers not started ahead: %s: %s", type(exc).__name__, exc)
 
 
 @contextlib.contextmanager

@@ -35,7 +35,7 @@ from .background import Job
 from .inputs import tensors_of
 from .key import TuneKey
 from .meanwhile import meanwhile
-from .trials import settle_for_inductor
+from .trials import settle_for_inductor, start_for_inductor
 from ..op.modes import Settings
 
 __all__ = ["off_path", "serve", "SKIP_RETRY_S"]
@@ -152,8 +152,8 @@ def _job(tuner: Any, op: Any, candidates: Sequence[Any], key: TuneKey, s: Settin
             waited = time.perf_counter()
             _after_the_first_call(job)
             phases.paused_s += time.perf_counter() - waited
-        # before the first pass, which leaves torch:compile to the second: both passes' jobs
-        # compile where the gates will look once Inductor has compiled
+        # before any job is made: the jobs compile where the gates will look once Inductor has
+        # compiled (a first pass leaves torch:compile to the second)
         settle_for_inductor(op, candidates, torch.device(job.device))
         pooled = _compile_pool.would_use(op, candidates, torch.device(job.device))  # the workers compile
         waited = time.perf_counter()
@@ -175,6 +175,9 @@ def _job(tuner: Any, op: Any, candidates: Sequence[Any], key: TuneKey, s: Settin
                 # subprocess and file hashes, mostly off the GIL), beside the fake tensors' imports
                 warming = _warming(candidates, torch.device(job.device)) if pooled else None
                 try:
+                    # Inductor's compile workers start beside the fake tensors' imports, to be
+                    # ready when torch:compile's gate compiles the reference's kernels
+                    start_for_inductor(op, candidates, torch.device(job.device))
                     context.run(op.dispatcher.output_specs, job.args)
                 finally:
                     if warming is not None:

@@ -43,14 +43,14 @@ from ..verify import oracle as _verify
 from ..errors import out_of_memory
 from ..op import compete as _compete
 from ..timing import on_device
-from .compile_jobs import settle_inductor_triton_cache
+from .compile_jobs import settle_inductor_triton_cache, start_inductor_workers
 from .compile_pool import Ahead, Summary, compile_ahead, moved, would_use
 from .gate import classify_error, expected, guarded, judge
 from .phases import clock, count, phase
 from . import triton_compiles as _triton_compiles
 from .timing import CaptureRefused, Trial, cuda_timer
 
-__all__ = ["Result", "run_trials", "settle_for_inductor"]
+__all__ = ["Result", "run_trials", "settle_for_inductor", "start_for_inductor"]
 
 log = logging.getLogger(__name__)
 WARM_MS = 30.0  # GPU busy time before the first timing, every key (see the module docstring)
@@ -107,6 +107,7 @@ def run_trials(
     _triton_compiles.watch()  # once per process: compiles in the gates count (``compiled_here``)
     mutated = [i for i, p in enumerate(op.signature.params) if p.mutated]
     with phase("prepare"):  # the oracle's run; every unit of work below is a phase (see _phases)
+        start_for_inductor(op, candidates, device)  # its workers start while this prepares
         reference = expected(op, args)
         out_specs = op.dispatcher.output_specs(args) if op.signature.returns != "none" else []
         pristine = {i: _verify.clone(args[i]) for i in mutated}
@@ -285,6 +286,14 @@ def settle_for_inductor(op: Any, candidates: Sequence[Any], device: torch.device
     reference before)."""
     if op.dispatcher.compile_state.error is None and any(_compete.is_torch_compile(c) for c in candidates):
         settle_inductor_triton_cache(device)
+
+
+def start_for_inductor(op: Any, candidates: Sequence[Any], device: torch.device) -> None:
+    """Start Inductor's compile workers (``start_inductor_workers``) when ``candidates`` hold a
+    ``torch:compile`` that will compile; its first use imports Inductor, so call it in a heavy
+    unit."""
+    if op.dispatcher.compile_state.error is None and any(_compete.is_torch_compile(c) for c in candidates):
+        start_inductor_workers(device)
 
 
 def _inductor(op: Any, candidates: Sequence[Any], device: torch.device) -> Any:
