@@ -280,11 +280,16 @@ def _refine(trials: list[Trial], times: dict[int, tuple], timer: Any, settings: 
                 times[id(t)] = min(times[id(t)], outcome, key=lambda o: o[0])
 
 
+def _compiles_reference(op: Any, candidates: Sequence[Any]) -> bool:
+    """Whether ``candidates`` hold a ``torch:compile`` whose gate will compile (Dynamo has not
+    refused the op's reference before)."""
+    return op.dispatcher.compile_state.error is None and any(_compete.is_torch_compile(c) for c in candidates)
+
+
 def settle_for_inductor(op: Any, candidates: Sequence[Any], device: torch.device) -> None:
     """Settle Triton's cache where Inductor will move it (``settle_inductor_triton_cache``) when
-    ``candidates`` hold a ``torch:compile`` that will compile (Dynamo has not refused the op's
-    reference before)."""
-    if op.dispatcher.compile_state.error is None and any(_compete.is_torch_compile(c) for c in candidates):
+    ``candidates`` hold a ``torch:compile`` that will compile."""
+    if _compiles_reference(op, candidates):
         settle_inductor_triton_cache(device)
 
 
@@ -292,17 +297,16 @@ def start_for_inductor(op: Any, candidates: Sequence[Any], device: torch.device)
     """Start Inductor's compile workers (``start_inductor_workers``) when ``candidates`` hold a
     ``torch:compile`` that will compile; its first use imports Inductor, so call it in a heavy
     unit."""
-    if op.dispatcher.compile_state.error is None and any(_compete.is_torch_compile(c) for c in candidates):
+    if _compiles_reference(op, candidates):
         start_inductor_workers(device)
 
 
 def _inductor(op: Any, candidates: Sequence[Any], device: torch.device) -> Any:
     """The ``torch:compile`` candidate when its gate (Inductor compiling the reference for this
     shape: seconds) can run while the kernels compile in the worker pool; else None."""
-    found = next((c for c in candidates if _compete.is_torch_compile(c)), None)
-    if found is None or op.dispatcher.compile_state.error is not None:
+    if not _compiles_reference(op, candidates) or not would_use(op, candidates, device):
         return None
-    return found if would_use(op, candidates, device) else None
+    return next(c for c in candidates if _compete.is_torch_compile(c))
 
 
 def _compiles_here(op: Any, cand: Any, built: Summary | None) -> bool:
